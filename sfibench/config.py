@@ -1,0 +1,94 @@
+"""Every knob in sfibench, as dataclasses.
+
+Defaults follow SPEC.md; the CLI exposes each field as a flag, so no default lives anywhere else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SelectorConfig:
+    """The SFI Selector (SPEC section 5); each stage can be switched off for ablations."""
+
+    alpha: float = 0.5  # power-mean exponent pooling the evidence rows
+    use_prior: bool = True
+    gamma: float = 0.5  # key-norm exponent of the prior
+    w_norm: float = 1.0
+    w_pos: float = 0.7
+    pos_p: float = 1.8
+    eta: float = 0.4
+    beta: float = -math.log(0.6) / 0.9
+    lambda_fixed: float | None = None  # --lambda: use this fusion weight instead of the closed form
+    lambda_clip_multi: float = 0.25  # clip when the evidence has R > 1 rows
+    lambda_clip_single: float = 0.35  # clip when R == 1
+    use_nms: bool = True
+    nms_radius: int = 16  # window of 32 positions: +-16
+    nms_alpha: float = 1.0
+    use_cross_head: bool = True
+    cross_temperature: float = 2.0
+    cross_alpha: float = 0.85
+    eps: float = 1e-12
+
+
+@dataclass
+class TriggerConfig:
+    """When a sequence takes a slow (dense + refresh) step (SPEC section 3)."""
+
+    policy: str = "punctuation_tmax"  # punctuation_tmax | fixed | random | bootstrap
+    t_max: int = 96
+    min_gap: int = 16
+    interval: int = 32  # N for the `fixed` (every N) and `random` (Bernoulli 1/N) ablations
+    seed: int = 0
+
+
+@dataclass
+class SFIConfig:
+    """Sparse-memory geometry and refresh behaviour of Slow-Fast Inference (SPEC sections 2-4)."""
+
+    n_sink: int = 4
+    n_recent: int = 256
+    k_head: int = 2048
+    page: int = 16
+    w_prefill: int = 16  # prompt query rows used as evidence by the bootstrap (prefill) refresh
+    layer_groups: int = 1  # 2: even and odd layers refresh on alternate slow steps
+    trigger: TriggerConfig = field(default_factory=TriggerConfig)
+    selector: SelectorConfig = field(default_factory=SelectorConfig)
+
+
+@dataclass
+class StreamingLLMConfig:
+    """Sinks plus a recent window; budget = n_sink + window, matched to SFI's tokens read."""
+
+    n_sink: int = 4
+    budget: int = 2308  # tokens read per (layer, KV head): SFI's default 4 + 2048 + 256
+
+
+@dataclass
+class SnapKVConfig:
+    """One-shot prompt compression after prefill (SPEC section 6)."""
+
+    window: int = 64  # last prompt queries that vote, and are always kept
+    kernel: int = 7
+    pooling: str = "max"  # max | avg
+    budget: int = 2308  # prompt tokens kept per KV head, window included
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class MethodSpec:
+    """Which attention method runs, on which path, with its settings."""
+
+    name: str = "full_kv"
+    path: str = "reference"  # reference | optimized
+    sfi: SFIConfig = field(default_factory=SFIConfig)
+    streaming: StreamingLLMConfig = field(default_factory=StreamingLLMConfig)
+    snapkv: SnapKVConfig = field(default_factory=SnapKVConfig)

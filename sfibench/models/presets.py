@@ -1,0 +1,118 @@
+"""Model shapes by name: tiny random models for tests, the real smollm2-135m, and Qwen3 shapes for speed.
+
+The Qwen3 shapes are the published config.json values of Qwen/Qwen3-*. Their native window is 32K
+tokens; the published recipe for longer contexts is YaRN with factor 4 over 32768 positions, which
+these presets apply so that 128K runs are within the model's limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    arch: str  # llama | qwen2 | qwen3
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_context: int
+    rope_theta: float = 10000.0
+    rope_scaling: tuple[tuple[str, object], ...] | None = None  # sorted (key, value) pairs, hashable
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3
+    source: str = "random"  # random | gguf | hf
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (G)."""
+        return self.num_heads // self.num_kv_heads
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """K and V bytes one token occupies across all layers."""
+        return self.num_layers * self.num_kv_heads * self.head_dim * 2 * dtype_bytes
+
+    def num_params(self) -> int:
+        h, i, d = self.hidden_size, self.intermediate_size, self.head_dim
+        attn = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
+        if self.qkv_bias:
+            attn += d * (self.num_heads + 2 * self.num_kv_heads)
+        if self.qk_norm:
+            attn += 2 * d
+        per_layer = attn + 3 * h * i + 2 * h
+        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + h
+
+    def rope_scaling_dict(self) -> dict | None:
+        return dict(self.rope_scaling) if self.rope_scaling else None
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["rope_scaling"] = self.rope_scaling_dict()
+        return out
+
+
+def rope_scaling_tuple(scaling: dict | None) -> tuple | None:
+    return tuple(sorted(scaling.items())) if scaling else None
+
+
+_QWEN3_YARN = rope_scaling_tuple(
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+)
+
+
+def _qwen3(name: str, hidden: int, inter: int, layers: int, heads: int, tie: bool) -> ModelConfig:
+    return ModelConfig(
+        name=name, arch="qwen3", vocab_size=151936, hidden_size=hidden, intermediate_size=inter,
+        num_layers=layers, num_heads=heads, num_kv_heads=8, head_dim=128, max_context=131072,
+        rope_theta=1e6, rope_scaling=_QWEN3_YARN, rms_norm_eps=1e-6, tie_word_embeddings=tie,
+        qk_norm=True,
+    )
+
+
+_TINY = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+             num_kv_heads=2, head_dim=16, max_context=4096, rms_norm_eps=1e-6)
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny-llama": ModelConfig(name="tiny-llama", arch="llama", rope_theta=10000.0,
+                              tie_word_embeddings=True, **_TINY),
+    "tiny-qwen2": ModelConfig(name="tiny-qwen2", arch="qwen2", rope_theta=1e6, qkv_bias=True,
+                              **{**_TINY, "num_kv_heads": 1}),
+    "tiny-qwen3": ModelConfig(name="tiny-qwen3", arch="qwen3", rope_theta=1e6, qk_norm=True,
+                              **{**_TINY, "num_layers": 3, "num_kv_heads": 4}),
+    "smollm2-135m": ModelConfig(
+        name="smollm2-135m", arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+        num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, max_context=8192, rope_theta=1e5,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, source="gguf",
+    ),
+    "qwen3-0.6b": _qwen3("qwen3-0.6b", 1024, 3072, 28, 16, tie=True),
+    "qwen3-1.7b": _qwen3("qwen3-1.7b", 2048, 6144, 28, 16, tie=True),
+    "qwen3-4b": _qwen3("qwen3-4b", 2560, 9728, 36, 32, tie=True),
+    "qwen3-8b": _qwen3("qwen3-8b", 4096, 12288, 36, 32, tie=False),
+    "qwen3-14b": _qwen3("qwen3-14b", 5120, 17408, 40, 40, tie=False),
+    "qwen3-32b": _qwen3("qwen3-32b", 5120, 25600, 64, 64, tie=False),
+}
+
+
+class UnknownModelError(ValueError):
+    pass
+
+
+def get_preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise UnknownModelError(
+            f"unknown model {name!r}; valid presets: {', '.join(PRESETS)} "
+            "(or pass a Hugging Face checkpoint directory or a .gguf file path)"
+        )
+    return PRESETS[name]
+
+
+def with_context(config: ModelConfig, max_context: int) -> ModelConfig:
+    return replace(config, max_context=max_context)
