@@ -1,0 +1,341 @@
+"""results.json: the one durable record of a run.
+
+Every command writes `RUN_DIR/results.json` holding the schema version, the command, its full
+config, provenance (code commit, package versions, hardware, time) and the measured results.
+Plots, report.md and `sfibench check` are all derived from this file, so it must be:
+
+- strict JSON (NaN/inf become null; tensors and numpy values become plain numbers and lists),
+- never half-written (temp file + os.replace), and
+- never silently overwritten (a run directory that already holds results is refused).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path, PurePath
+from typing import Any
+
+from sfibench.metrics.device import cpu_model, gpu_driver_version
+
+__all__ = [
+    "RESULTS_FILENAME",
+    "SCHEMA_VERSION",
+    "InvalidResultsError",
+    "RunDirExistsError",
+    "UnsupportedSchemaError",
+    "make_run_dir",
+    "provenance",
+    "read_results",
+    "to_jsonable",
+    "write_results",
+]
+
+# Bump when a reader of the old layout would misread the new one; read_results refuses newer files.
+SCHEMA_VERSION = 1
+RESULTS_FILENAME = "results.json"
+_RESERVED_KEYS = ("schema_version", "command", "config", "provenance", "results")
+
+
+class RunDirExistsError(FileExistsError):
+    """The run directory already holds a results.json and overwriting was not requested."""
+
+
+class InvalidResultsError(ValueError):
+    """A results.json exists but cannot be used (not JSON, or not shaped like a results file)."""
+
+
+class UnsupportedSchemaError(InvalidResultsError):
+    """A results.json was written by a newer sfibench whose schema this version cannot read."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Provenance
+
+
+def provenance() -> dict:
+    """Where and with what a result was produced. Never raises: unknown facts are None."""
+    commit, dirty = _git_state(Path(__file__).resolve().parents[1])
+    return {
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "python": platform.python_version(),
+        "torch": _package_version("torch"),
+        "triton": _package_version("triton"),
+        "transformers": _package_version("transformers"),
+        "sfibench": _sfibench_version(),
+        "device": _device_name(),
+        "cuda": _cuda_version(),
+        "gpu_driver": gpu_driver_version(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "hostname": socket.gethostname(),
+        "timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _git_state(package_dir: Path) -> tuple[str | None, bool | None]:
+    """(commit, dirty) of the checkout holding the sfibench package directory, or (None, None)."""
+
+    def git(*args: str) -> str:
+        completed = subprocess.run(
+            ["git", "-C", str(package_dir), *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+        return completed.stdout.strip()
+
+    try:
+        # Only trust a repository whose root directly contains the package: an installed copy in
+        # site-packages may sit inside some unrelated repository whose commit would be misleading.
+        toplevel = Path(git("rev-parse", "--show-toplevel")).resolve()
+        if toplevel != package_dir.parent:
+            return None, None
+        commit = git("rev-parse", "HEAD")
+        # Untracked files (run outputs, caches) do not change the code that ran, so they are ignored.
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        return commit, dirty
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None, None
+
+
+def _package_version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _sfibench_version() -> str | None:
+    # Prefer the module attribute: an editable checkout may be ahead of its installed metadata.
+    try:
+        import sfibench
+
+        return getattr(sfibench, "__version__", None) or _package_version("sfibench")
+    except ImportError:
+        return _package_version("sfibench")
+
+
+def _device_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(torch.cuda.current_device())
+    except (ImportError, RuntimeError, AssertionError):
+        # torch reports a broken driver or CUDA init failure this way; it must not cost the run its
+        # results file, and a device torch cannot use is not the device that produced the numbers.
+        return "cpu"
+    return "cpu"
+
+
+def _cuda_version() -> str | None:
+    try:
+        import torch
+
+        return torch.version.cuda
+    except ImportError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Run directories
+
+
+def make_run_dir(out: Path | str | None, command: str, overwrite: bool = False) -> Path:
+    """Create (or reuse) the directory a run writes into, and return it.
+
+    With `out` None the directory is `runs/<command>-<UTC timestamp>`, suffixed `-2`, `-3`, ... when
+    two runs start in the same second. An explicit `out` that already holds a results.json is
+    refused unless `overwrite` is set, so an earlier result is never lost by accident.
+    """
+    if out is None:
+        return _fresh_default_dir(command)
+
+    run_dir = Path(out)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise NotADirectoryError(f"--out {run_dir} exists and is not a directory; choose another --out")
+    if (run_dir / RESULTS_FILENAME).exists() and not overwrite:
+        raise RunDirExistsError(
+            f"run directory {run_dir} already contains {RESULTS_FILENAME} from an earlier run; "
+            f"pass --overwrite to replace it, or choose another --out"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _fresh_default_dir(command: str) -> Path:
+    # Compact timestamp: sortable, and free of ':' which some filesystems reject.
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    base = Path("runs") / f"{command}-{stamp}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    suffix = 1
+    while True:
+        candidate = base if suffix == 1 else base.with_name(f"{base.name}-{suffix}")
+        try:
+            # mkdir without exist_ok claims the name atomically, so concurrent runs cannot share it.
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            suffix += 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Writing and reading
+
+
+def write_results(
+    run_dir: Path | str,
+    command: str,
+    config: Any,
+    results: Any,
+    extra: dict | None = None,
+    *,
+    provenance_info: dict | None = None,
+) -> Path:
+    """Write `run_dir/results.json` atomically and return its path.
+
+    `config` and `results` may hold dataclasses, tensors, numpy values and non-finite floats; all
+    are converted to strict JSON. `extra` adds further top-level sections (e.g. raw timings); it may
+    not reuse a reserved key. `provenance_info` lets a caller record provenance captured when the
+    run started; by default it is collected now.
+    """
+    document: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "command": command,
+        "config": config,
+        "provenance": provenance() if provenance_info is None else provenance_info,
+        "results": results,
+    }
+    for key, value in (extra or {}).items():
+        if key in _RESERVED_KEYS:
+            raise ValueError(
+                f"extra section {key!r} would replace a reserved results.json key {_RESERVED_KEYS}"
+            )
+        document[key] = value
+
+    # Serialise fully before touching the disk: a conversion error must leave no file behind.
+    text = json.dumps(to_jsonable(document), indent=2, allow_nan=False) + "\n"
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    target = run_dir / RESULTS_FILENAME
+    _atomic_write_text(target, text)
+    return target
+
+
+def _atomic_write_text(target: Path, text: str) -> None:
+    # The temp file lives beside the target so os.replace stays a same-filesystem atomic rename:
+    # readers see either the old complete file or the new complete file, never a mixture.
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def read_results(path: Path | str) -> dict:
+    """Load a results.json, given the file itself or the run directory holding it."""
+    path = Path(path)
+    file = path / RESULTS_FILENAME if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"no results file at {file}; pass a run directory containing {RESULTS_FILENAME} "
+            f"or the path of a {RESULTS_FILENAME} written by sfibench"
+        )
+    try:
+        document = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise InvalidResultsError(
+            f"{file} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}); "
+            f"it may be truncated or hand-edited — rerun the command to regenerate it"
+        ) from error
+    except UnicodeDecodeError as error:
+        raise InvalidResultsError(f"{file} is not UTF-8 text; is it really a {RESULTS_FILENAME}?") from error
+
+    if not isinstance(document, dict) or not isinstance(document.get("schema_version"), int):
+        raise InvalidResultsError(
+            f"{file} is JSON but not an sfibench results file (no integer 'schema_version' at the top level)"
+        )
+    version = document["schema_version"]
+    if version > SCHEMA_VERSION:
+        raise UnsupportedSchemaError(
+            f"{file} uses results schema version {version}, but this sfibench "
+            f"({_sfibench_version()}) reads versions up to {SCHEMA_VERSION}; upgrade sfibench to read it"
+        )
+    return document
+
+
+# --------------------------------------------------------------------------------------------------
+# Conversion to strict JSON
+
+
+def to_jsonable(value: Any, where: str = "$") -> Any:
+    """Convert `value` into plain JSON types; non-finite floats become None.
+
+    `where` tracks the key path so an unsupported type is reported at the place it occurs.
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)  # collapses int subclasses (IntEnum aside, handled below) to plain int
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, enum.Enum):
+        return to_jsonable(value.value, where)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_jsonable(dataclasses.asdict(value), where)
+    if isinstance(value, dict):
+        return {_json_key(key, where): to_jsonable(item, f"{where}.{key}") for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        # Sorted so the same set always serialises the same way (stable diffs of committed reports).
+        return sorted((to_jsonable(item, where) for item in value), key=repr)
+    if isinstance(value, PurePath):
+        return str(value)
+
+    # Array types are recognised only if their library is already loaded: a value cannot be a
+    # tensor unless torch was imported, and this keeps reporting usable without importing torch.
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        if isinstance(value, torch.Tensor):
+            return to_jsonable(value.detach().cpu().tolist(), where)
+        if isinstance(value, (torch.dtype, torch.device)):
+            return str(value)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        if isinstance(value, numpy.ndarray):
+            return to_jsonable(value.tolist(), where)
+        if isinstance(value, numpy.generic):
+            return to_jsonable(value.item(), where)
+    raise TypeError(f"cannot write {type(value).__name__} at {where} to results.json; convert it first")
+
+
+def _json_key(key: Any, where: str) -> str:
+    if isinstance(key, str):
+        return key
+    # Scalars (including numpy scalars and enums) become their JSON spelling, as json.dumps would.
+    plain = to_jsonable(key, where)
+    if isinstance(plain, str):
+        return plain
+    if plain is None or isinstance(plain, (bool, int, float)):
+        return json.dumps(plain)
+    raise TypeError(f"cannot use a {type(key).__name__} as a results.json key at {where}")
