@@ -1,0 +1,41 @@
+"""Static, preallocated KV cache shared by every method.
+
+Layout `[n_layers, B, H_kv, S_max, D]` for K and V, plus the L2 norm of every cached key (the SFI
+prior reads them at each refresh; caching them costs one float per key instead of a pass over K).
+The cache is append-only: decoding writes only at slots >= the prompt length, so a prefilled prompt
+stays intact and "restoring a snapshot" is just resetting the lengths (see Prefilled in engine/).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sfibench.models.presets import ModelConfig
+
+
+class KVCache:
+    def __init__(self, config: ModelConfig, batch: int, max_seq: int, device, dtype: torch.dtype):
+        shape = (config.num_layers, batch, config.num_kv_heads, max_seq, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.key_norms = torch.zeros(shape[:-1], device=device, dtype=torch.float32)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.max_seq = max_seq
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def write_chunk(self, layer: int, row: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Prefill: keys/values `[H_kv, T, D]` of one sequence go to slots [start, start + T)."""
+        end = start + k.shape[1]
+        self.k[layer, row, :, start:end] = k
+        self.v[layer, row, :, start:end] = v
+        self.key_norms[layer, row, :, start:end] = k.float().norm(dim=-1)
+
+    def write_step(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Decode: one key/value `[B, H_kv, D]` per sequence, each at its own slot `positions[b]`."""
+        index = positions.view(-1, 1, 1, 1).expand(-1, k.shape[1], 1, k.shape[2])
+        self.k[layer].scatter_(2, index, k.unsqueeze(2))
+        self.v[layer].scatter_(2, index, v.unsqueeze(2))
+        self.key_norms[layer].scatter_(2, index[..., 0], k.float().norm(dim=-1).unsqueeze(2))

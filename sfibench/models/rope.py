@@ -1,0 +1,79 @@
+"""Rotary position embeddings, with the frequency rescalings long-context checkpoints use.
+
+`inverse_frequencies` returns the per-pair rotation speeds and an amplitude factor (YaRN scales cos
+and sin by it); `apply_rope` rotates with the "rotate half" layout Hugging Face checkpoints use.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:
+    base = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        return base, 1.0
+    factor = float(scaling["factor"])
+    if kind == "linear":  # positions squeezed uniformly into the trained range
+        return base / factor, 1.0
+    if kind == "llama3":
+        return _llama3(base, factor, scaling), 1.0
+    if kind == "yarn":
+        return _yarn(head_dim, theta, factor, scaling)
+    raise ValueError(f"unsupported rope scaling {kind!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+
+
+def _llama3(base: torch.Tensor, factor: float, scaling: dict) -> torch.Tensor:
+    """Slow the low frequencies by `factor`, keep the high ones, blend smoothly in between."""
+    trained = scaling["original_max_position_embeddings"]
+    low_wavelen = trained / scaling.get("low_freq_factor", 1.0)
+    high_wavelen = trained / scaling.get("high_freq_factor", 4.0)
+    wavelen = 2 * math.pi / base
+    scaled = torch.where(wavelen > low_wavelen, base / factor, base)
+    smooth = (trained / wavelen - scaling.get("low_freq_factor", 1.0)) / (
+        scaling.get("high_freq_factor", 4.0) - scaling.get("low_freq_factor", 1.0)
+    )
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    in_between = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(in_between, blended, scaled)
+
+
+def _yarn(head_dim: int, theta: float, factor: float, scaling: dict) -> tuple[torch.Tensor, float]:
+    """Interpolate low frequencies, extrapolate high ones, ramp linearly between (YaRN)."""
+    trained = scaling["original_max_position_embeddings"]
+    beta_fast, beta_slow = scaling.get("beta_fast", 32.0), scaling.get("beta_slow", 1.0)
+
+    def dim_for_rotations(rotations: float) -> float:
+        return head_dim * math.log(trained / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(dim_for_rotations(beta_fast)), 0)
+    high = min(math.ceil(dim_for_rotations(beta_slow)), head_dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolated = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    interpolated = extrapolated / factor
+    keep_extrapolated = 1 - ramp
+    inv_freq = interpolated * (1 - keep_extrapolated) + extrapolated * keep_extrapolated
+    attention_factor = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    return inv_freq, float(attention_factor)
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, amplitude: float, positions: torch.Tensor, dtype: torch.dtype):
+    """cos/sin `[B, T, D]` for integer positions `[B, T]` (computed in float32, then cast)."""
+    angles = positions.float().unsqueeze(-1) * inv_freq.to(positions.device)
+    angles = torch.cat((angles, angles), dim=-1)
+    return (angles.cos() * amplitude).to(dtype), (angles.sin() * amplitude).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate `x [B, H, T, D]`; cos/sin are `[B, T, D]`."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

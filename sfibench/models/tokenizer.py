@@ -1,0 +1,55 @@
+"""Text <-> token ids, with one interface for Hugging Face tokenizers and the tiny models' bytes.
+
+Tiny random presets have no checkpoint, so they use `ByteTokenizer`: ids 0..255 are raw UTF-8 bytes,
+then BOS and EOS. Real models use the tokenizer stored with their weights (GGUF files included).
+"""
+
+from __future__ import annotations
+
+
+class ByteTokenizer:
+    """Each byte of the UTF-8 text is one token; enough for tiny models and trigger tests."""
+
+    bos_token_id = 256
+    eos_token_id = 257
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id]) if token_id < 256 else b""
+
+    def decode(self, ids: list[int]) -> str:
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tokenize: bool = False) -> str:
+        text = "".join(f"<{m['role']}>\n{m['content']}\n" for m in messages)
+        return text + ("<assistant>\n" if add_generation_prompt else "")
+
+
+class Tokenizer:
+    """Wraps either a ByteTokenizer or a Hugging Face tokenizer behind encode/decode/eos."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def encode(self, text: str, chat: bool = False) -> list[int]:
+        if chat:
+            if getattr(self.backend, "chat_template", True) is None:
+                raise ValueError("this model's tokenizer has no chat template; drop --chat")
+            text = self.backend.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            )
+        if isinstance(self.backend, ByteTokenizer):
+            return self.backend.encode(text)
+        return self.backend(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        if isinstance(self.backend, ByteTokenizer):
+            return self.backend.decode(ids)
+        return self.backend.decode(ids, skip_special_tokens=False)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.backend.eos_token_id
