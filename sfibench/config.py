@@ -92,3 +92,38 @@ class MethodSpec:
     sfi: SFIConfig = field(default_factory=SFIConfig)
     streaming: StreamingLLMConfig = field(default_factory=StreamingLLMConfig)
     snapkv: SnapKVConfig = field(default_factory=SnapKVConfig)
+
+
+class BudgetError(ValueError):
+    pass
+
+
+def parse_budget(text: str, context_len: int, what: str = "budget", at_most_context: bool = True) -> int:
+    """'2048' -> 2048 tokens; '0.15' -> 15% of the context (tokens read per layer and KV head).
+
+    A budget above the context is an error (it would silently mean Full-KV); SFI's k_head is a cap
+    (K = min(k_head, |C|)), so it passes `at_most_context=False`.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise BudgetError(f"{what} {text!r} is neither a token count nor a fraction in (0, 1]") from None
+    if value <= 0:
+        raise BudgetError(f"{what} must be positive, got {text}")
+    tokens = round(value * context_len) if value <= 1 and "." in text else int(value)
+    if at_most_context and tokens > context_len:
+        raise BudgetError(f"{what} of {tokens} tokens is larger than the {context_len}-token context; "
+                          "give a smaller budget or a fraction such as 0.15")
+    return tokens
+
+
+def apply_budget(spec: MethodSpec, budget: int) -> None:
+    """Give every sparse method the same tokens-read budget per (layer, KV head)."""
+    sfi = spec.sfi
+    k_head = budget - sfi.n_sink - sfi.n_recent
+    if spec.name == "sfi" and k_head <= 0:
+        raise BudgetError(f"a budget of {budget} tokens leaves no room for selected tokens beside "
+                          f"{sfi.n_sink} sinks and {sfi.n_recent} recent ones; raise it or lower --n-recent")
+    sfi.k_head = max(k_head, 1)
+    spec.streaming.budget = budget
+    spec.snapkv.budget = budget

@@ -69,17 +69,26 @@ def available() -> list[tuple[str, str]]:
     return sorted(_REGISTRY)
 
 
-def create_method(spec: MethodSpec, model_config: ModelConfig, tokenizer: Tokenizer) -> AttentionMethod:
+def check_method(name: str, path: str) -> None:
+    """Raise a helpful error unless (name, path) is registered; cheap, so call it before loading a model."""
     _import_builtin_methods()
-    if (spec.name, spec.path) not in _REGISTRY:
-        names = sorted({name for name, _ in _REGISTRY})
-        if spec.name not in names:
-            raise UnknownMethodError(f"unknown method {spec.name!r}; valid methods: {', '.join(names)}")
-        paths = sorted(path for name, path in _REGISTRY if name == spec.name)
-        raise UnknownMethodError(f"method {spec.name!r} has no {spec.path!r} path; available: {', '.join(paths)}")
+    if (name, path) in _REGISTRY:
+        return
+    names = sorted({n for n, _ in _REGISTRY})
+    if name not in names:
+        raise UnknownMethodError(f"unknown method {name!r}; valid methods: {', '.join(names)}")
+    paths = sorted(p for n, p in _REGISTRY if n == name)
+    raise UnknownMethodError(f"method {name!r} has no {path!r} path; available: {', '.join(paths)}")
+
+
+def create_method(spec: MethodSpec, model_config: ModelConfig, tokenizer: Tokenizer) -> AttentionMethod:
+    check_method(spec.name, spec.path)
     return _REGISTRY[(spec.name, spec.path)](spec, model_config, tokenizer)
 
 
 def _import_builtin_methods() -> None:
     # Importing the modules runs their @register decorators.
     import sfibench.baselines.full_kv  # noqa: F401
+    import sfibench.baselines.snapkv  # noqa: F401
+    import sfibench.baselines.streaming_llm  # noqa: F401
+    import sfibench.reference.sfi  # noqa: F401

@@ -65,7 +65,8 @@ def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled:
 
     With `forced [B, N]` the inputs are teacher-forced: step i feeds forced[:, i] whatever was
     sampled, and the method observes the forced tokens, so triggers see the real text stream.
-    `on_step(index, tokens)` is called after each emitted token (for streaming output).
+    `on_step(index, tokens, record)` is called after each emitted token (for streaming output);
+    `record` is the StepRecord of the step that produced it (None for the first, from the prefill).
     """
     restore(cache, prefilled)
     method.start(cache, prefilled)
@@ -74,9 +75,11 @@ def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled:
     emitted, steps, kept = [], [], []
     finished: list[int | None] = [None] * batch
     for index in range(max_new_tokens):
+        record = None
         if index > 0:
             logits, ctx = decode_step(model, cache, method, tokens, step=index)
-            steps.append(_record(method, ctx))
+            record = _record(method, ctx)
+            steps.append(record)
         sampled = sampler(logits)
         tokens = forced[:, index] if forced is not None else sampled
         emitted.append(sampled)
@@ -87,7 +90,7 @@ def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled:
             if finished[row] is None and eos_token_id is not None and int(sampled[row]) == eos_token_id:
                 finished[row] = index
         if on_step is not None:
-            on_step(index, sampled)
+            on_step(index, sampled, record)
         if forced is None and all(f is not None for f in finished):
             break
     return Trace(torch.stack(emitted, dim=1).cpu(), steps, kept, finished)

