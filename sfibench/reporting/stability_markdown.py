@@ -1,0 +1,122 @@
+"""report.md for `sfibench stability`, written from a results.json document alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sfibench.reporting.stability_plots import MEMORY_LABELS, PLOTS
+
+DRIFT_ROWS = (1, 2, 4, 8, 16, 32)  # offsets shown in the drift table, plus the last (open) bin
+
+DEFINITIONS = (
+    ("- Attention is dense (Full-KV) at every step. The G query heads of a KV head are pooled by the mean of "
+     "their softmax probabilities: the share of the group's attention each position gets."),
+    "- Supports are taken over the candidates C = [n_sink, recent_start(L)), the positions SFI selects from.",
+    ("- A step opens a sentence when its input token is the first non-ender, non-blank token after an ender "
+     "(SPEC 3); the step pair (t-1, t) is then *across* a boundary, otherwise *within*. Steps before the "
+     "first boundary count only for consecutive overlap."),
+    ("- Overlap = |S_t ∩ S'| / min(|S_t|, |S'|), which is |∩|/k when k is unchanged and keeps a constant "
+     "ranking at 1 while k = frac x L grows; Jaccard = |∩|/|∪|."),
+    ("- Stale memory: sinks ∪ Selector picks at t0 ∪ [min(recent_start(t0), recent_start(t)), L), what a fast "
+     "step after a refresh at t0 reads. Fresh: the same with picks and window from step t. StreamingLLM: "
+     "sinks + the most recent tokens, as many as the stale memory. Recall = share of step t's dense "
+     "attention mass on the memory. t0 is the sentence's first step (no t_max fallback, no min_gap)."),
+)
+
+
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+def _num(value, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def summary_sentences(results: dict) -> str:
+    """The findings in two sentences with their numbers, whichever way they come out."""
+    topk, recall, drift = results["consecutive"]["topk"], results["recall"], results["drift"]["topk_overlap"]
+    late = min(len(drift), 16)
+    first = (f"Consecutive decode steps share {_pct(topk['within']['overlap_mean'])} of their top-k attention "
+             f"support within a sentence and {_pct(topk['across']['overlap_mean'])} across a sentence boundary, "
+             f"and overlap with the sentence's first step falls from {_pct(drift[0])} at offset 1 to "
+             f"{_pct(drift[late - 1])} at offset {late}.")
+    second = (f"Fast steps reading a selection the SFI Selector made at the sentence's first step keep "
+              f"{_pct(recall['stale']['mean'])} of the dense attention mass "
+              f"({_pct(recall['stale']['candidate_recall'])} of the mass on candidates), against "
+              f"{_pct(recall['fresh']['mean'])} ({_pct(recall['fresh']['candidate_recall'])}) for a selection "
+              f"refreshed at every step and {_pct(recall['streaming']['mean'])} "
+              f"({_pct(recall['streaming']['candidate_recall'])}) for StreamingLLM reading as many tokens.")
+    return f"{first} {second}"
+
+
+def _setup(cfg: dict, results: dict) -> list[str]:
+    context, timing, sentences = results["context"], results["timing"], results["sentences"]
+    k_head = cfg["k_head"] + (" x L at t0" if "." in str(cfg["k_head"]) else " tokens")
+    rows = {
+        "text": f"`{results['text']}`, {results['mode']}",
+        "decode steps": (f"{results['steps']} after a {results['prefix_tokens']}-token prefix "
+                         f"(context {context['first']} to {context['last']} tokens)"),
+        "sentences": f"{sentences['starts']} sentence starts, mean length {_num(sentences['mean_length'], 1)} steps",
+        "supports": (f"top-k with k = {cfg['topk_frac']:g} x L, and the smallest set holding {cfg['mass']:g} "
+                     "of the candidates' attention"),
+        "SFI memory": (f"{cfg['sfi']['n_sink']} sinks + Selector picks (k_head = {k_head}) + recent window "
+                       f"({cfg['sfi']['n_recent']} tokens, page {cfg['sfi']['page']}, anchored at t0)"),
+        "perplexity of the stretch (dense)": _num(results["perplexity"], 2),
+        "time": (f"load {timing['load_s']:.0f} s, prefill {timing['prefill_s']:.1f} s, decode + analysis "
+                 f"{timing['decode_s']:.0f} s ({_num(timing['steps_per_s'], 2)} steps/s), "
+                 f"{timing['device']}, {timing['dtype']}"),
+    }
+    return ["| | |", "| --- | --- |", *(f"| {key} | {value} |" for key, value in rows.items())]
+
+
+def _consecutive(results: dict) -> list[str]:
+    lines = ["| support | side | step pairs | overlap | Jaccard |", "| --- | --- | --- | --- | --- |"]
+    for kind, name in (("topk", "top-k"), ("mass", "90% mass")):
+        for side in ("within", "across"):
+            s = results["consecutive"][kind][side]
+            lines.append(f"| {name} | {side} | {s['pairs']} | {_num(s['overlap_mean'])} | {_num(s['jaccard_mean'])} |")
+    return lines
+
+
+def _drift(results: dict) -> list[str]:
+    drift, recall = results["drift"], results["recall"]
+    last = drift["offsets"][-1]
+    lines = [("| offset t - t0 | samples | top-k overlap | 90%-mass overlap | stale recall | fresh recall "
+              "| StreamingLLM recall |"), "| --- | --- | --- | --- | --- | --- | --- |"]
+    for offset in [o for o in DRIFT_ROWS if o < last] + [last]:
+        i = offset - 1
+        cells = [drift["topk_overlap"][i], drift["mass_overlap"][i], *(recall[m]["by_offset"][i] for m in MEMORY_LABELS)]
+        label = f">= {offset}" if offset == last else str(offset)
+        lines.append(f"| {label} | {drift['samples'][i]} | " + " | ".join(_num(c) for c in cells) + " |")
+    return lines
+
+
+def _recall(results: dict) -> list[str]:
+    lines = ["| memory | recall of dense mass | recall of candidate mass | mean tokens read |",
+             "| --- | --- | --- | --- |"]
+    for name, label in MEMORY_LABELS.items():
+        r = results["recall"][name]
+        lines.append(f"| {label} | {_num(r['mean'])} | {_num(r['candidate_recall'])} | {_num(r['tokens_read_mean'], 0)} |")
+    lines += ["", (f"Candidates hold {_pct(results['candidate_mass_share'])} of the dense mass on average; the rest "
+                   "is on sinks and the recent window, which every memory keeps.")]
+    return lines
+
+
+def write_report(run_dir: Path | str, document: dict) -> Path:
+    """report.md from a results.json document (its config, results and provenance)."""
+    cfg, results, prov = document["config"], document["results"], document["provenance"]
+    dirty = " (uncommitted changes)" if prov.get("git_dirty") else ""
+    lines = [
+        f"# Attention-support stability: {results['model']}", "", summary_sentences(results), "",
+        "## Setup", "", *_setup(cfg, results), "",
+        "## Consecutive steps: within a sentence vs across a boundary", "", *_consecutive(results), "",
+        "## Drift from the sentence's first step, and memory recall by offset", "", *_drift(results), "",
+        "## Memory recall over within-sentence steps (t > t0)", "", *_recall(results), "",
+        "## Plots", "", *(f"![{title}]({name})\n" for name, title in PLOTS.items()),
+        "## Definitions", "", *DEFINITIONS, "",
+        (f"Commit `{prov.get('git_commit')}`{dirty}, {prov.get('device')}, {prov.get('cpu')}, "
+         f"torch {prov.get('torch')}, {prov.get('timestamp_utc')}."), "",
+    ]
+    path = Path(run_dir) / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path

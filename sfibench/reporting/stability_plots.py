@@ -1,0 +1,94 @@
+"""Plots for `sfibench stability`, drawn only from the results dict (as saved in results.json)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt
+import numpy as np
+
+PLOTS = {"overlap_vs_offset.png": "Overlap with the sentence's first step, and memory recall, by offset",
+         "within_vs_across.png": "Consecutive-step support overlap: within a sentence vs across a boundary",
+         "recall_heatmap.png": "Recall per layer and KV head: stale SFI selection, fresh selection, StreamingLLM"}
+MEMORY_LABELS = {"stale": "SFI, selected at t0 (stale)", "fresh": "SFI, selected at t (fresh)",
+                 "streaming": "StreamingLLM, same tokens"}
+
+
+def _array(values) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def write_plots(run_dir: Path, results: dict) -> list[Path]:
+    run_dir = Path(run_dir)
+    paths = []
+    for name, draw in (("overlap_vs_offset.png", _offset_plot), ("within_vs_across.png", _split_plot),
+                       ("recall_heatmap.png", _heatmap)):
+        fig = draw(results)
+        fig.suptitle(f"{PLOTS[name]}\n{results['model']}, {results['mode']}, {results['steps']} steps", fontsize=10)
+        fig.savefig(run_dir / name, dpi=110)
+        plt.close(fig)
+        paths.append(run_dir / name)
+    return paths
+
+
+def _offset_plot(results: dict):
+    drift, consecutive = results["drift"], results["consecutive"]
+    offsets = np.array(drift["offsets"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
+    for kind, label in (("topk", "top-k support"), ("mass", "90%-mass support")):
+        left.plot(offsets, _array(drift[f"{kind}_overlap"]), marker=".", label=f"{label} vs t0")
+    for side, style in (("within", "--"), ("across", ":")):
+        if consecutive["topk"][side]["overlap_mean"] is not None:  # None: no such step pair was seen
+            left.axhline(consecutive["topk"][side]["overlap_mean"], color="grey", linestyle=style,
+                         label=f"top-k, consecutive steps, {side}")
+    left.set(xlabel=f"offset t - t0 (last bin: >= {offsets[-1]})", ylabel="overlap", ylim=(0, 1.02))
+    left.legend(fontsize=8)
+    for name, label in MEMORY_LABELS.items():
+        right.plot(offsets, _array(results["recall"][name]["by_offset"]), marker=".", label=label)
+    right.set(xlabel="offset t - t0", ylabel="share of dense attention mass read")
+    right.legend(fontsize=8)
+    samples = np.array(drift["samples"])
+    left.set_title(f"samples per offset: {samples[0]} at 1, {samples[-1]} in the last bin", fontsize=8)
+    return fig
+
+
+def _split_plot(results: dict):
+    consecutive, edges = results["consecutive"], np.array(results["hist_edges"])
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4), layout="constrained")
+    for ax, (kind, metric, title) in zip(axes[:2], (("topk", "overlap", "top-k overlap"),
+                                                    ("mass", "jaccard", "90%-mass Jaccard"))):
+        for side in ("within", "across"):
+            stats = consecutive[kind][side]
+            counts = np.array(stats[f"{metric}_hist"])
+            density = counts / max(counts.sum(), 1)
+            mean = stats[f"{metric}_mean"]
+            ax.stairs(density, edges, fill=side == "within", alpha=0.5,
+                      label=f"{side} (mean {'n/a' if mean is None else f'{mean:.3f}'}, {stats['pairs']} step pairs)")
+        ax.set(xlabel=title, ylabel="share of (step pair, layer, KV head)", title=f"consecutive steps: {title}")
+        ax.legend(fontsize=8)
+    for side in ("within", "across"):
+        per_layer = _array(consecutive["topk"][side]["overlap_per_layer"])
+        axes[2].plot(np.arange(len(per_layer)), per_layer, marker=".", label=side)
+    axes[2].set(xlabel="layer", ylabel="mean top-k overlap", title="per layer", ylim=(0, 1.02))
+    axes[2].legend(fontsize=8)
+    return fig
+
+
+def _heatmap(results: dict):
+    recall = results["recall"]
+    fig, axes = plt.subplots(2, 3, figsize=(10, 9.5), sharey=True, layout="constrained")
+    for row, (key, what) in enumerate((("per_layer_head", "total mass"), ("candidate_per_layer_head",
+                                                                        "mass inside candidates"))):
+        grids = [np.array(recall[name][key], dtype=float) for name in MEMORY_LABELS]
+        finite = [g[np.isfinite(g)] for g in grids]
+        low = min((g.min() for g in finite if g.size), default=0.0)
+        for ax, grid, label in zip(axes[row], grids, MEMORY_LABELS.values()):
+            image = ax.imshow(grid, aspect="auto", vmin=low, vmax=1.0, cmap="viridis", interpolation="nearest")
+            ax.set(title=f"{label}\n{what}", xlabel="KV head", xticks=range(grid.shape[1]))
+        axes[row][0].set_ylabel("layer")
+        fig.colorbar(image, ax=list(axes[row]), shrink=0.8, label=f"recall of {what}")
+    return fig
+

@@ -1,0 +1,175 @@
+"""`sfibench stability`: run dense attention over real text and reduce it to support stability (SPEC 8).
+
+The model decodes `steps` tokens after a `prefix`-token prompt, teacher-forced on natural text by
+default (so sentence boundaries are the text's own) or on its own sampled continuation. Attention is
+exactly Full-KV's; a probe method additionally hands every layer's query logits over the whole cache
+to the on-the-fly reducer in sfibench.metrics.stability. The run writes results.json, plots and
+report.md into one run directory.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import time
+from pathlib import Path
+
+import torch
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from sfibench.config import MethodSpec, SamplingConfig, TriggerConfig
+from sfibench.engine.cache import KVCache
+from sfibench.engine.context import StepContext
+from sfibench.engine.decode import decode_step
+from sfibench.engine.prefill import Prefilled
+from sfibench.engine.sampling import Sampler
+from sfibench.engine.session import Session
+from sfibench.methods import AttentionMethod
+from sfibench.metrics.stability import StabilityConfig, StabilityInputError, StabilityReducer, check_config
+from sfibench.reference.attention import dense_attention
+from sfibench.reference.triggers import SlowStepScheduler, token_classes
+from sfibench.reporting.results import (
+    RESULTS_FILENAME,
+    RunDirExistsError,
+    make_run_dir,
+    read_results,
+    write_results,
+)
+from sfibench.reporting.stability_markdown import write_report
+from sfibench.reporting.stability_plots import write_plots
+
+SHIPPED_TEXT = "essays_en.txt"
+
+
+class DenseProbe(AttentionMethod):
+    """Full-KV attention that also keeps this step's query logits `[layers, H_kv, G, L]` for the analysis.
+
+    Not registered as a method: it measures, it is not something to benchmark. Batch size 1.
+    """
+
+    name = "dense_probe"
+    step_kind = "dense"
+
+    def start(self, cache: KVCache, prefilled: Prefilled) -> None:
+        mc = self.model_config
+        self.logits = torch.zeros(mc.num_layers, mc.num_kv_heads, mc.group_size, cache.max_seq,
+                                  device=cache.k.device, dtype=torch.float32)
+
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
+        layer, length = ctx.layer, int(ctx.kv_lengths[0])
+        ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
+        keys = cache.k[layer, 0, :, :length].float()  # [H_kv, L, D]
+        grouped = q[0, :, 0].float().reshape(keys.shape[0], -1, keys.shape[-1])  # [H_kv, G, D]
+        # q.k / sqrt(d), as SFI's slow step computes its evidence (a batched matmul: einsum is slower here)
+        self.logits[layer, :, :, :length] = torch.matmul(grouped, keys.transpose(1, 2)) * keys.shape[-1] ** -0.5
+        return dense_attention(q, cache.k[layer], cache.v[layer], ctx.kv_lengths)
+
+
+def load_text(text_file: str | None) -> tuple[str, str]:
+    """(text, where it came from); the shipped English essays when no file is given."""
+    if text_file is None:
+        resource = importlib.resources.files("sfibench.workloads") / "data" / SHIPPED_TEXT
+        return resource.read_text(encoding="utf-8"), f"sfibench/workloads/data/{SHIPPED_TEXT}"
+    path = Path(text_file)
+    if not path.is_file():
+        raise FileNotFoundError(f"--text-file {path} does not exist or is not a file")
+    text = path.read_text(encoding="utf-8")
+    if not text.strip():
+        raise StabilityInputError(f"--text-file {path} is empty; give a file of natural-language text")
+    return text, str(path)
+
+
+def check_lengths(cfg: StabilityConfig, tokens: int, max_context: int, model: str) -> None:
+    """The text must cover the prefix (and, teacher-forced, every step); the model must hold it all."""
+    needed = cfg.prefix + (0 if cfg.generate else cfg.steps)
+    if tokens < needed:
+        what = f"a {cfg.prefix}-token prefix" + ("" if cfg.generate else f" + {cfg.steps} teacher-forced steps")
+        raise StabilityInputError(f"the text has {tokens} tokens but {what} need {needed}; give a longer "
+                                  "--text-file, fewer --steps or a shorter --prefix")
+    if cfg.prefix + cfg.steps > max_context:
+        raise StabilityInputError(
+            f"{model} has a {max_context}-token context, but a {cfg.prefix}-token prefix + {cfg.steps} steps "
+            f"need {cfg.prefix + cfg.steps}; ask for fewer --steps or use a model with a longer context")
+
+
+def run_stability(cfg: StabilityConfig, out: Path | str | None = None, overwrite: bool = False,
+                  show_progress: bool = True) -> Path:
+    """Run the analysis of `cfg` and return the run directory (results.json, plots, report.md)."""
+    check_config(cfg)
+    if out is not None and (Path(out) / RESULTS_FILENAME).exists() and not overwrite:  # fail before the work
+        raise RunDirExistsError(f"{out} already contains {RESULTS_FILENAME}; pass --overwrite or another --out")
+    text, source = load_text(cfg.text_file)
+    began = time.perf_counter()
+    session = Session.open(cfg.model, cfg.device, cfg.dtype, cfg.seed)
+    loaded, mc = session.loaded, session.loaded.config
+    ids = loaded.tokenizer.encode(text)
+    check_lengths(cfg, len(ids), mc.max_context, mc.name)
+    run_dir = make_run_dir(out, "stability", overwrite)
+    load_s = time.perf_counter() - began
+
+    began = time.perf_counter()
+    prefilled = session.prefill([ids[:cfg.prefix]], cfg.steps)
+    prefill_s = time.perf_counter() - began
+    probe = DenseProbe(MethodSpec(name="full_kv"), mc, loaded.tokenizer)
+    probe.start(session.cache, prefilled)
+    reducer = StabilityReducer(cfg, mc.num_layers, mc.num_kv_heads)
+    stream, nll, decode_s = _decode(session, probe, reducer, cfg, ids, prefilled, show_progress)
+
+    emitted = stream[cfg.prefix:]
+    results = {
+        "model": mc.name, "text": source, "mode": "generated" if cfg.generate else "teacher-forced",
+        "prefix_tokens": cfg.prefix, "context": {"first": cfg.prefix + 1, "last": cfg.prefix + reducer.step},
+        "sfi_geometry": {"n_sink": cfg.sfi.n_sink, "n_recent": cfg.sfi.n_recent, "page": cfg.sfi.page,
+                         "k_head": cfg.k_head},
+        "perplexity": float(torch.tensor(nll).mean().exp()) if nll else None,
+        "timing": {"load_s": load_s, "prefill_s": prefill_s, "decode_s": decode_s,
+                   "steps_per_s": reducer.step / decode_s if decode_s > 0 else None,
+                   "device": str(session.device), "dtype": str(session.dtype)},
+        "decoded_text_head": loaded.tokenizer.decode(emitted[:200]),
+        **reducer.summary(),
+    }
+    write_results(run_dir, "stability", cfg, results)
+    document = read_results(run_dir)  # plots and report come from the saved file, as `report` would
+    write_plots(run_dir, document["results"])
+    write_report(run_dir, document)
+    return run_dir
+
+
+def _decode(session: Session, probe: DenseProbe, reducer: StabilityReducer, cfg: StabilityConfig,
+            ids: list[int], prefilled: Prefilled, show_progress: bool) -> tuple[list[int], list[float], float]:
+    """Decode and feed the reducer; returns the token stream, per-step NLL (teacher-forced) and seconds."""
+    loaded, cache = session.loaded, session.cache
+    is_ender, is_blank = token_classes(loaded.tokenizer.backend, loaded.config.vocab_size)
+    boundaries = SlowStepScheduler(TriggerConfig(), is_ender, is_blank, 1)  # only its sentence rule is used
+    stream = list(ids[:cfg.prefix])
+    for token in stream:  # so a prefix that ends a sentence makes the first step a sentence start
+        boundaries.observe(torch.tensor([token]))
+    sampler = Sampler(SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed), session.device)
+    eos = loaded.tokenizer.eos_token_id
+    logits, nll = prefilled.last_logits, []
+    columns = (TextColumn("stability"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    began = time.perf_counter()
+    with Progress(*columns, disable=not show_progress) as progress:
+        task = progress.add_task("decode", total=cfg.steps)
+        for index in range(cfg.steps):
+            position = cfg.prefix + index
+            token = int(sampler(logits)[0]) if cfg.generate else ids[position]
+            if cfg.generate and token == eos:
+                break  # the model ended its text: what follows would not be natural text
+            if not cfg.generate:
+                nll.append(float(-logits[0].float().log_softmax(-1)[token]))
+            stream.append(token)
+            boundaries.observe(torch.tensor([token]))  # this step's input token
+            logits, _ = decode_step(loaded.model, cache, probe, torch.tensor([token], device=session.device),
+                                    step=index + 1)
+            length = position + 1
+            reducer.update(probe.logits[..., :length], cache.key_norms[:, 0, :, :length],
+                           bool(boundaries.sentence_start[0]))
+            progress.advance(task)
+    return stream, nll, time.perf_counter() - began
