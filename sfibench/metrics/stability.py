@@ -186,6 +186,7 @@ class StabilityReducer:
         self.captured = {name: Mean(*shape) for name in MEMORIES}  # mass read inside C
         self.tokens_read = {name: Mean() for name in MEMORIES}
         self.candidate_mass = Mean(*shape)
+        self.chance_overlap = Mean()  # k / |C|: expected overlap of two unrelated top-k sets, for scale
 
     def update(self, logits: torch.Tensor, key_norms: torch.Tensor, sentence_start: bool) -> None:
         """One step: dense logits `[layers, H, G, L]` of its query, key norms `[layers, H, L]`.
@@ -201,6 +202,7 @@ class StabilityReducer:
         hi = int(recent_start(torch.tensor(length), sfi.n_recent, sfi.page))
         k = max(1, round(cfg.topk_frac * length))
         top, held = supports(pooled, lo, hi, k, cfg.mass)
+        self.chance_overlap.add(torch.tensor(min(k, hi - lo) / (hi - lo)))
         current = {"topk": top, "mass": held}
         if self.prev is not None:
             side = "across" if sentence_start else "within"
@@ -273,4 +275,5 @@ class StabilityReducer:
                       **{f"{kind}_overlap": self.drift[kind].mean()[1:].tolist() for kind in KINDS}},
             "recall": recall,
             "candidate_mass_share": overall(self.candidate_mass),
+            "chance_topk_overlap": float(self.chance_overlap.mean()),
         }

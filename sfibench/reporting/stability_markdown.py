@@ -64,7 +64,7 @@ def _setup(cfg: dict, results: dict) -> list[str]:
         "perplexity of the stretch (dense)": _num(results["perplexity"], 2),
         "time": (f"load {timing['load_s']:.0f} s, prefill {timing['prefill_s']:.1f} s, decode + analysis "
                  f"{timing['decode_s']:.0f} s ({_num(timing['steps_per_s'], 2)} steps/s), "
-                 f"{timing['device']}, {timing['dtype']}"),
+                 f"{timing['device']} ({timing.get('threads')} threads), {timing['dtype']}"),
     }
     return ["| | |", "| --- | --- |", *(f"| {key} | {value} |" for key, value in rows.items())]
 
@@ -75,6 +75,8 @@ def _consecutive(results: dict) -> list[str]:
         for side in ("within", "across"):
             s = results["consecutive"][kind][side]
             lines.append(f"| {name} | {side} | {s['pairs']} | {_num(s['overlap_mean'])} | {_num(s['jaccard_mean'])} |")
+    lines += ["", (f"For scale: two top-k sets drawn at random from the same candidates would overlap by k/|C| = "
+                   f"{_num(results['chance_topk_overlap'])} on average.")]
     return lines
 
 

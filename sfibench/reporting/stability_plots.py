@@ -13,6 +13,7 @@ import numpy as np
 PLOTS = {"overlap_vs_offset.png": "Overlap with the sentence's first step, and memory recall, by offset",
          "within_vs_across.png": "Consecutive-step support overlap: within a sentence vs across a boundary",
          "recall_heatmap.png": "Recall per layer and KV head: stale SFI selection, fresh selection, StreamingLLM"}
+MIN_SAMPLES = 10  # offsets reached by fewer sentences are left out of the drift plot
 MEMORY_LABELS = {"stale": "SFI, selected at t0 (stale)", "fresh": "SFI, selected at t (fresh)",
                  "streaming": "StreamingLLM, same tokens"}
 
@@ -37,21 +38,25 @@ def write_plots(run_dir: Path, results: dict) -> list[Path]:
 def _offset_plot(results: dict):
     drift, consecutive = results["drift"], results["consecutive"]
     offsets = np.array(drift["offsets"])
+    sparse = np.array(drift["samples"]) < MIN_SAMPLES  # a handful of long sentences: noise, not a trend
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
     for kind, label in (("topk", "top-k support"), ("mass", "90%-mass support")):
-        left.plot(offsets, _array(drift[f"{kind}_overlap"]), marker=".", label=f"{label} vs t0")
+        left.plot(offsets, np.where(sparse, np.nan, _array(drift[f"{kind}_overlap"])), marker=".",
+                  label=f"{label} vs t0")
     for side, style in (("within", "--"), ("across", ":")):
         if consecutive["topk"][side]["overlap_mean"] is not None:  # None: no such step pair was seen
             left.axhline(consecutive["topk"][side]["overlap_mean"], color="grey", linestyle=style,
                          label=f"top-k, consecutive steps, {side}")
+    left.axhline(results["chance_topk_overlap"], color="black", linewidth=0.8, label="top-k, chance (k/|C|)")
     left.set(xlabel=f"offset t - t0 (last bin: >= {offsets[-1]})", ylabel="overlap", ylim=(0, 1.02))
     left.legend(fontsize=8)
     for name, label in MEMORY_LABELS.items():
-        right.plot(offsets, _array(results["recall"][name]["by_offset"]), marker=".", label=label)
+        right.plot(offsets, np.where(sparse, np.nan, _array(results["recall"][name]["by_offset"])), marker=".",
+                   label=label)
     right.set(xlabel="offset t - t0", ylabel="share of dense attention mass read")
     right.legend(fontsize=8)
-    samples = np.array(drift["samples"])
-    left.set_title(f"samples per offset: {samples[0]} at 1, {samples[-1]} in the last bin", fontsize=8)
+    left.set_title(f"{drift['samples'][0]} sentences; offsets seen in fewer than {MIN_SAMPLES} are not drawn",
+                   fontsize=8)
     return fig
 
 

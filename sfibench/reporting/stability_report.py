@@ -130,7 +130,7 @@ def run_stability(cfg: StabilityConfig, out: Path | str | None = None, overwrite
         "perplexity": float(torch.tensor(nll).mean().exp()) if nll else None,
         "timing": {"load_s": load_s, "prefill_s": prefill_s, "decode_s": decode_s,
                    "steps_per_s": reducer.step / decode_s if decode_s > 0 else None,
-                   "device": str(session.device), "dtype": str(session.dtype)},
+                   "device": str(session.device), "dtype": str(session.dtype), "threads": torch.get_num_threads()},
         "decoded_text_head": loaded.tokenizer.decode(emitted[:200]),
         **reducer.summary(),
     }
