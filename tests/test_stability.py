@@ -176,7 +176,7 @@ def test_bad_text_and_context_are_clear_errors(tmp_path):
     short.write_text("Too short. " * 5)
     with pytest.raises(StabilityInputError, match="tokens but"):
         run_stability(small_config(model="tiny-llama", text_file=str(short), steps=10), out=tmp_path / "b")
-    with pytest.raises(StabilityInputError, match="4096-token context"):
+    with pytest.raises(StabilityInputError, match="context of 4096 tokens"):
         run_stability(small_config(model="tiny-llama", steps=5000), out=tmp_path / "c")
 
 
@@ -184,3 +184,10 @@ def test_cli_reports_bad_input_without_traceback():
     result = CliRunner().invoke(app, ["stability", "--topk-frac", "1.5"])
     assert result.exit_code == 2
     assert "topk-frac" in result.output
+
+
+def test_generate_mode_analyses_the_models_own_tokens(tmp_path):
+    cfg = small_config(model="tiny-llama", generate=True, steps=20, prefix=48)
+    results = json.loads((run_stability(cfg, out=tmp_path / "gen", show_progress=False) / "results.json").read_text())
+    assert results["results"]["mode"] == "generated" and results["results"]["perplexity"] is None
+    assert 1 <= results["results"]["steps"] <= 20  # a sampled end-of-sequence token ends the run early

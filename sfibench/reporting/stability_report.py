@@ -94,7 +94,7 @@ def check_lengths(cfg: StabilityConfig, tokens: int, max_context: int, model: st
                                   "--text-file, fewer --steps or a shorter --prefix")
     if cfg.prefix + cfg.steps > max_context:
         raise StabilityInputError(
-            f"{model} has a {max_context}-token context, but a {cfg.prefix}-token prefix + {cfg.steps} steps "
+            f"{model} has a context of {max_context} tokens, but a {cfg.prefix}-token prefix + {cfg.steps} steps "
             f"need {cfg.prefix + cfg.steps}; ask for fewer --steps or use a model with a longer context")
 
 
