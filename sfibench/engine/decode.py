@@ -12,7 +12,7 @@ import torch
 
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
-from sfibench.engine.prefill import Prefilled, restore
+from sfibench.engine.prefill import Prefilled, PromptError, restore
 from sfibench.engine.sampling import Sampler
 from sfibench.methods import AttentionMethod
 from sfibench.models.decoder import Decoder
@@ -68,6 +68,9 @@ def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled:
     `on_step(index, tokens, record)` is called after each emitted token (for streaming output);
     `record` is the StepRecord of the step that produced it (None for the first, from the prefill).
     """
+    if int(prefilled.lengths.max()) + max_new_tokens > cache.max_seq:
+        raise PromptError(f"the cache holds {cache.max_seq} tokens, too few for the prompt plus {max_new_tokens} "
+                          "new tokens; prefill with a larger max_new_tokens")
     restore(cache, prefilled)
     method.start(cache, prefilled)
     batch = prefilled.lengths.shape[0]

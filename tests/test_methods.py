@@ -1,0 +1,126 @@
+"""Every registered method on the same engine: the parametrized matrix, budgets and accounting."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sfibench.config import MethodSpec, SamplingConfig, SFIConfig, SnapKVConfig, StreamingLLMConfig, TriggerConfig
+from sfibench.engine.cache import KVCache
+from sfibench.engine.decode import generate
+from sfibench.engine.prefill import prefill
+from sfibench.engine.sampling import Sampler
+from sfibench.methods import UnknownMethodError, available, check_method, create_method
+import sfibench.reference.sparse_memory as sparse_memory
+
+METHODS = available()
+
+
+def small_spec(name: str, path: str) -> MethodSpec:
+    """Budgets far below the context, so every sparse method really drops tokens."""
+    sfi = SFIConfig(n_sink=4, n_recent=16, k_head=12, page=4, w_prefill=8, trigger=TriggerConfig(t_max=12, min_gap=4))
+    return MethodSpec(name=name, path=path, sfi=sfi, streaming=StreamingLLMConfig(budget=36),
+                      snapkv=SnapKVConfig(budget=36, window=8))
+
+
+def run(loaded, prompts, spec, n=24):
+    cache = KVCache(loaded.config, len(prompts), max(map(len, prompts)) + n, "cpu", torch.float32)
+    pre = prefill(loaded.model, cache, prompts, chunk=32)
+    method = create_method(spec, loaded.config, loaded.tokenizer)
+    return generate(loaded.model, cache, method, pre, n, Sampler(SamplingConfig(), "cpu")), method
+
+
+def prompts_for(loaded, batch):
+    text = ("The keeper climbed the stairs. He lit the lamp! Was the sea calm? It was not. "
+            "Ships passed in the night and the light turned slowly above them. ") * 2
+    ids = loaded.tokenizer.encode(text)
+    return [ids[: len(ids) - 17 * row] for row in range(batch)]
+
+
+def test_registry_has_every_method_and_errors_list_valid_ones():
+    assert {name for name, _ in METHODS} >= {"full_kv", "sfi", "streaming_llm", "snapkv"}
+    with pytest.raises(UnknownMethodError, match="valid methods: .*full_kv"):
+        check_method("h2o", "reference")
+    with pytest.raises(UnknownMethodError, match="no 'fancy' path"):
+        check_method("sfi", "fancy")
+
+
+@pytest.mark.parametrize("model_name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+@pytest.mark.parametrize("name,path", METHODS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_matrix_every_method_runs_and_batched_rows_match_single(tiny_models, model_name, name, path, batch):
+    loaded = tiny_models[model_name]
+    prompts = prompts_for(loaded, batch)
+    trace, _ = run(loaded, prompts, small_spec(name, path))
+    assert trace.tokens.shape == (batch, 24)
+    for record in trace.steps:
+        lengths = record.kv_lengths[None, :, None]
+        assert ((record.tokens_read >= 1) & (record.tokens_read <= lengths)).all()
+    if name != "full_kv":  # a small budget must actually save reads at this context
+        assert trace.steps[-1].tokens_read.float().mean() < trace.steps[-1].kv_lengths.float().mean()
+    if batch == 3:
+        alone, _ = run(loaded, prompts[2:], small_spec(name, path))
+        assert trace.tokens[2].tolist() == alone.tokens[0].tolist()
+
+
+@pytest.mark.parametrize("name", ["sfi", "streaming_llm", "snapkv"])
+def test_sparse_methods_read_exactly_the_tokens_they_report(tiny_models, monkeypatch, name):
+    loaded = tiny_models["tiny-qwen3"]
+    counted = []  # per attention call: distinct positions read, [B, H_kv]
+    original = sparse_memory.gather_attention
+
+    def spy(q, k, v, positions, valid):
+        for b in range(positions.shape[0]):
+            for h in range(positions.shape[1]):
+                read = positions[b, h][valid[b, h]]
+                assert read.unique().numel() == read.numel(), "a position was read twice"
+                assert int(read.max()) < k.shape[2]
+        counted.append(valid.sum(dim=-1))
+        return original(q, k, v, positions, valid)
+
+    monkeypatch.setattr(sparse_memory, "gather_attention", spy)
+    spec = small_spec(name, "reference")
+    spec.sfi.trigger.policy = "bootstrap"  # only fast steps, so every read goes through the spy
+    trace, _ = run(loaded, prompts_for(loaded, 2), spec, n=12)
+    reported = torch.stack([layer for record in trace.steps for layer in record.tokens_read])
+    assert torch.equal(torch.stack(counted), reported)
+    assert reported.float().mean() < trace.steps[-1].kv_lengths.float().mean()
+
+
+def test_sfi_slow_steps_read_densely_and_are_reported_so(tiny_models):
+    loaded = tiny_models["tiny-qwen3"]
+    trace, method = run(loaded, prompts_for(loaded, 1), small_spec("sfi", "reference"), n=40)
+    kinds = [record.kinds[0] for record in trace.steps]
+    assert "slow" in kinds and "fast" in kinds
+    for record in trace.steps:
+        dense = record.tokens_read[:, 0] == record.kv_lengths[0]
+        assert bool(dense.all()) == (record.kinds[0] == "slow")
+    assert method.summary()["mean_slow_interval"] is not None
+
+
+def test_sfi_layer_groups_alternate_refreshed_layers(tiny_models):
+    loaded = tiny_models["tiny-qwen3"]  # 3 layers
+    spec = small_spec("sfi", "reference")
+    spec.sfi.layer_groups = 2
+    trace, _ = run(loaded, prompts_for(loaded, 1), spec, n=40)
+    slow = [record for record in trace.steps if record.kinds[0] == "slow"]
+    assert len(slow) >= 2
+    for index, record in enumerate(slow):
+        dense_layers = [layer for layer in range(3)
+                        if bool((record.tokens_read[layer, 0] == record.kv_lengths[0]).all())]
+        assert dense_layers == ([0, 2] if index % 2 == 0 else [1])
+
+
+def test_bad_method_settings_are_refused(tiny_models):
+    loaded = tiny_models["tiny-llama"]
+    with pytest.raises(ValueError, match="layer_groups"):
+        create_method(MethodSpec(name="sfi", sfi=SFIConfig(layer_groups=3)), loaded.config, loaded.tokenizer)
+    with pytest.raises(ValueError, match="must exceed its observation window"):
+        create_method(MethodSpec(name="snapkv", snapkv=SnapKVConfig(budget=32, window=64)), loaded.config,
+                      loaded.tokenizer)
+    with pytest.raises(ValueError, match="pooling"):
+        create_method(MethodSpec(name="snapkv", snapkv=SnapKVConfig(pooling="median")), loaded.config,
+                      loaded.tokenizer)
+    with pytest.raises(ValueError, match="sink"):
+        create_method(MethodSpec(name="streaming_llm", streaming=StreamingLLMConfig(budget=4)), loaded.config,
+                      loaded.tokenizer)
