@@ -34,7 +34,15 @@ class AttentionMethod:
         """A new batch was prefilled (or restored from a snapshot): reset per-sequence state."""
 
     def plan_step(self, ctx: StepContext) -> None:
-        """Set `ctx.slow` for the step about to run."""
+        """Set `ctx.slow` for the step about to run, and fix the step's static sizes from host state."""
+
+    def graph_key(self, ctx: StepContext) -> tuple | None:
+        """The host-side values this step's `attend` depends on, or None if it cannot be graph-captured.
+
+        A CUDA graph freezes every host value used while it was captured, so a captured step may be
+        replayed only when these values are the same; device tensors may change freely.
+        """
+        return None
 
     def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
         """Decode attention for layer `ctx.layer`; must fill `ctx.tokens_read[ctx.layer]`."""

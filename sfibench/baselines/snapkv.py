@@ -56,6 +56,7 @@ class SnapKV(AttentionMethod):
                 votes = self._votes(cache, prefilled, layer, row, prefix)
                 top = votes.topk(keep, dim=-1).indices  # [H_kv, keep]
                 self.kept[layer, row] = top.sort(dim=-1).values
+        self.tail_start_host = self.tail_start.cpu()
 
     def _votes(self, cache, prefilled, layer: int, row: int, prefix: int) -> torch.Tensor:
         """Pooled attention mass of the window queries on each prefix position, per KV head."""
@@ -71,10 +72,17 @@ class SnapKV(AttentionMethod):
         pool = F.max_pool1d if self.cfg.pooling == "max" else F.avg_pool1d
         return pool(votes[:, None], self.cfg.kernel, stride=1, padding=self.cfg.kernel // 2)[:, 0]
 
+    def plan_step(self, ctx: StepContext) -> None:
+        self.tail_width = ctx.bucketed(int((ctx.kv_lengths_host - self.tail_start_host).max()))
+
+    def graph_key(self, ctx: StepContext) -> tuple:
+        return (self.tail_width,)
+
     def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
         kept = self.kept[ctx.layer]
         valid = torch.arange(kept.shape[-1], device=q.device) < self.kept_count[:, None, None]
         out, read = attend_fixed_plus_tail(q, cache.k[ctx.layer], cache.v[ctx.layer], kept,
-                                           valid.expand_as(kept), self.tail_start, ctx.kv_lengths)
+                                           valid.expand_as(kept), self.tail_start, ctx.kv_lengths,
+                                           self.tail_width)
         ctx.tokens_read[ctx.layer] = read
         return out

@@ -26,12 +26,15 @@ class StreamingLLM(AttentionMethod):
             raise ValueError(f"StreamingLLM budget ({cfg.budget}) must exceed its {cfg.n_sink} sink tokens")
         self.cfg = cfg
 
+    def graph_key(self, ctx: StepContext) -> tuple:
+        return ()  # every size comes from the configuration
+
     def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
         batch, kv_heads = cache.batch, cache.k.shape[2]
         sinks = torch.arange(self.cfg.n_sink, device=q.device).expand(batch, kv_heads, -1)
         sinks_valid = sinks < ctx.kv_lengths[:, None, None]
         window_start = (ctx.kv_lengths - (self.cfg.budget - self.cfg.n_sink)).clamp(min=self.cfg.n_sink)
         out, read = attend_fixed_plus_tail(q, cache.k[ctx.layer], cache.v[ctx.layer], sinks, sinks_valid,
-                                           window_start, ctx.kv_lengths)
+                                           window_start, ctx.kv_lengths, self.cfg.budget - self.cfg.n_sink)
         ctx.tokens_read[ctx.layer] = read
         return out

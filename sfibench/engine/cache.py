@@ -20,11 +20,21 @@ class KVCache:
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.key_norms = torch.zeros(shape[:-1], device=device, dtype=torch.float32)
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.lengths_host = torch.zeros(batch, dtype=torch.long)  # mirror: sizes without a device sync
         self.max_seq = max_seq
 
     @property
     def batch(self) -> int:
         return self.k.shape[1]
+
+    def set_lengths(self, lengths: torch.Tensor) -> None:
+        self.lengths.copy_(lengths)
+        self.lengths_host.copy_(lengths.cpu())
+
+    def advance(self) -> None:
+        """Every sequence appended one token."""
+        self.lengths += 1
+        self.lengths_host += 1
 
     def write_chunk(self, layer: int, row: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Prefill: keys/values `[H_kv, T, D]` of one sequence go to slots [start, start + T)."""

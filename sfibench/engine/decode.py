@@ -23,17 +23,23 @@ def decode_step(model: Decoder, cache: KVCache, method: AttentionMethod, tokens:
                 step: int) -> tuple[torch.Tensor, StepContext]:
     """Feed `tokens [B]` (one per sequence) at each sequence's next position; returns logits `[B, V]`."""
     cfg = model.config
-    ctx = StepContext.for_decode(step, cache.lengths, cfg.num_layers, cfg.num_kv_heads)
+    ctx = StepContext.for_decode(step, cache.lengths, cache.lengths_host, cfg.num_layers, cfg.num_kv_heads)
     method.plan_step(ctx)
+    logits = forward_step(model, cache, method, tokens, ctx)
+    cache.advance()
+    return logits, ctx
+
+
+def forward_step(model: Decoder, cache: KVCache, method: AttentionMethod, tokens: torch.Tensor,
+                 ctx: StepContext) -> torch.Tensor:
+    """One token per sequence through the model; each layer stores its K/V, then the method attends."""
 
     def attend(layer, q, k, v):
         ctx.layer = layer
         cache.write_step(layer, ctx.positions, k[:, :, 0], v[:, :, 0])
         return method.attend(q, cache, ctx)
 
-    logits = model(tokens[:, None], ctx.positions[:, None], attend)[:, -1]
-    cache.lengths += 1
-    return logits, ctx
+    return model(tokens[:, None], ctx.positions[:, None], attend)[:, -1]
 
 
 @dataclass

@@ -75,10 +75,11 @@ def prefill(model: Decoder, cache: KVCache, prompts: list[list[int]], chunk: int
             logits = model(tokens[None, start:end], torch.arange(start, end, device=device)[None], attend,
                            last_only=True)
         last_logits.append(logits[0, -1])
-        cache.lengths[row] = length
-    return Prefilled(cache.lengths.clone(), torch.stack(last_logits), queries, counts)
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    cache.set_lengths(lengths)
+    return Prefilled(lengths, torch.stack(last_logits), queries, counts)
 
 
 def restore(cache: KVCache, prefilled: Prefilled) -> None:
     """Rewind the cache to the prefilled prompts (decode only ever wrote past them)."""
-    cache.lengths.copy_(prefilled.lengths)
+    cache.set_lengths(prefilled.lengths)

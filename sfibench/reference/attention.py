@@ -11,13 +11,18 @@ import torch
 import torch.nn.functional as F
 
 
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lengths: torch.Tensor) -> torch.Tensor:
-    """Decode attention of each sequence over its first `kv_lengths[b]` cached positions."""
-    used = int(kv_lengths.max())
-    k, v = k[:, :, :used], v[:, :, :used]
-    if bool((kv_lengths == used).all()):  # equal lengths: no mask, lets SDPA take its fastest kernel
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lengths: torch.Tensor,
+                    capacity: int, masked: bool = True) -> torch.Tensor:
+    """Decode attention of each sequence over its first `kv_lengths[b]` cached positions.
+
+    Reads the first `capacity` slots (a host int >= every length, so no device sync is needed) and
+    masks each sequence's slots past its length; `masked=False` says every length equals capacity,
+    which lets SDPA pick its fastest, mask-free kernel.
+    """
+    k, v = k[:, :, :capacity], v[:, :, :capacity]
+    if not masked:
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    visible = torch.arange(used, device=q.device) < kv_lengths[:, None]
+    visible = torch.arange(capacity, device=q.device) < kv_lengths[:, None]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None, None, :], enable_gqa=True)
 
 

@@ -39,6 +39,7 @@ class ReferenceSFI(AttentionMethod):
         self.selected = torch.zeros(layers, batch, mc.num_kv_heads, cfg.k_head, dtype=torch.long, device=device)
         self.selected_count = torch.zeros(layers, batch, dtype=torch.long, device=device)
         self.anchor = torch.zeros(layers, batch, dtype=torch.long, device=device)  # recent window start
+        self.anchor_host = torch.zeros(layers, batch, dtype=torch.long)  # mirror, to size tensors without a sync
         self.slow_steps_taken = torch.zeros(batch, dtype=torch.long)  # picks the layer group to refresh
         self.scheduler = SlowStepScheduler(cfg.trigger, self.is_ender, self.is_blank, batch)
         self._bootstrap(cache, prefilled)
@@ -62,6 +63,7 @@ class ReferenceSFI(AttentionMethod):
         lo = min(cfg.n_sink, length)
         hi = int(recent_start(torch.tensor(length), cfg.n_recent, cfg.page))
         self.anchor[layer, row] = hi
+        self.anchor_host[layer, row] = hi
         if hi <= lo:  # no candidates yet: sinks + recent already cover the whole history
             self.selected_count[layer, row] = 0
             return
@@ -77,13 +79,20 @@ class ReferenceSFI(AttentionMethod):
         slow = self.scheduler.next_is_slow(ctx.step)
         self.scheduler.record_refresh(ctx.step, slow)
         self.slow_steps_taken += slow.long()
-        ctx.slow = slow.to(ctx.slow.device)
+        ctx.slow = slow
+        # The recent tail [anchor, L) grows until the layer's next refresh; size it for the longest.
+        tail_start = self.anchor_host.clamp(min=self.cfg.n_sink)
+        self.tail_width = ctx.bucketed(int((ctx.kv_lengths_host - tail_start).max()))
+
+    def graph_key(self, ctx: StepContext) -> tuple | None:
+        # Slow steps run the Selector, whose sizes follow the context: they stay eager.
+        return None if bool(ctx.slow.any()) else (self.tail_width,)
 
     def _refreshes_layer(self, ctx: StepContext) -> torch.Tensor:
-        """[B] bool: sequences that run this layer densely and refresh it on this step."""
+        """[B] bool on the host: sequences that run this layer densely and refresh it on this step."""
         if self.cfg.layer_groups == 1:
             return ctx.slow
-        group = (self.slow_steps_taken.to(ctx.slow.device) - 1) % 2  # alternate on successive slow steps
+        group = (self.slow_steps_taken - 1) % 2  # alternate on successive slow steps
         return ctx.slow & (group == ctx.layer % 2)
 
     def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
@@ -96,11 +105,12 @@ class ReferenceSFI(AttentionMethod):
         fixed = torch.cat([sinks, self.selected[layer]], dim=-1)
         fixed_valid = torch.cat([sinks_valid, picks_valid.expand(-1, k.shape[1], -1)], dim=-1)
         tail_start = self.anchor[layer].clamp(min=cfg.n_sink)
-        out, read = attend_fixed_plus_tail(q, k, v, fixed, fixed_valid, tail_start, ctx.kv_lengths)
+        out, read = attend_fixed_plus_tail(q, k, v, fixed, fixed_valid, tail_start, ctx.kv_lengths, self.tail_width)
         refresh = self._refreshes_layer(ctx)
         for row in refresh.nonzero().flatten().tolist():  # slow sequences: exact dense output + refresh
-            length = int(ctx.kv_lengths[row])
-            out[row] = dense_attention(q[row:row + 1], k[row:row + 1], v[row:row + 1], ctx.kv_lengths[row:row + 1])[0]
+            length = int(ctx.kv_lengths_host[row])
+            out[row] = dense_attention(q[row:row + 1], k[row:row + 1], v[row:row + 1], ctx.kv_lengths[row:row + 1],
+                                       capacity=length, masked=False)[0]
             read[row] = length
             grouped = q[row, :, 0].reshape(k.shape[1], -1, 1, q.shape[-1])  # [H_kv, G, W=1, D]
             self._refresh(cache, layer, row, length, grouped, ctx.positions[row:row + 1])

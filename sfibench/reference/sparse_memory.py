@@ -19,16 +19,17 @@ def recent_start(length: torch.Tensor, n_recent: int, page: int) -> torch.Tensor
 
 
 def attend_fixed_plus_tail(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fixed: torch.Tensor,
-                           fixed_valid: torch.Tensor, tail_start: torch.Tensor,
-                           kv_lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                           fixed_valid: torch.Tensor, tail_start: torch.Tensor, kv_lengths: torch.Tensor,
+                           tail_width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Attend over `fixed [B, H_kv, F]` (where `fixed_valid`) plus every slot in [tail_start[b], L_b).
 
+    `tail_width` is a host-side bound on L_b - tail_start[b] (static, so the step can be graphed).
     The caller guarantees the fixed positions lie below `tail_start`, so no slot is read twice.
     Returns the attention output `[B, H_q, 1, D]` and the tokens read `[B, H_kv]`.
     """
     batch, kv_heads = fixed.shape[:2]
     tail_len = (kv_lengths - tail_start).clamp(min=0)  # [B]
-    width = max(int(tail_len.max()), 1)
+    width = max(tail_width, 1)
     offsets = torch.arange(width, device=q.device)
     tail = (tail_start[:, None] + offsets).clamp(max=k.shape[2] - 1)  # clamped slots are masked out
     tail_valid = offsets < tail_len[:, None]

@@ -62,13 +62,13 @@ class DenseProbe(AttentionMethod):
                                   device=cache.k.device, dtype=torch.float32)
 
     def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
-        layer, length = ctx.layer, int(ctx.kv_lengths[0])
+        layer, length = ctx.layer, int(ctx.kv_lengths_host[0])
         ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
         keys = cache.k[layer, 0, :, :length].float()  # [H_kv, L, D]
         grouped = q[0, :, 0].float().reshape(keys.shape[0], -1, keys.shape[-1])  # [H_kv, G, D]
         # q.k / sqrt(d), as SFI's slow step computes its evidence (a batched matmul: einsum is slower here)
         self.logits[layer, :, :, :length] = torch.matmul(grouped, keys.transpose(1, 2)) * keys.shape[-1] ** -0.5
-        return dense_attention(q, cache.k[layer], cache.v[layer], ctx.kv_lengths)
+        return dense_attention(q, cache.k[layer], cache.v[layer], ctx.kv_lengths, capacity=length, masked=False)
 
 
 def load_text(text_file: str | None) -> tuple[str, str]:
