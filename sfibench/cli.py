@@ -240,5 +240,41 @@ def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+@app.command()
+def quality(
+    model: str = typer.Option("smollm2-135m", help="preset name, HF checkpoint directory or .gguf file"),
+    methods: str = typer.Option("full_kv,sfi,streaming_llm,snapkv", help="comma-separated; Full-KV always runs "
+                                                                         "(it is the reference)"),
+    tasks: str = typer.Option("niah_single,niah_multiturn,ppl", help="comma-separated: passkey, niah_single, "
+                              "niah_multikey, niah_multivalue, niah_multiquery, niah_multiturn, vt, cwe, fwe, ppl"),
+    ctx: str = typer.Option("2k", help="prompt lengths in the model's tokens: 2k,4k,8000 or max"),
+    retention: str = typer.Option("0.1,0.2,0.5", help="budgets as fractions of the context, each in (0, 1]"),
+    samples: str = typer.Option("6", help="samples per cell: one count, or one per --ctx (20,20,10)"),
+    longbench: Path = typer.Option(None, help="LongBench <dataset>.jsonl file or a directory of them (local)"),
+    chat: bool = typer.Option(True, "--chat/--no-chat", help="wrap prompts in the model's chat template"),
+    batch: int = typer.Option(1, help="prompts prefilled and decoded together"),
+    seed: int = typer.Option(0),
+    device: str = typer.Option("auto"),
+    dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16"),
+    out: Path = typer.Option(None, help="run directory (default runs/quality-<time>)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace results already in --out"),
+):
+    """Offline long-context tasks and fidelity to Full-KV, every method from one prefill (SPEC 9)."""
+    from sfibench.reporting.quality_report import results_table, run_quality
+    from sfibench.reporting.results import read_results
+
+    def split(text: str) -> list[str]:
+        return [part.strip() for part in text.split(",") if part.strip()]
+
+    with user_errors():
+        try:
+            run_dir = run_quality(model, split(methods), split(tasks), split(ctx), split(retention), split(samples),
+                                  out, overwrite, device, dtype, seed, batch, chat, longbench, err_console)
+        except FileExistsError as error:  # an earlier run's results: name the fix instead of a traceback
+            raise ValueError(str(error)) from None
+    console.print(results_table(read_results(run_dir)["results"]["cells"]))
+    console.print(f"report: {run_dir / 'report.md'}")
+
+
 def main():  # pragma: no cover - console-script entry
     app()

@@ -1,0 +1,125 @@
+"""Scripted decoding: answer turns chosen greedily, question turns forced, in one decode pass.
+
+`generate` either samples every token or forces every token. A multi-turn quality sample needs both
+in one stream: the model answers, its answer ends (end token or length cap), the next question is
+fed token by token through the method (so the method sees it, as decode steps), the model answers
+again, and so on. Each row of the batch follows its own script.
+
+`teacher` replays a given stream instead (Full-KV's, for fidelity): every fed token is forced and the
+logits at the answer positions are kept, so KL and top-1 agreement are measured on identical inputs.
+If a method's argmax equals the teacher at every answer position, its free run is exactly the
+teacher's stream (same inputs, same computation), which lets callers skip that free run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sfibench.engine.cache import KVCache
+from sfibench.engine.decode import decode_step
+from sfibench.engine.prefill import Prefilled, restore
+from sfibench.methods import AttentionMethod
+from sfibench.models.decoder import Decoder
+
+
+@dataclass
+class Script:
+    max_answer_tokens: int  # per turn
+    follow_ups: list[list[int]]  # forced ids before turns 2..n
+    stop_ids: frozenset[int]  # an answer ends after one of these (the end-of-turn token)
+
+
+@dataclass
+class Stream:
+    """What one row fed, and which of those tokens were the model's answers (per turn)."""
+
+    tokens: list[int] = field(default_factory=list)
+    is_answer: list[bool] = field(default_factory=list)
+    answers: list[list[int]] = field(default_factory=lambda: [[]])
+    answer_logits: list[torch.Tensor] = field(default_factory=list)  # [V] per answer position, if kept
+    retention: list[float] = field(default_factory=list)  # tokens read / KV length per decode step
+    kinds: dict[str, int] = field(default_factory=dict)  # decode steps by kind (dense, slow, fast, ...)
+
+    @property
+    def answer_tokens(self) -> list[int]:
+        return [t for t, a in zip(self.tokens, self.is_answer) if a]
+
+
+class _Row:
+    """One row's position in its script."""
+
+    def __init__(self, script: Script, teacher: Stream | None):
+        self.script, self.teacher = script, teacher
+        self.stream = Stream()
+        self.queue: list[int] = []  # forced ids still to feed
+        self.turn, self.count, self.done = 0, 0, False
+
+    def choose(self, logits: torch.Tensor, keep_logits: bool) -> int:
+        """The id fed next, given the logits after the previous one."""
+        index = len(self.stream.tokens)
+        if self.teacher is not None:
+            token, answer = self.teacher.tokens[index], self.teacher.is_answer[index]
+            self.done = index + 1 == len(self.teacher.tokens)
+        elif self.queue:
+            token, answer = self.queue.pop(0), False
+        else:
+            token, answer = int(logits.argmax()), True
+            self.count += 1
+            if token in self.script.stop_ids or self.count == self.script.max_answer_tokens:
+                if self.turn == len(self.script.follow_ups):
+                    self.done = True
+                else:  # queue the next question; skip its end-of-turn token if the model just wrote it
+                    segment = self.script.follow_ups[self.turn]
+                    self.queue = segment[1:] if segment and segment[0] == token else list(segment)
+                    self.turn, self.count = self.turn + 1, 0
+        if answer:
+            if self.stream.tokens and not self.stream.is_answer[-1]:  # forced tokens came between: new turn
+                self.stream.answers.append([])
+            self.stream.answers[-1].append(token)
+            if keep_logits:
+                self.stream.answer_logits.append(logits.float().cpu())
+        self.stream.tokens.append(token)
+        self.stream.is_answer.append(answer)
+        return token
+
+
+@torch.no_grad()
+def run_scripts(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled: Prefilled,
+                scripts: list[Script], teacher: list[Stream] | None = None, keep_logits: bool = False,
+                pad_id: int = 0, on_step=None) -> list[Stream]:
+    """Decode every row along its script (or the teacher's stream); returns one Stream per row.
+
+    The cache must have room for the longest script. Rows that finish early keep being fed `pad_id`
+    (their outputs are ignored) until every row is done.
+    """
+    restore(cache, prefilled)
+    method.start(cache, prefilled)
+    rows = [_Row(s, None if teacher is None else teacher[i]) for i, s in enumerate(scripts)]
+    logits, step, tokens = prefilled.last_logits, 0, None
+    while True:
+        if step > 0:
+            logits, ctx = decode_step(model, cache, method, tokens, step=step)
+        active = [not row.done for row in rows]  # rows that still need this step's logits
+        if step > 0:
+            _record(rows, ctx, method, active)
+        chosen = [row.choose(logits[i], keep_logits) if active[i] else pad_id for i, row in enumerate(rows)]
+        tokens = torch.tensor(chosen, device=logits.device)
+        method.observe(tokens)
+        if on_step is not None:
+            on_step(step)
+        step += 1
+        if all(row.done for row in rows):
+            return [row.stream for row in rows]
+
+
+def _record(rows: list[_Row], ctx, method: AttentionMethod, active: list[bool]) -> None:
+    read = ctx.tokens_read.float().mean(dim=(0, 2)).cpu()  # [B] mean over layers and KV heads
+    lengths = ctx.kv_lengths.cpu()
+    slow = ctx.slow.cpu().tolist()
+    for i, row in enumerate(rows):
+        if active[i]:
+            row.stream.retention.append(float(read[i]) / int(lengths[i]))
+            kind = ("slow" if slow[i] else "fast") if method.has_slow_steps else method.step_kind
+            row.stream.kinds[kind] = row.stream.kinds.get(kind, 0) + 1

@@ -1,0 +1,101 @@
+"""Quality scoring: task scorers, confidence intervals, and fidelity to Full-KV.
+
+Task scorers follow RULER: a prediction earns the fraction of reference strings it contains. Matches
+are whole-token (a reference digit string inside a longer number does not count), so "4992383" is
+not accepted for the reference "499238" and neither is "49923830" for "4992383": a sparse method
+that drops or repeats one digit must score zero, not pass a substring test.
+
+Fidelity compares a method's next-token distributions with Full-KV's on the same token stream
+(teacher forcing on the Full-KV continuation): KL(full || method), top-1 agreement, perplexity.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+
+import torch
+
+Z_95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+def _contains_whole(prediction: str, reference: str) -> bool:
+    """`reference` occurs in `prediction` not glued to further letters or digits (case-insensitive)."""
+    pattern = r"(?<![0-9A-Za-z])" + re.escape(reference.strip()) + r"(?![0-9A-Za-z])"
+    return re.search(pattern, prediction, flags=re.IGNORECASE) is not None
+
+
+def string_match_all(prediction: str, references: list[str]) -> float:
+    """Fraction of the references found in the prediction (RULER's metric for every task here)."""
+    if not references:
+        raise ValueError("a sample needs at least one reference answer to be scored")
+    return sum(_contains_whole(prediction, ref) for ref in references) / len(references)
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (sane at 0/n and n/n, unlike the normal one)."""
+    if n <= 0:
+        raise ValueError("a confidence interval needs at least one sample")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must lie in [0, {n}], got {successes}")
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_ci(scores: list[float], resamples: int = 2000, seed: int = 0) -> dict:
+    """Mean score with a 95% interval: Wilson when every score is 0 or 1, else a seeded bootstrap.
+
+    Partial-credit tasks (multi-value, word lists, LongBench F1) are not binomial, so Wilson would
+    misstate their spread; the percentile bootstrap makes no such assumption.
+    """
+    if not scores:
+        raise ValueError("a confidence interval needs at least one sample")
+    n, mean = len(scores), sum(scores) / len(scores)
+    if all(s in (0.0, 1.0) for s in scores):
+        low, high = wilson_interval(int(sum(scores)), n)
+        return {"mean": mean, "low": low, "high": high, "n": n, "interval": "wilson"}
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(scores, k=n)) / n for _ in range(resamples))
+    low, high = means[int(0.025 * resamples)], means[min(int(0.975 * resamples), resamples - 1)]
+    return {"mean": mean, "low": low, "high": high, "n": n, "interval": "bootstrap"}
+
+
+def token_agreement(reference: list[int], candidate: list[int]) -> float:
+    """Greedy-token agreement: fraction of the reference's positions where the candidate has the same id."""
+    if not reference:
+        return 1.0
+    return sum(a == b for a, b in zip(reference, candidate)) / len(reference)
+
+
+def kl_per_step(full_logits: torch.Tensor, method_logits: torch.Tensor) -> torch.Tensor:
+    """KL(full || method) in nats for each row of `[N, V]` logits."""
+    p = full_logits.float().log_softmax(dim=-1)
+    q = method_logits.float().log_softmax(dim=-1)
+    return (p.exp() * (p - q)).sum(dim=-1).clamp(min=0.0)  # clamp: rounding can give -1e-9
+
+
+def top1_agreement(full_logits: torch.Tensor, method_logits: torch.Tensor) -> float:
+    """Fraction of steps where both distributions put their maximum on the same token."""
+    if full_logits.shape[0] == 0:
+        return 1.0
+    return float((full_logits.argmax(dim=-1) == method_logits.argmax(dim=-1)).float().mean())
+
+
+def negative_log_likelihood(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-step NLL (nats) of `targets [N]` under `logits [N, V]`; perplexity = exp(mean)."""
+    return torch.nn.functional.cross_entropy(logits.float(), targets.long(), reduction="none")
+
+
+def score_answer(scorer: str, prediction: str, references: list[str], meta: dict | None = None) -> float:
+    """Score one turn's prediction with the sample's scorer: `string_match_all` or `longbench:<dataset>`."""
+    if scorer == "string_match_all":
+        return string_match_all(prediction, references)
+    if scorer.startswith("longbench:"):
+        from sfibench.metrics import longbench
+
+        return longbench.score(scorer.split(":", 1)[1], prediction, references, (meta or {}).get("all_classes"))
+    raise ValueError(f"unknown scorer {scorer!r}")

@@ -1,0 +1,122 @@
+"""Plots of a quality run, drawn from its summarised cells (matplotlib, Agg backend, PNG files).
+
+- accuracy_vs_retention.png: one panel per (task, context); each sparse method's accuracy with its
+  95% interval against the retention it actually read; Full-KV as a horizontal band.
+- fidelity_vs_retention.png: KL(full || method), top-1 agreement and greedy-token agreement,
+  averaged over tasks, per context.
+- perplexity_vs_retention.png: perplexity on long prose (task ppl), when it ran.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+COLORS = {"full_kv": "black", "sfi": "tab:red", "streaming_llm": "tab:blue", "snapkv": "tab:green"}
+
+
+def _series(cells: list[dict], task: str, context: int, method: str) -> list[dict]:
+    return sorted((c for c in cells if c["task"] == task and c["context"] == context and c["method"] == method),
+                  key=lambda c: c["retention"] or 1.0)
+
+
+def plot_accuracy(cells: list[dict], path: Path) -> Path | None:
+    scored = [c for c in cells if c.get("accuracy") is not None]
+    tasks = sorted({c["task"] for c in scored})
+    contexts = sorted({c["context"] for c in scored})
+    if not tasks:
+        return None
+    methods = sorted({c["method"] for c in scored} - {"full_kv"})
+    fig, axes = plt.subplots(len(tasks), len(contexts), figsize=(4.2 * len(contexts), 3.0 * len(tasks)),
+                             squeeze=False, sharex=True, sharey=True)
+    for i, task in enumerate(tasks):
+        for j, context in enumerate(contexts):
+            ax = axes[i][j]
+            for full in _series(scored, task, context, "full_kv"):
+                ax.axhline(full["accuracy"], color="black", lw=1.2, label="full_kv")
+                ax.axhspan(full["ci_low"], full["ci_high"], color="black", alpha=0.08)
+            for method in methods:
+                series = _series(scored, task, context, method)
+                if series:
+                    x = [c["measured_retention"] for c in series]
+                    y = [c["accuracy"] for c in series]
+                    err = [[c["accuracy"] - c["ci_low"] for c in series], [c["ci_high"] - c["accuracy"] for c in series]]
+                    ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, color=COLORS.get(method), label=method)
+            ax.set_title(f"{task} @ {context} tokens", fontsize=9)
+            ax.set_ylim(-0.05, 1.05)
+            ax.grid(alpha=0.3)
+            if i == len(tasks) - 1:
+                ax.set_xlabel("measured retention (tokens read / KV length)")
+            if j == 0:
+                ax.set_ylabel("accuracy (95% CI)")
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def plot_fidelity(cells: list[dict], path: Path) -> Path | None:
+    sparse = [c for c in cells if c["method"] != "full_kv"]
+    if not sparse:
+        return None
+    contexts = sorted({c["context"] for c in sparse})
+    metrics = [("kl", "KL(full || method), nats"), ("top1_agreement", "top-1 agreement (teacher-forced)"),
+               ("token_agreement", "greedy-token agreement")]
+    fig, axes = plt.subplots(len(contexts), len(metrics), figsize=(13, 3.2 * len(contexts)), squeeze=False)
+    for i, context in enumerate(contexts):
+        for j, (key, label) in enumerate(metrics):
+            ax = axes[i][j]
+            for method in sorted({c["method"] for c in sparse}):
+                rows = [c for c in sparse if c["context"] == context and c["method"] == method and c.get(key) is not None]
+                retentions = sorted({c["retention"] for c in rows})
+                if retentions:
+                    ys = [_mean([c[key] for c in rows if c["retention"] == r]) for r in retentions]
+                    ax.plot(retentions, ys, marker="o", color=COLORS.get(method), label=method)
+            ax.set_title(f"{label} @ {context} tokens", fontsize=9)
+            ax.set_xlabel("nominal retention (budget / context)")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_perplexity(cells: list[dict], path: Path) -> Path | None:
+    ppl = [c for c in cells if c.get("perplexity") is not None]
+    if not ppl:
+        return None
+    contexts = sorted({c["context"] for c in ppl})
+    fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts), 3.2), squeeze=False)
+    for j, context in enumerate(contexts):
+        ax = axes[0][j]
+        for c in _series(ppl, "ppl", context, "full_kv"):
+            ax.axhline(c["perplexity"], color="black", lw=1.2, label="full_kv")
+        for method in sorted({c["method"] for c in ppl} - {"full_kv"}):
+            series = _series(ppl, "ppl", context, method)
+            ax.plot([c["measured_retention"] for c in series], [c["perplexity"] for c in series], marker="o",
+                    color=COLORS.get(method), label=method)
+        ax.set_title(f"perplexity @ {context} tokens", fontsize=9)
+        ax.set_xlabel("measured retention")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_all(cells: list[dict], run_dir: Path) -> list[Path]:
+    made = [plot_accuracy(cells, run_dir / "accuracy_vs_retention.png"),
+            plot_fidelity(cells, run_dir / "fidelity_vs_retention.png"),
+            plot_perplexity(cells, run_dir / "perplexity_vs_retention.png")]
+    return [p for p in made if p is not None]

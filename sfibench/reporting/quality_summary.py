@@ -1,0 +1,161 @@
+"""From per-sample quality records to cells (task x context x method x retention), the claim check, report.md.
+
+The claim under test (SPEC 9): SFI at 15-20% retention matches Full-KV while StreamingLLM and SnapKV
+need ~50%. "Matches" is made precise here: accuracy at least Full-KV's minus `MATCH_TOLERANCE` (point
+estimates; the 95% intervals in the tables say how much the sample sizes allow). Only tasks Full-KV
+itself solves (accuracy >= `SOLVED`) support a conclusion; the others are listed, not interpreted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from sfibench.metrics.quality import mean_ci
+
+MATCH_TOLERANCE = 0.05
+SOLVED = 0.8
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summarise(records: list[dict]) -> list[dict]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[(r["task"], r["context"], r["method"], r["retention"])].append(r)
+    cells = []
+    for (task, context, method, retention), rows in groups.items():
+        cell = {"task": task, "context": context, "method": method, "retention": retention, "n": len(rows),
+                "measured_retention": _mean([r["measured_retention"] for r in rows]),
+                "kl": _mean([r["kl"] for r in rows]), "top1_agreement": _mean([r["top1_agreement"] for r in rows]),
+                "token_agreement": _mean([r["token_agreement"] for r in rows if "token_agreement" in r]),
+                "accuracy": None, "perplexity": None, "steps_by_kind": {}}
+        for r in rows:
+            for kind, count in r["steps_by_kind"].items():
+                cell["steps_by_kind"][kind] = cell["steps_by_kind"].get(kind, 0) + count
+        scores = [r["score"] for r in rows if "score" in r]
+        if scores:
+            ci = mean_ci(scores)
+            cell.update(accuracy=ci["mean"], ci_low=ci["low"], ci_high=ci["high"], interval=ci["interval"])
+            turns = max(len(r["turn_scores"]) for r in rows)
+            if turns > 1:
+                cell["turn_accuracy"] = [_mean([r["turn_scores"][t] for r in rows]) for t in range(turns)]
+            depths = sorted({r["depth"] for r in rows if r.get("depth") is not None})
+            cell["accuracy_by_depth"] = {str(d): _mean([r["score"] for r in rows if r.get("depth") == d])
+                                         for d in depths}
+        nlls = [r["nll"] for r in rows if "nll" in r]
+        if nlls:
+            cell["perplexity"] = math.exp(sum(nlls) / len(nlls))
+        cells.append(cell)
+    return sorted(cells, key=lambda c: (c["task"], c["context"], c["method"] != "full_kv", c["method"],
+                                        c["retention"] or 0))
+
+
+def claim_check(cells: list[dict]) -> tuple[list[dict], list[str]]:
+    """Per solved (task, context): the smallest retention at which each method matches Full-KV."""
+    rows, unsolved = [], []
+    for full in (c for c in cells if c["method"] == "full_kv" and c["accuracy"] is not None):
+        key = (full["task"], full["context"])
+        if full["accuracy"] < SOLVED:
+            unsolved.append(f"{key[0]} @ {key[1]} (Full-KV {full['accuracy']:.2f})")
+            continue
+        row = {"task": key[0], "context": key[1], "full_kv": full["accuracy"], "smallest_matching_retention": {}}
+        for c in cells:
+            if (c["task"], c["context"]) == key and c["method"] != "full_kv":
+                best = row["smallest_matching_retention"].get(c["method"])
+                if c["accuracy"] >= full["accuracy"] - MATCH_TOLERANCE and (best is None or c["retention"] < best):
+                    row["smallest_matching_retention"][c["method"]] = c["retention"]
+                row["smallest_matching_retention"].setdefault(c["method"], None)
+        rows.append(row)
+    return rows, unsolved
+
+
+def _acc(c: dict) -> str:
+    return f"{c['accuracy']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
+
+
+def _fmt(value, digits=3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(results: dict, plots: list[str]) -> str:
+    cfg, cells = results["config"], results["results"]["cells"]
+    prov = results["provenance"]
+    methods = [m for m in cfg["methods"] if m != "full_kv"]
+    lines = [f"# sfibench quality — {cfg['model']}", "",
+             (f"{prov.get('timestamp_utc')}, device {prov.get('device')} ({prov.get('cpu')}, "
+             f"{cfg.get('threads')} threads), dtype {cfg['dtype']}, commit {str(prov.get('git_commit'))[:10]}"
+             f"{' (dirty)' if prov.get('git_dirty') else ''}, wall time {results['results']['wall_s'] / 60:.1f} min."), "",
+             "## What ran", "",
+             (f"- tasks: {', '.join(cfg['tasks'])}; contexts (prompt tokens, model's own tokenizer): "
+             f"{', '.join(map(str, cfg['contexts']))}; samples per cell: {', '.join(map(str, cfg['samples']))}"),
+             (f"- methods: full_kv, {', '.join(methods)} (reference path); retention: "
+             f"{', '.join(f'{r:g}' for r in cfg['retentions'])}; greedy decoding; "
+             f"{'chat template + answer prefix' if cfg['chat'] else 'plain prompts + answer prefix'}"),
+             ("- budget rule: budget = round(retention x context) tokens read per layer and KV head. SFI: recent "
+             "window = budget/4 rounded down to 16-token pages, within [16, 256]; 4 sinks; k_head = the rest. "
+             "StreamingLLM: 4 sinks + a window of the rest (keys keep their original RoPE positions). "
+             "SnapKV: the budget, its 64-token observation window included. SFI also reads densely on slow "
+             "steps and its recent window grows between refreshes, so plots use the *measured* retention."),
+             (f"- accuracy: mean score with a 95% interval (Wilson for 0/1 scores, bootstrap for partial credit); "
+             f"'matches' = accuracy >= Full-KV - {MATCH_TOLERANCE}; conclusions only where Full-KV >= {SOLVED}."),
+             ("- fidelity: each method teacher-forced on Full-KV's own greedy continuation; KL(full || method) and "
+             "top-1 agreement per decode step (the first answer token comes from the shared prefill and is "
+             "excluded); greedy-token agreement = position-wise match of the free-running answers."), "",
+             "## Claim check", ""]
+    checks, unsolved = claim_check(cells)
+    if checks:
+        lines += ["| task | context | Full-KV | " + " | ".join(f"{m}: smallest matching retention" for m in methods) + " |",
+                  "|---|---|---|" + "---|" * len(methods)]
+        for row in checks:
+            found = [row["smallest_matching_retention"].get(m) for m in methods]
+            lines.append(f"| {row['task']} | {row['context']} | {row['full_kv']:.2f} | "
+                         + " | ".join("none tested" if r is None else f"{r:g}" for r in found) + " |")
+    else:
+        lines.append("Full-KV solved no task here, so this run supports no conclusion about the methods.")
+    if unsolved:
+        lines += ["", "Tasks Full-KV does not solve (reported below, not interpreted): " + "; ".join(unsolved) + "."]
+    lines += ["", "## Accuracy", ""]
+    for task in sorted({c["task"] for c in cells if c["accuracy"] is not None}):
+        contexts = sorted({c["context"] for c in cells if c["task"] == task})
+        lines += [f"### {task}", "", "| method | retention | " + " | ".join(f"{x} tok: acc [95% CI] (read)"
+                                                                           for x in contexts) + " |",
+                  "|---|---|" + "---|" * len(contexts)]
+        for method, retention in sorted({(c["method"], c["retention"]) for c in cells if c["task"] == task},
+                                        key=lambda k: (k[0] != "full_kv", k[0], k[1] or 0)):
+            row = []
+            for x in contexts:
+                c = next((c for c in cells if (c["task"], c["context"], c["method"], c["retention"])
+                          == (task, x, method, retention)), None)
+                row.append("–" if c is None else f"{_acc(c)} n={c['n']} ({c['measured_retention']:.2f})")
+            lines.append(f"| {method} | {'1' if retention is None else f'{retention:g}'} | " + " | ".join(row) + " |")
+        turned = [c for c in cells if c["task"] == task and "turn_accuracy" in c]
+        if turned:
+            lines += ["", ("Accuracy per turn (turn 1 is the question in the prompt; later turns are asked while "
+                      "decoding):"), "", "| method | retention | context | " + " | ".join(
+                          f"turn {i + 1}" for i in range(len(turned[0]["turn_accuracy"]))) + " |",
+                      "|---|---|---|" + "---|" * len(turned[0]["turn_accuracy"])]
+            for c in turned:
+                lines.append(f"| {c['method']} | {c['retention'] or 1:g} | {c['context']} | "
+                             + " | ".join(_fmt(a, 2) for a in c["turn_accuracy"]) + " |")
+        lines.append("")
+    lines += ["## Fidelity to Full-KV (mean over tasks and samples)", "",
+              "| method | retention | context | read | KL (nats) | top-1 agree | greedy-token agree | perplexity |",
+              "|---|---|---|---|---|---|---|---|"]
+    for method in methods:
+        for retention in cfg["retentions"]:
+            for context in cfg["contexts"]:
+                sel = [c for c in cells if (c["method"], c["retention"], c["context"]) == (method, retention, context)]
+                if sel:
+                    ppl = next((c["perplexity"] for c in sel if c["perplexity"] is not None), None)
+                    lines.append(f"| {method} | {retention:g} | {context} | {_mean([c['measured_retention'] for c in sel]):.3f} | "
+                                 f"{_fmt(_mean([c['kl'] for c in sel]))} | {_fmt(_mean([c['top1_agreement'] for c in sel]))} | "
+                                 f"{_fmt(_mean([c['token_agreement'] for c in sel if c['token_agreement'] is not None]))} | "
+                                 f"{_fmt(ppl, 2)} |")
+    fulls = [c for c in cells if c["method"] == "full_kv" and c["perplexity"] is not None]
+    if fulls:
+        lines += ["", "Full-KV perplexity: " + ", ".join(f"{c['context']} tok {c['perplexity']:.2f}" for c in fulls) + "."]
+    lines += [""] + [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,160 @@
+"""Quality metrics, the scripted decoder, the budget rule, an end-to-end run on tiny-llama, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from sfibench.cli import app
+from sfibench.config import BudgetError
+from sfibench.engine.session import Session
+from sfibench.engine.turns import Script, run_scripts
+from sfibench.methods import create_method
+from sfibench.metrics import longbench, quality
+from sfibench.reporting.quality_report import parse_context, parse_retentions, run_quality
+from sfibench.reporting.quality_run import make_condition, recent_for_budget
+
+
+def test_string_match_accepts_the_answer_and_rejects_near_misses():
+    assert quality.string_match_all(" 4992383.<|im_end|>", ["4992383"]) == 1.0
+    for miss in (" 499238.", " 49923833.", " 4992384.", " 4 992 383", "x4992383"):
+        assert quality.string_match_all(miss, ["4992383"]) == 0.0, miss
+    assert quality.string_match_all("1111111, 2222222 and 3333333", ["1111111", "3333333", "4444444"]) == \
+        pytest.approx(2 / 3)
+    assert quality.string_match_all("they are: QXKRB, hdmza", ["QXKRB", "HDMZA"]) == 1.0
+    with pytest.raises(ValueError):
+        quality.string_match_all("x", [])
+
+
+def test_wilson_interval_matches_the_closed_form():
+    assert quality.wilson_interval(0, 10) == pytest.approx((0.0, 0.27753), abs=1e-4)
+    assert quality.wilson_interval(10, 10) == pytest.approx((0.72247, 1.0), abs=1e-4)
+    assert quality.wilson_interval(5, 10) == pytest.approx((0.23659, 0.76341), abs=1e-4)
+    assert quality.wilson_interval(19, 20) == pytest.approx((0.76387, 0.99112), abs=1e-4)
+    with pytest.raises(ValueError):
+        quality.wilson_interval(3, 2)
+
+
+def test_mean_ci_uses_wilson_for_binary_and_bootstrap_otherwise():
+    binary = quality.mean_ci([1.0] * 8 + [0.0] * 2)
+    assert binary["interval"] == "wilson" and binary["mean"] == 0.8
+    partial = quality.mean_ci([0.5, 0.25, 1.0, 0.75, 0.0, 0.5])
+    assert partial["interval"] == "bootstrap" and partial["low"] <= partial["mean"] <= partial["high"]
+    assert partial == quality.mean_ci([0.5, 0.25, 1.0, 0.75, 0.0, 0.5])  # seeded
+
+
+def test_fidelity_metrics_on_small_tensors():
+    full = torch.tensor([[2.0, 0.0, -1.0], [0.0, 1.0, 0.0]])
+    assert quality.kl_per_step(full, full).abs().max() < 1e-6
+    other = torch.tensor([[0.0, 2.0, -1.0], [0.0, 1.0, 0.0]])
+    p, q = full[0].softmax(-1), other[0].softmax(-1)
+    assert quality.kl_per_step(full, other)[0] == pytest.approx(float((p * (p / q).log()).sum()), rel=1e-5)
+    assert quality.top1_agreement(full, other) == 0.5
+    nll = quality.negative_log_likelihood(full, torch.tensor([0, 1]))
+    assert nll[0] == pytest.approx(-math.log(float(full[0].softmax(-1)[0])), rel=1e-5)
+    assert quality.token_agreement([1, 2, 3, 4], [1, 2, 9]) == 0.5
+
+
+def test_longbench_metrics():
+    assert longbench.qa_f1("The Eiffel Tower.", "eiffel tower") == 1.0
+    assert longbench.qa_f1("Paris, France", "Paris") == pytest.approx(2 / 3)
+    assert longbench.rouge("the cat sat on the mat", "the cat lay on the mat") == pytest.approx(5 / 6)
+    assert longbench.classification("This is sports news.", "sports", all_classes=["sports", "news", "tech"]) == 0.5
+    assert longbench.retrieval("Paragraph 3, maybe Paragraph 7", "Paragraph 3") == 0.5
+    assert longbench.count("There are 12 unique paragraphs.", 12) == 1.0
+    assert longbench.code_sim("# comment\nx = foo(1)\n", "x = foo(1)") == 1.0
+    assert longbench.qa_f1_zh("北京。", "北京") == 1.0
+    assert longbench.score("triviaqa", "\nAda Lovelace\nQuestion: next", ["Ada Lovelace", "Ada"]) == 1.0
+    assert quality.score_answer("longbench:passage_count", "7", ["7"]) == 1.0
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return Session.open("tiny-llama", "cpu")
+
+
+def _run(session, spec_name, prompts, scripts, teacher=None, retention=None):
+    prefilled = session.prefill(prompts, 64)
+    condition = make_condition(spec_name, retention, len(prompts[0]))
+    method = create_method(condition.spec, session.loaded.config, session.loaded.tokenizer)
+    return run_scripts(session.loaded.model, session.cache, method, prefilled, scripts, teacher=teacher,
+                       keep_logits=True, pad_id=0)
+
+
+def test_scripted_turns_force_questions_and_replay_exactly(tiny):
+    prompts = [list(b"The lighthouse keeper wrote the number down. " * 6), list(b"Bread rises slowly. " * 9)]
+    follow = [list(b"\nAnd now?\n"), list(b"\nAgain:")]
+    scripts = [Script(5, [follow[0]], frozenset()), Script(4, [follow[1], follow[1]], frozenset())]
+    streams = _run(tiny, "full_kv", prompts, scripts)
+    assert [len(s.answers) for s in streams] == [2, 3]
+    assert [len(a) for a in streams[1].answers] == [4, 4, 4]
+    assert streams[0].tokens == streams[0].answers[0] + follow[0] + streams[0].answers[1]
+    assert len(streams[0].answer_logits) == 10
+    # Teacher-forcing a method on Full-KV's stream: Full-KV itself reproduces its logits exactly,
+    # and a sparse method is compared on the same inputs.
+    replay = _run(tiny, "full_kv", prompts, scripts, teacher=streams)
+    assert replay[0].tokens == streams[0].tokens
+    assert torch.equal(torch.stack(replay[0].answer_logits), torch.stack(streams[0].answer_logits))
+    sparse = _run(tiny, "streaming_llm", prompts, scripts, teacher=streams, retention=0.5)
+    assert sparse[1].tokens == streams[1].tokens and len(sparse[1].answer_logits) == 12
+    assert all(r < 0.75 for r in sparse[0].retention)
+
+
+def test_budget_rule():
+    assert recent_for_budget(205) == 48 and recent_for_budget(4096) == 256 and recent_for_budget(40) == 16
+    sfi = make_condition("sfi", 0.1, 2048).spec.sfi
+    assert (sfi.n_recent, sfi.k_head) == (48, 205 - 4 - 48)
+    assert make_condition("streaming_llm", 0.15, 4096).spec.streaming.budget == 614
+    assert make_condition("snapkv", 0.5, 2048).spec.snapkv.budget == 1024
+    with pytest.raises(BudgetError, match="SnapKV's 64-token window"):
+        make_condition("snapkv", 0.1, 500)
+    with pytest.raises(BudgetError, match=r"outside \(0, 1\]"):
+        parse_retentions(["0.2", "1.5"])
+    with pytest.raises(BudgetError, match=r"outside \(0, 1\]"):
+        parse_retentions(["0"])
+    assert parse_context("2k") == 2048 and parse_context("3000") == 3000 and parse_context("max") == "max"
+
+
+def test_end_to_end_on_tiny_llama(tmp_path):
+    run_dir = run_quality("tiny-llama", ["sfi", "streaming_llm", "snapkv"], ["niah_single", "ppl"], ["600"],
+                          ["0.5"], ["2"], out=tmp_path / "run", device="cpu", chat=False, batch=2)
+    results = json.loads((run_dir / "results.json").read_text())
+    cells = results["results"]["cells"]
+    assert {(c["task"], c["method"]) for c in cells} == {(t, m) for t in ("niah_single", "ppl")
+                                                           for m in ("full_kv", "sfi", "streaming_llm", "snapkv")}
+    niah = [c for c in cells if c["task"] == "niah_single"]
+    assert all(c["n"] == 2 and 0 <= c["ci_low"] <= c["accuracy"] <= c["ci_high"] <= 1 for c in niah)
+    full = next(c for c in niah if c["method"] == "full_kv")
+    assert full["kl"] == 0 and full["top1_agreement"] == 1 and full["measured_retention"] == 1
+    assert all(c["perplexity"] > 1 for c in cells if c["task"] == "ppl")
+    assert len(results["samples"]) == 16
+    for name in ("report.md", "accuracy_vs_retention.png", "fidelity_vs_retention.png", "perplexity_vs_retention.png"):
+        assert (run_dir / name).exists()
+    assert "Claim check" in (run_dir / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "niah_triple"], "unknown task 'niah_triple'"),
+    (["--ctx", "9000"], "exceeds tiny-llama's limit of 4096"),
+    (["--retention", "0.2,1.5"], "outside (0, 1]"),
+    (["--methods", "sfi,quest"], "unknown method 'quest'"),
+    (["--longbench", "/nonexistent/longbench"], "does not exist"),
+])
+def test_bad_input_is_one_clear_error(tmp_path, args, message):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["quality", "--model", "tiny-llama", "--out", str(out), *args])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert not out.exists()  # nothing written for a command that could not run
+
+
+def test_longbench_with_wrong_fields_is_a_clear_error(tmp_path):
+    file = tmp_path / "hotpotqa.jsonl"
+    file.write_text(json.dumps({"question": "q", "context": "c"}) + "\n")
+    result = CliRunner().invoke(app, ["quality", "--model", "tiny-llama", "--tasks", "", "--longbench", str(file),
+                                      "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and "lacks the field" in " ".join(result.output.split())
