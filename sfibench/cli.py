@@ -30,11 +30,12 @@ def user_errors():
     from sfibench.metrics.memory import MemoryEstimateError
     from sfibench.models.loading import MissingWeightsError
     from sfibench.models.presets import UnknownModelError
+    from sfibench.reporting.results import RunDirExistsError
 
     try:
         yield
     except (UnknownModelError, UnknownMethodError, PromptError, MissingWeightsError, DeviceUnavailableError,
-            BudgetError, MemoryEstimateError, FileNotFoundError, ValueError) as error:
+            BudgetError, MemoryEstimateError, RunDirExistsError, FileNotFoundError, ValueError) as error:
         err_console.print(f"[bold red]error:[/] {error}", highlight=False)
         raise typer.Exit(code=2) from None
 
@@ -249,10 +250,10 @@ def quality(
                               "niah_multikey, niah_multivalue, niah_multiquery, niah_multiturn, vt, cwe, fwe, ppl"),
     ctx: str = typer.Option("2k", help="prompt lengths in the model's tokens: 2k,4k,8000 or max"),
     retention: str = typer.Option("0.1,0.2,0.5", help="budgets as fractions of the context, each in (0, 1]"),
-    samples: str = typer.Option("6", help="samples per cell: one count, or one per --ctx (20,20,10)"),
+    samples: str = typer.Option("4", help="samples per cell: one count, or one per --ctx (20,20,10)"),
     longbench: Path = typer.Option(None, help="LongBench <dataset>.jsonl file or a directory of them (local)"),
     chat: bool = typer.Option(True, "--chat/--no-chat", help="wrap prompts in the model's chat template"),
-    batch: int = typer.Option(1, help="prompts prefilled and decoded together"),
+    batch: int = typer.Option(4, help="prompts prefilled and decoded together (fewer weight reads per token)"),
     seed: int = typer.Option(0),
     device: str = typer.Option("auto"),
     dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16"),
@@ -274,6 +275,60 @@ def quality(
             raise ValueError(str(error)) from None
     console.print(results_table(read_results(run_dir)["results"]["cells"]))
     console.print(f"report: {run_dir / 'report.md'}")
+
+
+def parse_list(text: str, what: str, parse=str) -> list:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise ValueError(f"{what} is empty; give a comma-separated list")
+    return [parse(item) for item in items]
+
+
+def parse_tokens(text: str) -> int:
+    """'8k' -> 8192, '128k' -> 131072, '3000' -> 3000."""
+    try:
+        return int(text[:-1]) * 1024 if text.lower().endswith("k") else int(text)
+    except ValueError:
+        raise ValueError(f"context {text!r} is not a token count like 8k or 3000") from None
+
+
+@app.command()
+def throughput(
+    model: str = typer.Option(None, help="default: qwen3-4b (random weights) on a GPU, tiny-llama on a CPU"),
+    ctx: str = typer.Option(None, help="contexts, e.g. 8k,32k,128k (default: that on a GPU, 1k,3k on a CPU)"),
+    batch: str = typer.Option(None, help="batch sizes; 'max' = the largest that fits at the longest context"),
+    methods: str = typer.Option("full_kv,sfi,streaming_llm,snapkv"),
+    paths: str = typer.Option(None, help="reference,optimized (default: both on a GPU, reference on a CPU)"),
+    steps: int = typer.Option(None, min=2, help="decode steps per pass (default 128 on a GPU, 32 on a CPU)"),
+    repeats: int = typer.Option(3, min=1, help="timed passes (median and spread reported)"),
+    prefill: str = typer.Option("auto", help="real, synthetic, or auto (synthetic from 16K tokens)"),
+    graphs: bool = typer.Option(None, "--graphs/--no-graphs", help="CUDA graphs (default: on with a GPU)"),
+    length_bucket: int = typer.Option(256, min=1, help="graphed steps read up to a multiple of this"),
+    dense_kernels: bool = typer.Option(True, help="time Full-KV's kernel against every SDPA backend (GPU)"),
+    k_head: int = typer.Option(2048), n_sink: int = typer.Option(4), n_recent: int = typer.Option(256),
+    t_max: int = typer.Option(96), min_gap: int = typer.Option(16),
+    trigger: str = typer.Option("punctuation_tmax"),
+    device: str = typer.Option("auto"), dtype: str = typer.Option("auto"),
+    out: Path = typer.Option(None, help="run directory (default runs/throughput-<time>)"),
+    overwrite: bool = typer.Option(False, help="replace an existing run directory's results"),
+):
+    """Decode speed of every method: tok/s, ms/step by kind, GB/s against the measured roofline."""
+    from sfibench.engine.session import Session
+    from sfibench.metrics.device import resolve_device
+    from sfibench.reporting.throughput_cli import run_and_save
+
+    with user_errors():
+        gpu = resolve_device(device).type == "cuda"
+        contexts = parse_list(ctx or ("8k,32k,128k" if gpu else "1k,3k"), "--ctx", parse_tokens)
+        batches = parse_list(batch or ("1,4" if gpu else "1"), "--batch", lambda b: b if b == "max" else int(b))
+        session = Session.open(model or ("qwen3-4b" if gpu else "tiny-llama"), device, dtype)
+        sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head,
+                        trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap))
+        run_dir = run_and_save(session, contexts, batches, parse_list(methods, "--methods"),
+                               parse_list(paths or ("reference,optimized" if gpu else "reference"), "--paths"),
+                               steps or (128 if gpu else 32), repeats, prefill, gpu if graphs is None else graphs,
+                               length_bucket, dense_kernels and gpu, sfi, out, overwrite, console)
+    console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, throughput.png, latency.png")
 
 
 def main():  # pragma: no cover - console-script entry

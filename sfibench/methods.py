@@ -99,4 +99,5 @@ def _import_builtin_methods() -> None:
     import sfibench.baselines.full_kv  # noqa: F401
     import sfibench.baselines.snapkv  # noqa: F401
     import sfibench.baselines.streaming_llm  # noqa: F401
+    import sfibench.optimized.full_kv  # noqa: F401
     import sfibench.reference.sfi  # noqa: F401

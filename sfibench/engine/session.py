@@ -40,6 +40,10 @@ class Session:
         return cls(load_model(model, resolved, torch_dtype, seed), resolved, torch_dtype)
 
     @property
+    def cache_dtype_bytes(self) -> int:
+        return torch.finfo(self.dtype).bits // 8
+
+    @property
     def max_tokens(self) -> int:
         return self.loaded.config.max_context
 

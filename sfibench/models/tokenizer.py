@@ -29,10 +29,12 @@ class ByteTokenizer:
 
 
 class Tokenizer:
-    """Wraps either a ByteTokenizer or a Hugging Face tokenizer behind encode/decode/eos."""
+    """Wraps a Hugging Face tokenizer, or a byte-table one (ByteTokenizer, ReplayTokenizer: anything with
+    `token_bytes`), behind encode/decode/eos."""
 
     def __init__(self, backend):
         self.backend = backend
+        self.byte_table = hasattr(backend, "token_bytes")
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         if chat:
@@ -41,12 +43,12 @@ class Tokenizer:
             text = self.backend.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
             )
-        if isinstance(self.backend, ByteTokenizer):
+        if self.byte_table:
             return self.backend.encode(text)
         return self.backend(text, add_special_tokens=False)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
-        if isinstance(self.backend, ByteTokenizer):
+        if self.byte_table:
             return self.backend.decode(ids)
         return self.backend.decode(ids, skip_special_tokens=False)
 

@@ -1,0 +1,41 @@
+"""Full-KV, optimized path: dense decode attention with the split-K Triton kernel.
+
+The kernel reads each sequence's length from a device tensor, so one CUDA graph serves every step
+as the context grows and no masked tail is read (the reference path's SDPA needs a static, masked
+capacity instead). `sfibench throughput` checks it against PyTorch's SDPA backends at the same shape.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from sfibench.engine.cache import KVCache
+from sfibench.engine.context import StepContext
+from sfibench.engine.prefill import Prefilled
+from sfibench.methods import AttentionMethod, register
+from sfibench.optimized.decode_attention import dense_decode
+
+
+def require_triton_device(device: torch.device) -> None:
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError("the optimized path runs Triton kernels and needs a CUDA device; use --path reference "
+                         "on this machine (tests run the kernels on the CPU with TRITON_INTERPRET=1)")
+
+
+@register("full_kv", "optimized")
+class TritonFullKV(AttentionMethod):
+    name = "full_kv"
+    step_kind = "dense"
+
+    def start(self, cache: KVCache, prefilled: Prefilled) -> None:
+        require_triton_device(cache.k.device)
+
+    def graph_key(self, ctx: StepContext) -> tuple:
+        return ()  # lengths are read on the device: nothing host-side is frozen into the graph
+
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
+        ctx.tokens_read[ctx.layer] = ctx.kv_lengths[:, None]
+        out = dense_decode(q[:, :, 0], cache.k[ctx.layer], cache.v[ctx.layer], ctx.kv_lengths)
+        return out[:, :, None]

@@ -1,0 +1,70 @@
+"""Replayed real-text token streams for speed runs.
+
+Speed does not depend on weight values, but SFI's slow steps fire at sentence boundaries, so a speed
+run must feed a real token stream (teacher-forced) for the triggers to fire at natural rates. Random-
+weight presets have no tokenizer of their own, so sfibench ships the shipped essays pre-tokenized by
+the SmolLM2 tokenizer, with the raw bytes of every token that occurs: enough for the trigger rules.
+Rebuild with `python -m sfibench.workloads.replay` (needs the smollm2-135m weights installed).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+
+import torch
+
+from sfibench.models.tokenizer import Tokenizer
+
+REPLAY_FILE = "replay_smollm2.json"
+
+
+class ReplayTokenizer:
+    """Knows only the tokens of the replay stream: their bytes, for the trigger rules."""
+
+    eos_token_id = None
+
+    def __init__(self, pieces: dict[int, bytes]):
+        self.pieces = pieces
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.pieces.get(token_id, b"")
+
+    def decode(self, ids: list[int]) -> str:
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", errors="replace")
+
+
+def load_replay(vocab_size: int, tokenizer: Tokenizer) -> tuple[torch.Tensor, Tokenizer]:
+    """(token ids, tokenizer to classify them): the shipped stream when the model's vocabulary holds
+    the SmolLM2 ids, else the essays encoded with the model's own tokenizer (tiny byte models)."""
+    data = json.loads((importlib.resources.files("sfibench.workloads") / "data" / REPLAY_FILE).read_text())
+    if max(data["ids"]) < vocab_size:
+        pieces = {int(k): bytes.fromhex(v) for k, v in data["pieces"].items()}
+        return torch.tensor(data["ids"]), Tokenizer(ReplayTokenizer(pieces))
+    text = (importlib.resources.files("sfibench.workloads") / "data" / "essays_en.txt").read_text()
+    return torch.tensor(tokenizer.encode(text)), tokenizer
+
+
+def take(stream: torch.Tensor, start: int, count: int) -> torch.Tensor:
+    """`count` tokens from `start`, wrapping around the stream."""
+    index = (torch.arange(count) + start) % stream.numel()
+    return stream[index]
+
+
+def _rebuild() -> None:  # pragma: no cover - maintenance script
+    from sfibench.models.loading import load_model
+    from sfibench.reference.triggers import _token_bytes
+
+    loaded = load_model("smollm2-135m")
+    text = (importlib.resources.files("sfibench.workloads") / "data" / "essays_en.txt").read_text()
+    ids = loaded.tokenizer.encode(text)
+    table = _token_bytes(loaded.tokenizer.backend, loaded.config.vocab_size)
+    pieces = {str(i): table[i].hex() for i in sorted(set(ids))}
+    out = importlib.resources.files("sfibench.workloads") / "data" / REPLAY_FILE
+    with open(str(out), "w") as f:
+        json.dump({"tokenizer": "smollm2-135m", "source": "essays_en.txt", "ids": ids, "pieces": pieces}, f)
+    print(f"wrote {len(ids)} tokens, {len(pieces)} distinct, to {out}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _rebuild()
