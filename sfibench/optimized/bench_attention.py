@@ -1,0 +1,204 @@
+"""Decode-attention microbenchmark: the split-K Triton kernel against every PyTorch SDPA backend.
+
+One layer's attention for one decode step: q `[B, H_q, D]` over K/V `[B, H_kv, L, D]`. SPEC section 6
+requires the dense baseline to be as good as the best dense decode kernel on the machine; this is
+where that is checked.
+
+How it times: each kernel is captured in a CUDA graph (as the engine runs decode steps; a kernel that
+cannot be captured is timed eagerly and marked so) and replayed under `triton.testing.do_bench`,
+which clears the L2 cache before every call. So K/V that would fit in L2 (B = 1 at 8K is 33 MB, the
+H200's L2 50 MB) still come from HBM, as they do in a real step where other layers ran in between.
+Bytes counted: K and V read once plus q and the output. A backend that refuses GQA is re-run on K/V
+expanded per query head; the expand is excluded from its time and reported beside it (it reads and
+writes G times the K/V bytes, so it is not free).
+
+    python -m sfibench.optimized.bench_attention --out attention.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from sfibench.metrics.timing import measure_copy_bandwidth
+from sfibench.optimized.decode_attention import default_config, default_num_splits, dense_decode
+
+SDPA_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+QWEN3_4B = {"kv_heads": 8, "group": 4, "head_dim": 128, "dtype": torch.bfloat16}
+
+
+def _graphed(fn):
+    """(callable to time, output tensor it fills, graphed?): a CUDA graph replay when capture works."""
+    fn()  # compile, autotune, allocate workspaces: none of that may happen inside a capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            out = fn()
+        return graph.replay, out, True
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return fn, None, False
+
+
+def _time(fn) -> dict:
+    """Median/min/max milliseconds of `fn`, its output, and whether it ran as a graph."""
+    run, out, graphed = _graphed(fn)
+    low, median, high = triton.testing.do_bench(run, quantiles=[0.0, 0.5, 1.0])
+    if out is None:
+        out = fn()
+    return {"ms_median": median, "ms_min": low, "ms_max": high, "graphed": graphed, "output": out}
+
+
+def _measure(kernel: str, fn, nbytes: int, reference: torch.Tensor | None) -> dict:
+    """One result row; a kernel that refuses the shape gets ran=False and the reasons it gave."""
+    row = {"kernel": kernel, "bytes": nbytes}
+    with warnings.catch_warnings(record=True) as caught:  # SDPA explains a refusal in warnings
+        warnings.simplefilter("always")
+        try:
+            timing = _time(fn)
+        except (RuntimeError, ValueError, NotImplementedError) as error:
+            reasons = [str(w.message).splitlines()[0] for w in caught] + [str(error).splitlines()[0]]
+            torch.cuda.synchronize()
+            return {**row, "ran": False, "error": "; ".join(reasons)[:500]}
+    out = timing.pop("output").reshape(-1).float()
+    row.update(ran=True, **timing, gb_s=nbytes / (timing["ms_median"] * 1e-3) / 1e9)
+    if reference is not None:
+        row["max_abs_diff_vs_triton"] = (out - reference).abs().max().item()
+    return row
+
+
+def _alternatives(batch: int, kv_heads: int, head_dim: int, context: int, dtype: torch.dtype,
+                  device) -> dict[str, dict]:
+    """dense_decode settings around the static defaults, to check those defaults on the machine."""
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    splits = default_num_splits(batch, kv_heads, context, sm_count)
+    config = default_config(head_dim, dtype)
+    named = {f"num_splits={n}": {"num_splits": n} for n in (max(1, splits // 2), 2 * splits)}
+    for block_n in (config.block_n // 2, 2 * config.block_n):
+        named[f"block_n={block_n}"] = {"config": replace(config, block_n=block_n)}
+    named["num_warps=8"] = {"config": replace(config, num_warps=8)}
+    named["num_stages=2"] = {"config": replace(config, num_stages=2)}
+    return {f"triton split-K, {name}": kwargs for name, kwargs in named.items()}
+
+
+def benchmark_dense(batch: int, kv_heads: int, group: int, head_dim: int, context: int,
+                    dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
+                    sweep: bool = False) -> list[dict]:
+    """Rows for our dense_decode (also on a cache twice the context) and each SDPA backend.
+
+    `sweep` adds rows for dense_decode with its split count, tile and warp settings varied.
+    """
+    torch.manual_seed(0)
+    q_heads = kv_heads * group
+    q = torch.randn(batch, q_heads, head_dim, device=device, dtype=dtype)
+    k = torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    lengths = torch.full((batch,), context, device=device, dtype=torch.int32)
+    nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
+    shape = {"batch": batch, "kv_heads": kv_heads, "group": group, "head_dim": head_dim, "context": context,
+             "dtype": str(dtype).removeprefix("torch.")}
+
+    rows = [_measure("triton split-K", lambda: dense_decode(q, k, v, lengths), nbytes, None)]
+    reference = dense_decode(q, k, v, lengths).reshape(-1).float()
+    if sweep:
+        for name, kwargs in _alternatives(batch, kv_heads, head_dim, context, dtype, device).items():
+            rows.append(_measure(name, partial(dense_decode, q, k, v, lengths, **kwargs), nbytes, reference))
+    # A static cache holds more slots than the context; the tail past `lengths` must cost nothing.
+    k_long, v_long = (torch.cat([t, torch.empty_like(t)], dim=2) for t in (k, v))
+    rows.append(_measure("triton split-K, cache 2L", partial(dense_decode, q, k_long, v_long, lengths),
+                         nbytes, reference))
+    del k_long, v_long
+
+    q_sdpa = q.unsqueeze(2)
+    for name, backend in SDPA_BACKENDS.items():
+        def sdpa(key=k, value=v, gqa=True, backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q_sdpa, key, value, enable_gqa=gqa)
+
+        row = _measure(f"sdpa {name}", sdpa, nbytes, reference)
+        rows.append(row)
+        if row["ran"] or group == 1:
+            continue
+        expand = _time(lambda: (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)))
+        k_wide, v_wide = expand["output"]
+        row = _measure(f"sdpa {name}, K/V expanded", partial(sdpa, k_wide, v_wide, False), nbytes, reference)
+        row.update(expand_ms_median=expand["ms_median"],
+                   note="expand excluded from ms; the kernel reads G x the K/V bytes counted")
+        rows.append(row)
+        del k_wide, v_wide, expand
+    torch.cuda.empty_cache()
+    return [{**shape, **row} for row in rows]
+
+
+def _print_table(rows: list[dict], copy_gb_s: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"decode attention, one layer (device copy bandwidth {copy_gb_s:.0f} GB/s)")
+    for column in ("B", "context", "kernel", "median ms", "min ms", "max ms", "GB/s", "% of copy", "graph",
+                   "note"):
+        table.add_column(column, justify="left" if column in ("kernel", "note") else "right")
+    for row in rows:
+        context = f"{row['context'] // 1024}K" if row["context"] >= 1024 else str(row["context"])
+        shape = (str(row["batch"]), context, row["kernel"])
+        if not row["ran"]:
+            table.add_row(*shape, "-", "-", "-", "-", "-", "-", f"did not run: {row['error'][:60]}")
+            continue
+        note = f"expand {row['expand_ms_median']:.3f} ms extra" if "expand_ms_median" in row else ""
+        table.add_row(*shape, f"{row['ms_median']:.4f}", f"{row['ms_min']:.4f}", f"{row['ms_max']:.4f}",
+                      f"{row['gb_s']:.0f}", f"{100 * row['gb_s'] / copy_gb_s:.0f}",
+                      "yes" if row["graphed"] else "eager", note)
+    Console(width=max(Console().width, 150)).print(table)  # a log file must not wrap the rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sfibench.optimized.bench_attention",
+                                     description="Decode attention: split-K Triton kernel vs PyTorch SDPA "
+                                                 "backends at the Qwen3-4B shape (H_kv 8, G 4, D 128, bf16).")
+    parser.add_argument("--out", type=Path, help="write the rows and provenance here as JSON")
+    parser.add_argument("--batch", default="1,8", help="comma-separated batch sizes (default 1,8)")
+    parser.add_argument("--contexts", default="8192,32768,131072", help="comma-separated context lengths")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time the Triton kernel with its split count, tile and warps varied")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_attention times CUDA kernels and no CUDA device is visible here; nothing measured. "
+              "Run it on a GPU machine (the kernels' CPU check is tests/test_kernels.py).", file=sys.stderr)
+        return 2
+
+    from sfibench.reporting.results import provenance
+
+    copy_gb_s = measure_copy_bandwidth("cuda") / 1e9
+    rows = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        for context in (int(c) for c in args.contexts.split(",")):
+            rows += benchmark_dense(batch, context=context, device="cuda", sweep=args.sweep, **QWEN3_4B)
+    for row in rows:
+        if row["ran"]:
+            row["fraction_of_copy_bandwidth"] = row["gb_s"] / copy_gb_s
+    _print_table(rows, copy_gb_s)
+    if args.out:
+        payload = {"provenance": provenance(), "copy_bandwidth_gb_s": copy_gb_s, "rows": rows}
+        args.out.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,260 @@
+"""Split-K ("flash-decoding") attention for one query token per sequence, dense or over chosen slots.
+
+Decode attention reads every cached key and value once and does two small matrix products with them,
+so it is bound by memory bandwidth, and at B x H_kv programs a long context leaves most SMs idle. So
+the keys of each (sequence, KV head) are cut into `num_splits` splits, one program each:
+
+1. `_decode_split_kernel` streams its split's K/V tiles through an online softmax in float32 and
+   writes a partial max, sum of exponentials and unnormalised output per query head;
+2. `_combine_splits_kernel` rescales the partials to a common max and normalises.
+
+GQA: the G query heads of a KV head are consecutive, and one program serves all of them, so K/V are
+read once per KV head. The G rows are padded to 16 and multiplied with `tl.dot`: the tensor cores
+have compute to spare at decode, whereas broadcasting `[G, BLOCK_N, D]` products for `tl.sum` needs
+G*BLOCK_N*D/threads registers per thread and spills at D = 128.
+
+CUDA-graph safety: the grid and the split count depend only on static shapes (B, H_kv, S or N). The
+number of keys is read inside the kernel from `lengths`/`counts`, and each split covers
+`ceil(ceil(n / num_splits) / BLOCK_N)` blocks of it, so all splits share the work at any length and
+splits past the end write neutral partials without touching K/V: the unused tail of a static cache
+costs nothing. Launch each shape once before capture (the first call compiles).
+
+decode_reference.py holds the float64 torch references that tests/test_kernels.py checks these
+kernels against; bench_attention.py measures their bandwidth against PyTorch SDPA.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int  # K/V tiles in flight (software pipelining of the loads)
+
+
+def default_config(head_dim: int, dtype: torch.dtype) -> KernelConfig:
+    """Static choice per shape: no runtime autotuning, since a CUDA-graph capture must not benchmark.
+
+    A stage holds one K and one V tile, ~32 KB of them (BLOCK_N = 64 at D = 128 in bf16). With three
+    stages two tile pairs are in flight while one is consumed: ~70 KB of shared memory and ~90
+    registers per thread in the sm_90 build, so three programs fit on an SM (228 KB on H100/H200).
+    Eight warps only at D = 256, where the [16, D] accumulator doubles.
+    """
+    block_n = max(16, min(128, 16384 // (head_dim * dtype.itemsize)))
+    return KernelConfig(block_n=block_n, num_warps=8 if head_dim >= 256 else 4, num_stages=3)
+
+
+def default_num_splits(batch: int, kv_heads: int, max_len: int, sm_count: int = 132) -> int:
+    """Splits per (sequence, KV head) so the grid holds ~4 programs per SM.
+
+    Fewer programs leave SMs without loads in flight; with up to three resident per SM (see
+    default_config) four per SM also lets programs that finish early hand their SM to the rest. More
+    splits only add partial traffic, G*(D+2)*4 bytes written and read back per program. Splits never
+    go below 128 keys at full length (two tiles), so short caches are not cut into slivers.
+    """
+    wanted = triton.cdiv(4 * sm_count, batch * kv_heads)
+    return max(1, min(wanted, max_len // 128))
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # interpreter runs on the CPU: any value works, use the H100/H200 one
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, bound_ptr, pos_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
+    stride_qb, stride_qh, stride_qd,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_bound_b, stride_bound_h, stride_pb, stride_ph, stride_pn,
+    n_slots, num_splits, qk_scale_log2,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+):
+    split = tl.program_id(0)
+    kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
+    seq = tl.program_id(2).to(tl.int64)
+    q_heads_total = tl.num_programs(1) * GROUP
+
+    # Read on the device so a replayed CUDA graph sees the current length; clamped so a bad length
+    # can never read outside the cache.
+    n_keys = tl.load(bound_ptr + seq * stride_bound_b + kv_head * stride_bound_h).to(tl.int32)
+    n_keys = tl.minimum(n_keys, n_slots)
+    split_len = tl.cdiv(tl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, n_keys)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    q_heads = kv_head * GROUP + offs_g
+    is_real_head = offs_g < GROUP
+    q = tl.load(q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=is_real_head[:, None], other=0.0)
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+    k_head = k_ptr + seq * stride_kb + kv_head * stride_kh
+    v_head = v_ptr + seq * stride_vb + kv_head * stride_vh
+    pos_head = pos_ptr + seq * stride_pb + kv_head * stride_ph
+
+    # Scores live in the log2 domain (scale folded with log2(e)) so the softmax uses exp2.
+    running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    running_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    for block_start in range(start, end, BLOCK_N):
+        idx = block_start + offs_n
+        in_split = idx < end
+        if SPARSE:
+            slots = tl.load(pos_head + idx * stride_pn, mask=in_split, other=0)
+        else:
+            slots = idx
+        # Masked rows are never read: NaN or garbage past the end cannot leak in.
+        k = tl.load(k_head + slots[:, None] * stride_ks + offs_d[None, :] * stride_kd,
+                    mask=in_split[:, None], other=0.0)
+        if DOT_IN_FP32:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        scores = tl.where(in_split[None, :], scores, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, 1))
+        rescale = tl.exp2(running_max - new_max)
+        probs = tl.exp2(scores - new_max[:, None])
+        running_sum = running_sum * rescale + tl.sum(probs, 1)
+        v = tl.load(v_head + slots[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+                    mask=in_split[:, None], other=0.0)
+        probs = probs.to(v.dtype)  # the rounding a 16-bit MMA applies, kept when DOT_IN_FP32
+        if DOT_IN_FP32:
+            probs, v = probs.to(tl.float32), v.to(tl.float32)
+        acc = acc * rescale[:, None] + tl.dot(probs, v, input_precision=DOT_PRECISION)
+        running_max = new_max
+
+    # An empty split (start >= n_keys) stores max -inf, sum 0, output 0: neutral in the combine.
+    rows = (seq * q_heads_total + q_heads) * num_splits + split
+    tl.store(part_max_ptr + rows, running_max, mask=is_real_head)
+    tl.store(part_sum_ptr + rows, running_sum, mask=is_real_head)
+    tl.store(part_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=is_real_head[:, None])
+
+
+# The interpreter's tl.dot multiplies the bit patterns of bfloat16 operands (triton#11584), so under
+# TRITON_INTERPRET the kernel upcasts them first: bf16 x bf16 products are exact in float32, so only
+# the summation order differs from the GPU's bf16 MMA with float32 accumulation.
+_INTERPRETED = isinstance(_decode_split_kernel, InterpretedFunction)
+
+
+@triton.jit
+def _combine_splits_kernel(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr,
+                           stride_ob, stride_oh, stride_od, num_splits,
+                           HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    q_head = tl.program_id(0)
+    seq = tl.program_id(1).to(tl.int64)
+    first_row = (seq * tl.num_programs(0) + q_head) * num_splits
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+
+    chunk_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        maxima = tl.load(part_max_ptr + first_row + s0 + offs_s, mask=s0 + offs_s < num_splits,
+                         other=float("-inf"))
+        chunk_max = tl.maximum(chunk_max, maxima)
+    global_max = tl.max(chunk_max, 0)
+    global_max = tl.where(global_max == float("-inf"), 0.0, global_max)  # no keys: avoid -inf - -inf
+
+    sums = tl.zeros([BLOCK_S], tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for s0 in range(0, num_splits, BLOCK_S):
+        rows = first_row + s0 + offs_s
+        in_range = s0 + offs_s < num_splits
+        weight = tl.exp2(tl.load(part_max_ptr + rows, mask=in_range, other=float("-inf")) - global_max)
+        sums += weight * tl.load(part_sum_ptr + rows, mask=in_range, other=0.0)
+        partial = tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :],
+                          mask=in_range[:, None], other=0.0)
+        acc += tl.sum(weight[:, None] * partial, 0)
+    total = tl.sum(sums, 0)
+    out = acc / tl.where(total > 0, total, 1.0)  # a sequence with no keys has acc 0: zeros, not NaN
+    tl.store(out_ptr + seq * stride_ob + q_head * stride_oh + offs_d * stride_od,
+             out.to(out_ptr.dtype.element_ty))
+
+
+def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, config, out):
+    """Shared launcher; `positions` None means dense (slot i is the i-th key)."""
+    batch, q_heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"q {tuple(q.shape)} needs k and v [B, H_kv, S, D] of one shape, got "
+                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if bounds.device != q.device:
+        raise ValueError(f"lengths/counts must live on {q.device} (the kernel reads them), got {bounds.device}")
+    if q_heads % kv_heads:
+        raise ValueError(f"query heads ({q_heads}) must be a multiple of KV heads ({kv_heads})")
+    if head_dim not in (16, 32, 64, 128, 256):
+        raise ValueError(f"head_dim must be a power of two in [16, 256], got {head_dim}")
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1 (or None for the default), got {num_splits}")
+    group = q_heads // kv_heads
+    config = config or default_config(head_dim, k.dtype)
+    num_splits = num_splits if num_splits else default_num_splits(batch, kv_heads, n_slots, _sm_count(q.device))
+    if out is None:
+        out = torch.empty(batch, q_heads, head_dim, device=q.device, dtype=q.dtype)
+    elif out.shape != q.shape or out.dtype != q.dtype:
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    part_acc = torch.empty(batch, q_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
+    part_max = torch.empty(batch, q_heads, num_splits, device=q.device, dtype=torch.float32)
+    part_sum = torch.empty_like(part_max)
+
+    _decode_split_kernel[(num_splits, kv_heads, batch)](
+        q, k, v, bounds, bounds if positions is None else positions, part_acc, part_max, part_sum,
+        *q.stride(), *k.stride(), *v.stride(), *bound_strides,
+        *((0, 0, 0) if positions is None else positions.stride()),
+        n_slots, num_splits, math.log2(math.e) / math.sqrt(head_dim),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        BLOCK_N=config.block_n, SPARSE=positions is not None,
+        # Only float32 operands heed the precision: keep them exact instead of rounding to tf32.
+        DOT_PRECISION="ieee" if k.dtype == torch.float32 or _INTERPRETED else "tf32",
+        DOT_IN_FP32=_INTERPRETED and k.dtype == torch.bfloat16,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    _combine_splits_kernel[(q_heads, batch)](
+        part_acc, part_max, part_sum, out, *out.stride(), num_splits,
+        HEAD_DIM=head_dim, BLOCK_S=min(32, triton.next_power_of_2(num_splits)), num_warps=4,
+    )
+    return out
+
+
+def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
+                 num_splits: int | None = None, *, config: KernelConfig | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """q `[B, H_q, D]` over slots [0, lengths[b]) of k/v `[B, H_kv, S, D]` (any strides); -> `[B, H_q, D]`.
+
+    `lengths` is a `[B]` integer tensor on q's device, read by the kernel (never synchronised).
+    """
+    if lengths.shape != (q.shape[0],):
+        raise ValueError(f"lengths must be [B] = [{q.shape[0]}], got {tuple(lengths.shape)}")
+    return _decode(q, k, v, lengths, (lengths.stride(0), 0), None, k.shape[2], num_splits, config, out)
+
+
+def sparse_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                  counts: torch.Tensor, num_splits: int | None = None, *, config: KernelConfig | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """q `[B, H_q, D]` over slots `positions[b, h, :counts[b, h]]` of each KV head; -> `[B, H_q, D]`.
+
+    positions `[B, H_kv, N]` (int32/int64; entries past the count are ignored), counts `[B, H_kv]`.
+    K/V rows are gathered inside the kernel, never copied.
+    """
+    if counts.shape != k.shape[:2] or positions.shape[:2] != k.shape[:2] or positions.dim() != 3:
+        raise ValueError(f"positions must be [B, H_kv, N] and counts [B, H_kv] with [B, H_kv] = "
+                         f"{list(k.shape[:2])}, got {tuple(positions.shape)} and {tuple(counts.shape)}")
+    return _decode(q, k, v, counts, counts.stride(), positions, positions.shape[2], num_splits, config, out)
