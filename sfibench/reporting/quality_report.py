@@ -39,7 +39,7 @@ DEFAULT_METHODS = ("full_kv", "sfi", "streaming_llm", "snapkv")
 DEFAULT_TASKS = ("niah_single", "niah_multiturn", "ppl")
 DEFAULT_CONTEXTS = ("2k",)
 DEFAULT_RETENTIONS = (0.1, 0.2, 0.5)
-DEFAULT_SAMPLES = (6,)
+DEFAULT_SAMPLES = (4,)
 MAX_MARGIN = 8  # tokens kept free below the model's limit by --ctx max, beyond the decode budget
 
 
@@ -76,7 +76,7 @@ def _check_fits(context: int, reserve: int, limit: int, model: str) -> None:
 def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFAULT_TASKS,
                 contexts=DEFAULT_CONTEXTS, retentions=DEFAULT_RETENTIONS, samples=DEFAULT_SAMPLES,
                 out: Path | str | None = None, overwrite: bool = False, device: str = "auto", dtype: str = "auto",
-                seed: int = 0, batch: int = 1, chat: bool = True, longbench: Path | str | None = None,
+                seed: int = 0, batch: int = 4, chat: bool = True, longbench: Path | str | None = None,
                 console: Console | None = None) -> Path:
     """Run the quality benchmark and return the run directory (results.json, plots, report.md)."""
     console = console or Console(stderr=True)
