@@ -17,8 +17,9 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_length
 
     Reads the first `capacity` slots (a host int >= every length, so no device sync is needed) and
     masks each sequence's slots past its length; `masked=False` says every length equals capacity,
-    which lets SDPA pick its fastest, mask-free kernel.
+    which lets SDPA pick its fastest, mask-free kernel. A capacity past the cache's end is clipped.
     """
+    capacity = min(capacity, k.shape[2])
     k, v = k[:, :, :capacity], v[:, :, :capacity]
     if not masked:
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)

@@ -1,0 +1,5 @@
+"""`python -m sfibench ...` is the same as the `sfibench` console script."""
+
+from sfibench.cli import app
+
+app()
