@@ -51,6 +51,18 @@ class AttentionMethod:
     def observe(self, tokens: torch.Tensor) -> None:
         """The tokens `[B]` emitted by the step just run."""
 
+    def state(self, name: str, shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+        """A zeroed per-batch state tensor, reused in place when the shape allows.
+
+        A captured CUDA graph keeps reading the tensors it saw at capture, so state must be reset in
+        place between runs rather than replaced by a new allocation.
+        """
+        tensor = getattr(self, name, None)
+        if tensor is None or tensor.shape != torch.Size(shape) or tensor.dtype != dtype or tensor.device != device:
+            tensor = torch.zeros(shape, dtype=dtype, device=device)
+            setattr(self, name, tensor)
+        return tensor.zero_()
+
     def summary(self) -> dict:
         """Method-specific facts for reports (e.g. SFI's realised mean interval between slow steps)."""
         return {}

@@ -142,9 +142,9 @@ def test_bad_shapes_are_refused_with_the_reason():
 
 
 def test_split_count_fills_the_gpu_but_keeps_splits_long_enough():
-    assert default_num_splits(1, 8, 131072, sm_count=132) == 66  # 4 programs per SM
-    assert default_num_splits(8, 8, 131072, sm_count=132) == 9
-    assert default_num_splits(64, 8, 131072, sm_count=132) == 2
+    assert default_num_splits(1, 8, 131072, sm_count=132) == 33  # 2 programs per SM
+    assert default_num_splits(8, 8, 131072, sm_count=132) == 5
+    assert default_num_splits(64, 8, 131072, sm_count=132) == 1
     assert default_num_splits(1, 8, 1024, sm_count=132) == 8  # >= 128 keys per split at capacity
     assert default_num_splits(4, 4, 100) == 1
 

@@ -37,10 +37,10 @@ class SnapKV(AttentionMethod):
 
     def start(self, cache: KVCache, prefilled: Prefilled) -> None:
         mc, keep = self.model_config, self.cfg.budget - self.cfg.window
-        self.kept = torch.zeros(mc.num_layers, cache.batch, mc.num_kv_heads, keep, dtype=torch.long,
-                                device=cache.k.device)
-        self.kept_count = torch.zeros(cache.batch, dtype=torch.long, device=cache.k.device)
-        self.tail_start = prefilled.lengths.clone()  # everything from here on is read
+        device = cache.k.device
+        self.state("kept", (mc.num_layers, cache.batch, mc.num_kv_heads, keep), torch.long, device)
+        self.state("kept_count", (cache.batch,), torch.long, device)
+        self.state("tail_start", (cache.batch,), torch.long, device).copy_(prefilled.lengths)  # read from here on
         for row in range(cache.batch):
             length = int(prefilled.lengths[row])
             if length <= self.cfg.budget:  # the whole prompt fits: keep it all

@@ -55,14 +55,15 @@ def default_config(head_dim: int, dtype: torch.dtype) -> KernelConfig:
 
 
 def default_num_splits(batch: int, kv_heads: int, max_len: int, sm_count: int = 132) -> int:
-    """Splits per (sequence, KV head) so the grid holds ~4 programs per SM.
+    """Splits per (sequence, KV head) so the grid holds ~2 programs per SM.
 
-    Fewer programs leave SMs without loads in flight; with up to three resident per SM (see
-    default_config) four per SM also lets programs that finish early hand their SM to the rest. More
-    splits only add partial traffic, G*(D+2)*4 bytes written and read back per program. Splits never
-    go below 128 keys at full length (two tiles), so short caches are not cut into slivers.
+    Fewer programs leave SMs without loads in flight; more only add partial traffic, G*(D+2)*4 bytes
+    written and read back per program, and tail effects. Measured on an H200 (Qwen3-4B attention
+    shape, bf16): 2 programs per SM beat 4 by 8-11% at 128K for B = 1 and 8, and matched or beat
+    1 and 8 per SM (benchmarks/h200 sweep, reports/attention-h200). Splits never go below 128 keys at
+    full length (two tiles), so short caches are not cut into slivers.
     """
-    wanted = triton.cdiv(4 * sm_count, batch * kv_heads)
+    wanted = triton.cdiv(2 * sm_count, batch * kv_heads)
     return max(1, min(wanted, max_len // 128))
 
 

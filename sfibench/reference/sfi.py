@@ -36,9 +36,9 @@ class ReferenceSFI(AttentionMethod):
     def start(self, cache: KVCache, prefilled: Prefilled) -> None:
         cfg, mc = self.cfg, self.model_config
         layers, batch, device = mc.num_layers, cache.batch, cache.k.device
-        self.selected = torch.zeros(layers, batch, mc.num_kv_heads, cfg.k_head, dtype=torch.long, device=device)
-        self.selected_count = torch.zeros(layers, batch, dtype=torch.long, device=device)
-        self.anchor = torch.zeros(layers, batch, dtype=torch.long, device=device)  # recent window start
+        self.state("selected", (layers, batch, mc.num_kv_heads, cfg.k_head), torch.long, device)
+        self.state("selected_count", (layers, batch), torch.long, device)
+        self.state("anchor", (layers, batch), torch.long, device)  # recent window start
         self.anchor_host = torch.zeros(layers, batch, dtype=torch.long)  # mirror, to size tensors without a sync
         self.slow_steps_taken = torch.zeros(batch, dtype=torch.long)  # picks the layer group to refresh
         self.scheduler = SlowStepScheduler(cfg.trigger, self.is_ender, self.is_blank, batch)
