@@ -53,3 +53,25 @@ def test_graph_replay_matches_eager(name, path):
         assert replayed > 30  # most steps really were graph replays
         assert torch.equal(eager_reads, graph_reads)
         assert torch.allclose(eager_logits, graph_logits, atol=1e-4, rtol=1e-4)
+
+
+@cuda
+def test_fused_elementwise_ops_match_eager():
+    from sfibench.models import fused
+    from sfibench.reference.attention import causal_prefill_attention
+
+    loaded = load_model("tiny-qwen3", device="cuda", dtype=torch.float32)
+    tokens = torch.randint(0, 256, (2, 33), device="cuda")
+    positions = torch.arange(33, device="cuda").expand(2, -1)
+
+    def run():
+        return loaded.model(tokens, positions, lambda layer, q, k, v: causal_prefill_attention(q, k, v, 0))
+
+    eager = run()
+    fused.enable_fusion(True)
+    try:
+        compiled = run()
+    finally:
+        fused.enable_fusion(False)
+    assert fused.ops["rms_norm"] is fused.rms_norm
+    assert torch.allclose(eager, compiled, atol=1e-4, rtol=1e-4)

@@ -13,6 +13,7 @@ from sfibench.engine.prefill import Prefilled, check_prompts, prefill
 from sfibench.engine.sampling import Sampler
 from sfibench.methods import create_method
 from sfibench.metrics.device import resolve_device
+from sfibench.models import fused
 from sfibench.models.loading import LoadedModel, load_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -34,9 +35,12 @@ class Session:
     cache: KVCache | None = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, model: str, device: str = "auto", dtype: str = "auto", seed: int = 0) -> Session:
+    def open(cls, model: str, device: str = "auto", dtype: str = "auto", seed: int = 0,
+             fuse: bool | None = None) -> Session:
+        """`fuse` (default: on a GPU) compiles the decoder's elementwise chains; see models/fused.py."""
         resolved = resolve_device(device)
         torch_dtype = parse_dtype(dtype, resolved)
+        fused.enable_fusion(resolved.type == "cuda" if fuse is None else fuse)
         return cls(load_model(model, resolved, torch_dtype, seed), resolved, torch_dtype)
 
     @property

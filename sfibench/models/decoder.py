@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sfibench.models.presets import ModelConfig
-from sfibench.models.rope import apply_rope, inverse_frequencies, rope_cos_sin
+from sfibench.models import fused
+from sfibench.models.rope import inverse_frequencies, rope_cos_sin
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -27,10 +27,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in float32 like the reference implementations, then cast back before scaling.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return fused.ops["rms_norm"](x, self.weight, self.eps)
 
 
 class SelfAttention(nn.Module):
@@ -54,8 +51,8 @@ class SelfAttention(nn.Module):
         v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)
-        k = apply_rope(k.transpose(1, 2), cos, sin)
+        q = fused.ops["apply_rope"](q.transpose(1, 2), cos, sin)
+        k = fused.ops["apply_rope"](k.transpose(1, 2), cos, sin)
         out = attend(layer, q, k, v.transpose(1, 2))  # [B, H_q, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
@@ -68,7 +65,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(fused.ops["silu_mul"](self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -80,8 +77,10 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, layer, attend)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, layer, attend)
+        norm = self.post_attention_layernorm
+        x, normed = fused.ops["add_rms_norm"](attended, x, norm.weight, norm.eps)
+        return x + self.mlp(normed)
 
 
 class Backbone(nn.Module):

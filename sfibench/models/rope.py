@@ -1,7 +1,7 @@
 """Rotary position embeddings, with the frequency rescalings long-context checkpoints use.
 
 `inverse_frequencies` returns the per-pair rotation speeds and an amplitude factor (YaRN scales cos
-and sin by it); `apply_rope` rotates with the "rotate half" layout Hugging Face checkpoints use.
+and sin by it); the rotation itself is `fused.apply_rope`.
 """
 
 from __future__ import annotations
@@ -69,11 +69,3 @@ def rope_cos_sin(inv_freq: torch.Tensor, amplitude: float, positions: torch.Tens
     angles = positions.float().unsqueeze(-1) * inv_freq.to(positions.device)
     angles = torch.cat((angles, angles), dim=-1)
     return (angles.cos() * amplitude).to(dtype), (angles.sin() * amplitude).to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate `x [B, H, T, D]`; cos/sin are `[B, T, D]`."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
