@@ -297,7 +297,7 @@ def throughput(
     model: str = typer.Option(None, help="default: qwen3-4b (random weights) on a GPU, tiny-llama on a CPU"),
     ctx: str = typer.Option(None, help="contexts, e.g. 8k,32k,128k (default: that on a GPU, 1k,3k on a CPU)"),
     batch: str = typer.Option(None, help="batch sizes; 'max' = the largest that fits at the longest context"),
-    methods: str = typer.Option("full_kv,sfi,streaming_llm,snapkv"),
+    methods: str = typer.Option("full_kv,sfi,streaming_llm,snapkv", help="names, or name/path to pin a path"),
     paths: str = typer.Option(None, help="reference,optimized (default: both on a GPU, reference on a CPU)"),
     steps: int = typer.Option(None, min=2, help="decode steps per pass (default 128 on a GPU, 32 on a CPU)"),
     repeats: int = typer.Option(3, min=1, help="timed passes (median and spread reported)"),

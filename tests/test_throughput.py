@@ -85,3 +85,8 @@ def test_cli_default_writes_a_report_and_refuses_to_overwrite(tmp_path):
     assert (out / "results.json").read_bytes() == before
     bad = runner.invoke(app, ["throughput", "--ctx", "64k", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "limit" in bad.output
+
+
+def test_method_path_pinning():
+    pairs = resolve_methods(["full_kv/optimized", "sfi"], ["reference", "optimized"])
+    assert pairs == [("full_kv", "optimized"), ("sfi", "reference")]

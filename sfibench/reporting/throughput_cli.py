@@ -10,6 +10,7 @@ from rich.table import Table
 from sfibench.config import SFIConfig
 from sfibench.engine.session import Session
 from sfibench.methods import available, check_method
+from sfibench.models import fused
 from sfibench.metrics.timing import measure_copy_bandwidth
 from sfibench.reporting.results import make_run_dir, write_results
 from sfibench.reporting.throughput_report import COLUMNS, markdown, plot, table_rows
@@ -19,14 +20,20 @@ PREFILL_MODES = ("auto", "real", "synthetic")
 
 
 def resolve_methods(methods: list[str], paths: list[str]) -> list[tuple[str, str]]:
-    """Every registered (method, path) among those asked for; unknown names are errors."""
+    """Every registered (method, path) among those asked for; `name/path` pins one path.
+
+    Unknown names are errors; a plain name runs on each of `paths` where it is registered.
+    """
     registered = available()
-    for name in methods:
-        check_method(name, next((p for n, p in registered if n == name), "reference"))
     for path in paths:
         if path not in {p for _, p in registered}:
             raise ValueError(f"unknown path {path!r}; valid paths: reference, optimized")
-    return [(name, path) for name in methods for path in paths if (name, path) in registered]
+    pairs = []
+    for item in methods:
+        name, _, pinned = item.partition("/")
+        check_method(name, pinned or next((p for n, p in registered if n == name), "reference"))
+        pairs += [(name, pinned)] if pinned else [(name, p) for p in paths if (name, p) in registered]
+    return list(dict.fromkeys(pairs))
 
 
 def dense_kernel_check(session: Session, contexts: list[int], batches: list[int]) -> list[dict]:
@@ -67,6 +74,7 @@ def run_and_save(session: Session, contexts: list[int], batches: list, methods: 
     results = {
         "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
         "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
+        "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
         "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if dense_kernels else [],
     }
     path = write_results(run_dir, "throughput", cfg, results)

@@ -96,7 +96,8 @@ def markdown(results: dict) -> str:
         f"untimed warm-up pass, median of {cfg['repeats']} timed passes (spread = (max-min)/median/2).",
         f"- CUDA graphs: {'yes' if cfg['graphs'] else 'no (eager)'}; graphed steps read up to the next multiple of "
         f"{cfg['length_bucket']} slots with a mask (at most {cfg['length_bucket'] - 1} wasted slots per layer and KV "
-        "head). SFI slow steps run eagerly (the Selector's sizes follow the context).",
+        "head). SFI slow steps run eagerly (the Selector's sizes follow the context). Decoder elementwise chains "
+        f"(RMSNorm, RoPE, SwiGLU) fused with torch.compile: {'yes' if res.get('fused_elementwise') else 'no'}.",
         f"- Prefill: {', '.join(sorted({r['prefill'] for r in rows}))} (synthetic = random K/V written straight into "
         "the cache; speed does not depend on cache contents).",
         f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads right after a "

@@ -191,8 +191,9 @@ def add_comparisons(rows: list[dict], cfg: ThroughputConfig, dims, dtype_bytes: 
 def run_throughput(session: Session, cfg: ThroughputConfig, progress=None) -> list[dict]:
     stream, tokenizer = load_replay(session.loaded.config.vocab_size, session.loaded.tokenizer)
     rows = []
+    # "max" is the largest batch that fits at the longest context, used at every context
+    batches = [largest_batch(session, max(cfg.contexts), cfg.steps) if b == "max" else int(b) for b in cfg.batches]
     for context in cfg.contexts:
-        batches = [largest_batch(session, context, cfg.steps) if b == "max" else int(b) for b in cfg.batches]
         for batch in dict.fromkeys(batches):
             prefilled, synthetic = prepare_cache(session, context, batch, cfg.steps, cfg.prefill, stream, seed=0)
             # every sequence replays its own stretch of text, starting where its prompt would end
