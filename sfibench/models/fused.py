@@ -43,6 +43,15 @@ ops = dict(EAGER)
 
 
 def enable_fusion(enabled: bool = True) -> None:
-    """Route the decoder's elementwise chains through torch.compile'd versions (or back to eager)."""
+    """Route the decoder's elementwise chains through torch.compile'd versions (or back to eager).
+
+    Compiled per static shape (best kernels): a run meets a few dozen shapes (prefill chunks, q/k
+    heads, each batch size), more than dynamo's default of 8 recompilations, so the limit is raised.
+    """
+    import torch._dynamo
+
+    for limit in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 128))
     for name, fn in EAGER.items():
         ops[name] = torch.compile(fn, fullgraph=True, dynamic=False) if enabled else fn
