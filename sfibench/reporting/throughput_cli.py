@@ -54,6 +54,10 @@ def run_and_save(session: Session, contexts: list[int], batches: list, methods: 
                  sfi: SFIConfig, out: Path | None, overwrite: bool, console: Console) -> Path:
     if prefill not in PREFILL_MODES:
         raise ValueError(f"unknown --prefill {prefill!r}; valid: {', '.join(PREFILL_MODES)}")
+    for context in contexts:  # refuse now, not after the shorter contexts have run
+        if context + steps > session.max_tokens:
+            raise ValueError(f"context {context:,} + {steps} decode steps exceeds {session.loaded.config.name}'s "
+                             f"limit of {session.max_tokens:,} tokens; use --ctx {session.max_tokens - steps} or less")
     pairs = resolve_methods(methods, paths)
     if not pairs:
         raise ValueError(f"no registered (method, path) among {methods} x {paths}; see `sfibench generate --help`")
