@@ -25,7 +25,7 @@ from sfibench.models.presets import PRESETS
 from sfibench.reporting.quality_plots import plot_all
 from sfibench.reporting.quality_run import conditions, evaluate_batch
 from sfibench.reporting.quality_summary import markdown, summarise
-from sfibench.reporting.results import make_run_dir, provenance, write_results
+from sfibench.reporting.results import make_run_dir, provenance, read_results, write_results
 from sfibench.workloads.base import ContextSizeError, PromptFormat, get_task, make_samples
 from sfibench.workloads.longbench import (
     PREFIX,
@@ -149,16 +149,24 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
                         records.append({**record, "context": context})
                 timings[f"{task}@{context}"] = time.time() - began
                 _write(run_dir, config, records, timings, started, info)
-    results = _write(run_dir, config, records, timings, started, info)
-    plots = [p.name for p in plot_all(results["results"]["cells"], run_dir)]
-    (run_dir / "report.md").write_text(markdown(results, plots), encoding="utf-8")
+    _write(run_dir, config, records, timings, started, info)
+    write_report(run_dir)
     return run_dir
 
 
-def _write(run_dir: Path, config: dict, records: list[dict], timings: dict, started: float, info: dict) -> dict:
+def write_report(run_dir: Path | str) -> Path:
+    """(Re)draw the plots and report.md of a quality run from its results.json alone."""
+    run_dir = Path(run_dir)
+    document = read_results(run_dir)
+    plots = [p.name for p in plot_all(document["results"]["cells"], run_dir)]
+    report = run_dir / "report.md"
+    report.write_text(markdown(document, plots), encoding="utf-8")
+    return report
+
+
+def _write(run_dir: Path, config: dict, records: list[dict], timings: dict, started: float, info: dict) -> None:
     results = {"cells": summarise(records), "wall_s": time.time() - started, "seconds_by_task": timings}
     write_results(run_dir, "quality", config, results, extra={"samples": records}, provenance_info=info)
-    return {"config": config, "results": results, "provenance": info}
 
 
 def results_table(cells: list[dict]) -> Table:

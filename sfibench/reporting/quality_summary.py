@@ -112,7 +112,8 @@ def markdown(results: dict, plots: list[str]) -> str:
         for row in checks:
             found = [row["smallest_matching_retention"].get(m) for m in methods]
             lines.append(f"| {row['task']} | {row['context']} | {row['full_kv']:.2f} | "
-                         + " | ".join("none tested" if r is None else f"{r:g}" for r in found) + " |")
+                         + " | ".join(f"none up to {max(cfg['retentions']):g}" if r is None else f"{r:g}"
+                                      for r in found) + " |")
     else:
         lines.append("Full-KV solved no task here, so this run supports no conclusion about the methods.")
     if unsolved:
