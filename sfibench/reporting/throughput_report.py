@@ -84,14 +84,19 @@ def plot(rows: list[dict], run_dir: Path) -> list[Path]:
     return paths
 
 
+def _commit(prov: dict) -> str:
+    if not prov.get("git_commit"):
+        return "git commit unknown (no .git where it ran)"
+    return f"commit {prov['git_commit'][:12]}{' + uncommitted changes' if prov.get('git_dirty') else ''}"
+
+
 def markdown(results: dict) -> str:
     cfg, res, prov = results["config"], results["results"], results["provenance"]
     rows = res["rows"]
     lines = [
         "# sfibench throughput", "",
         f"Model `{cfg['model']}` ({res['weights']}), dtype {res['dtype']}, device {prov.get('device')}, "
-        f"torch {prov.get('torch')}, triton {prov.get('triton')}, commit {prov.get('git_commit')} "
-        f"({'dirty' if prov.get('git_dirty') else 'clean'}), {prov.get('timestamp_utc')}.", "",
+        f"torch {prov.get('torch')}, triton {prov.get('triton')}, {_commit(prov)}, {prov.get('timestamp_utc')}.", "",
         f"- Decode: {cfg['steps']} teacher-forced steps of a replayed real-text token stream per pass, one "
         f"untimed warm-up pass, median of {cfg['repeats']} timed passes (spread = (max-min)/median/2).",
         f"- CUDA graphs: {'yes' if cfg['graphs'] else 'no (eager)'}; graphed steps read up to the next multiple of "
