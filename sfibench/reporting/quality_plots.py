@@ -2,8 +2,8 @@
 
 - accuracy_vs_retention.png: one panel per (task, context); each sparse method's accuracy with its
   95% interval against the retention it actually read; Full-KV as a horizontal band.
-- fidelity_vs_retention.png: KL(full || method), top-1 agreement and greedy-token agreement,
-  averaged over tasks, per context.
+- fidelity_vs_retention.png: KL(full || method), top-1 agreement and greedy-token agreement per
+  task, one line per method and context.
 - perplexity_vs_retention.png: perplexity on long prose (task ppl), when it ran.
 """
 
@@ -60,32 +60,33 @@ def plot_accuracy(cells: list[dict], path: Path) -> Path | None:
     return path
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
 def plot_fidelity(cells: list[dict], path: Path) -> Path | None:
+    """One row per task (answers and prose differ in scale), one column per metric; line style = context."""
     sparse = [c for c in cells if c["method"] != "full_kv"]
     if not sparse:
         return None
-    contexts = sorted({c["context"] for c in sparse})
+    tasks, contexts = sorted({c["task"] for c in sparse}), sorted({c["context"] for c in sparse})
+    styles = ["-", "--", ":", "-."]
     metrics = [("kl", "KL(full || method), nats"), ("top1_agreement", "top-1 agreement (teacher-forced)"),
                ("token_agreement", "greedy-token agreement")]
-    fig, axes = plt.subplots(len(contexts), len(metrics), figsize=(13, 3.2 * len(contexts)), squeeze=False)
-    for i, context in enumerate(contexts):
+    fig, axes = plt.subplots(len(tasks), len(metrics), figsize=(13, 3.0 * len(tasks)), squeeze=False)
+    for i, task in enumerate(tasks):
         for j, (key, label) in enumerate(metrics):
             ax = axes[i][j]
             for method in sorted({c["method"] for c in sparse}):
-                rows = [c for c in sparse if c["context"] == context and c["method"] == method and c.get(key) is not None]
-                retentions = sorted({c["retention"] for c in rows})
-                if retentions:
-                    ys = [_mean([c[key] for c in rows if c["retention"] == r]) for r in retentions]
-                    ax.plot(retentions, ys, marker="o", color=COLORS.get(method), label=method)
-            ax.set_title(f"{label} @ {context} tokens", fontsize=9)
+                for k, context in enumerate(contexts):
+                    series = [c for c in _series(sparse, task, context, method) if c.get(key) is not None]
+                    if series:
+                        ax.plot([c["retention"] for c in series], [c[key] for c in series], marker="o", ms=3,
+                                ls=styles[k % len(styles)], color=COLORS.get(method), label=f"{method} {context}")
+            if not ax.lines:  # e.g. greedy-token agreement of a teacher-forced-only task
+                ax.text(0.5, 0.5, "not applicable", ha="center", va="center", transform=ax.transAxes)
+            ax.set_title(f"{task}: {label}", fontsize=9)
             ax.set_xlabel("nominal retention (budget / context)")
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    handles = {line.get_label(): line for ax in axes.flat for line in ax.lines}
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(contexts) * 2, fontsize=7)
+    fig.tight_layout(rect=(0, 0.04 + 0.02 * (len(handles) // (len(contexts) * 2)), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
