@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sfibench.config import TriggerConfig
-from sfibench.reference.triggers import SlowStepScheduler, token_classes
+from sfibench.reference.triggers import SlowStepScheduler, token_byte_table, token_classes
 
 NO_INTERVAL = 10**6  # a t_max that never fires, to see the sentence trigger alone
 
@@ -245,3 +245,36 @@ def test_cuda_tokens_and_masks(byte_classes):
         sched.observe(torch.tensor([token], device="cuda"))
     sched.record_refresh(1, torch.tensor([True], device="cuda"))
     assert sched.mean_interval() == 1.0
+
+
+def drive_stream(cfg: TriggerConfig, ids: list[int], classes, table) -> list[int]:
+    """Like `drive`, for one sequence, with the scheduler given every token's raw bytes."""
+    sched = SlowStepScheduler(cfg, *classes, 1, token_bytes=table)
+    slow_steps = []
+    sched.observe(torch.tensor([ids[0]]))
+    for step in range(1, len(ids)):
+        slow = sched.next_is_slow(step)
+        sched.record_refresh(step, slow)
+        slow_steps += [step] if bool(slow[0]) else []
+        sched.observe(torch.tensor([ids[step]]))
+    return slow_steps
+
+
+@pytest.mark.slow
+def test_split_chinese_question_and_exclamation_marks_with_the_byte_stream(smollm2_tokenizer, smollm2_classes):
+    text = "你真的要去吗？我们明天见！今天很好。真好。"  # 真 ends with the same byte as ？
+    ids, expected = expected_slow_steps(smollm2_tokenizer, text)
+    assert len(expected) == 3
+    table = token_byte_table(smollm2_tokenizer, len(smollm2_tokenizer))
+    cfg = TriggerConfig(t_max=NO_INTERVAL, min_gap=0)
+    assert drive_stream(cfg, ids, smollm2_classes, table) == expected
+    assert drive(cfg, [ids], *smollm2_classes) != [expected]  # the per-token rule alone misses ？ and ！
+
+
+def test_byte_stream_rule_sees_multibyte_enders_split_into_bytes(byte_classes):
+    text = "好吗？是的！Yes. 好"
+    ids = Bytes().encode(text)
+    table = [bytes([i]) for i in range(256)] + [b""] * 4
+    starts = [text.index("是"), text.index("Yes"), text.rindex("好")]
+    expected = [len(text[:start].encode()) + 1 for start in starts]
+    assert drive_stream(TriggerConfig(t_max=NO_INTERVAL, min_gap=0), ids, byte_classes, table) == expected

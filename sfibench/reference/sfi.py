@@ -18,7 +18,7 @@ from sfibench.methods import AttentionMethod, register
 from sfibench.reference.attention import dense_attention
 from sfibench.reference.selector import select
 from sfibench.reference.sparse_memory import attend_fixed_plus_tail, recent_start
-from sfibench.reference.triggers import SlowStepScheduler, token_classes
+from sfibench.reference.triggers import SlowStepScheduler, token_byte_table, token_classes
 
 
 @register("sfi", "reference")
@@ -32,6 +32,7 @@ class ReferenceSFI(AttentionMethod):
         if self.cfg.layer_groups not in (1, 2):
             raise ValueError(f"layer_groups must be 1 or 2, got {self.cfg.layer_groups}")
         self.is_ender, self.is_blank = token_classes(tokenizer.backend, model_config.vocab_size)
+        self.token_bytes = token_byte_table(tokenizer.backend, model_config.vocab_size)
 
     def start(self, cache: KVCache, prefilled: Prefilled) -> None:
         cfg, mc = self.cfg, self.model_config
@@ -41,7 +42,7 @@ class ReferenceSFI(AttentionMethod):
         self.state("anchor", (layers, batch), torch.long, device)  # recent window start
         self.anchor_host = torch.zeros(layers, batch, dtype=torch.long)  # mirror, to size tensors without a sync
         self.slow_steps_taken = torch.zeros(batch, dtype=torch.long)  # picks the layer group to refresh
-        self.scheduler = SlowStepScheduler(cfg.trigger, self.is_ender, self.is_blank, batch)
+        self.scheduler = SlowStepScheduler(cfg.trigger, self.is_ender, self.is_blank, batch, self.token_bytes)
         self._bootstrap(cache, prefilled)
 
     def _bootstrap(self, cache: KVCache, prefilled: Prefilled) -> None:

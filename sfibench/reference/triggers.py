@@ -14,11 +14,12 @@ Steps: the prefill is the bootstrap refresh at step 0; decode steps are 1, 2, 3,
         ...run the step; sequences that refreshed -> sched.record_refresh(step, refreshed)
         sched.observe(next_tokens)           # emitted by this step: input of step + 1
 
-Limitation: a token is classified alone, from its own bytes. An ender is only seen when one token holds
-all of its UTF-8 bytes. SmolLM2's tokenizer keeps 。 whole but splits ？ and ！ into b"\\xef\\xbc" plus
-one tail byte, and that tail byte also ends common characters (真 = e7 9c 9f), so no single-token rule
-can find those boundaries; the byte tokenizer of the tiny models splits every non-ASCII ender. Those
-sentences fall back to the t_max interval.
+Split characters: SmolLM2's tokenizer keeps 。 whole but splits ？ and ！ into b"\\xef\\xbc" plus one
+tail byte, and that tail byte also ends common characters (真 = e7 9c 9f), so no per-token rule can
+find those boundaries (the tiny models' byte tokenizer splits every non-ASCII ender). Given the raw
+bytes of each token (`token_byte_table`), the scheduler instead checks the last bytes of each
+sequence's stream, which sees the ender once its final byte arrives; without them it falls back to
+the per-token classes, and such sentences to the t_max interval.
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ def _token_bytes(tokenizer, vocab_size: int) -> list[bytes]:
     return out
 
 
+def token_byte_table(tokenizer, vocab_size: int) -> list[bytes]:
+    """The raw bytes of every token id, for the scheduler's stream rule (see the module docstring)."""
+    return _token_bytes(tokenizer, vocab_size)
+
+
+ENDER_BYTES = tuple(e.encode("utf-8") for e in ENDERS)
+
+
 def token_classes(tokenizer, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`(is_ender, is_blank)`, bool `[vocab_size]`, built from the tokenizer's own vocabulary.
 
@@ -82,11 +91,14 @@ class SlowStepScheduler:
     live on any device, and `next_is_slow` returns a CPU mask.
     """
 
-    def __init__(self, cfg: TriggerConfig, is_ender: torch.Tensor, is_blank: torch.Tensor, batch_size: int):
+    def __init__(self, cfg: TriggerConfig, is_ender: torch.Tensor, is_blank: torch.Tensor, batch_size: int,
+                 token_bytes: list[bytes] | None = None):
         if cfg.policy not in POLICIES:
             raise ValueError(f"unknown trigger policy {cfg.policy!r}; valid policies: {', '.join(POLICIES)}")
         self.cfg = cfg
         self.is_ender, self.is_blank = is_ender.cpu(), is_blank.cpu()
+        self.token_bytes = token_bytes
+        self.stream_tail = [b""] * batch_size  # last bytes of each sequence's non-blank text
         self.last_refresh = torch.zeros(batch_size, dtype=torch.long)  # the prefill refreshed at step 0
         self.decode_refreshes = torch.zeros(batch_size, dtype=torch.long)
         self.after_ender = torch.zeros(batch_size, dtype=torch.bool)  # last non-blank token was an ender
@@ -123,10 +135,23 @@ class SlowStepScheduler:
         """`tokens` [B] were emitted by the step just run; each is the input of the next step."""
         tokens = tokens.detach().cpu().long()
         ender, blank = self.is_ender[tokens], self.is_blank[tokens]
+        if self.token_bytes is not None:
+            ender = self._stream_enders(tokens, blank)
         # Blank tokens change nothing, so in "Hello.\n\nNext" the sentence starts at "Next"; a run of
         # enders ("...", "?!") keeps after_ender set and so makes one boundary.
         self.sentence_start = self.after_ender & ~ender & ~blank
         self.after_ender = ender | (self.after_ender & blank)
+
+    def _stream_enders(self, tokens: torch.Tensor, blank: torch.Tensor) -> torch.Tensor:
+        """Per sequence: does its text now end (before trailing whitespace) with an ender?"""
+        ender = torch.zeros_like(blank)
+        for row, token in enumerate(tokens.tolist()):
+            if blank[row]:
+                continue
+            tail = (self.stream_tail[row] + self.token_bytes[token]).rstrip()[-8:]
+            self.stream_tail[row] = tail
+            ender[row] = tail.endswith(ENDER_BYTES)
+        return ender
 
     def mean_interval(self) -> float | None:
         """Realised mean steps between refreshes (prefill = step 0), pooled over sequences.
