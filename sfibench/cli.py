@@ -331,5 +331,45 @@ def throughput(
     console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, throughput.png, latency.png")
 
 
+@app.command()
+def profile(
+    model: str = typer.Option(None, help="default: qwen3-4b (random weights) on a GPU, tiny-llama on a CPU"),
+    ctx: str = typer.Option(None, help="context in tokens (default 32k on a GPU, 3k on a CPU)"),
+    method: str = typer.Option("sfi"), path: str = typer.Option("reference"),
+    steps: int = typer.Option(16, min=1, help="eager decode steps profiled (slow ones included as they come)"),
+    device: str = typer.Option("auto"), dtype: str = typer.Option("auto"),
+    out: Path = typer.Option(None, help="run directory (default runs/profile-<time>)"),
+    overwrite: bool = typer.Option(False),
+):
+    """Where one decode step's time goes: attention, SFI selector, MLP, other ops, launch gaps."""
+    from sfibench.engine.session import Session
+    from sfibench.methods import check_method
+    from sfibench.metrics.device import resolve_device
+    from sfibench.reporting.profile_run import chart, profile_steps
+    from sfibench.reporting.results import make_run_dir, write_results
+
+    with user_errors():
+        check_method(method, path)
+        gpu = resolve_device(device).type == "cuda"
+        context = parse_tokens(ctx or ("32k" if gpu else "3k"))
+        session = Session.open(model or ("qwen3-4b" if gpu else "tiny-llama"), device, dtype)
+        if context + steps + 8 > session.max_tokens:
+            raise ValueError(f"context {context:,} exceeds the model's limit of {session.max_tokens:,} tokens")
+        run_dir = make_run_dir(out, "profile", overwrite=overwrite)
+        result = profile_steps(session, MethodSpec(name=method, path=path), context, steps)
+    write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": context, "method": method,
+                                       "path": path, "steps": steps}, result)
+    chart(result, run_dir / "profile.png")
+    table = Table(title=f"sfibench profile: {method}/{path}, {context:,} tokens, {session.device} "
+                        f"({result['clock']}, eager)")
+    table.add_column("component")
+    table.add_column("ms / step", justify="right")
+    for name, ms in sorted(result["ms_per_step"].items(), key=lambda kv: -kv[1]):
+        table.add_row(name, f"{ms:.3f}")
+    table.add_row("wall time", f"{result['wall_ms_per_step']:.3f}")
+    console.print(table)
+    console.print(f"[green]wrote[/] {run_dir}/results.json and profile.png")
+
+
 def main():  # pragma: no cover - console-script entry
     app()

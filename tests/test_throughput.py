@@ -90,3 +90,17 @@ def test_cli_default_writes_a_report_and_refuses_to_overwrite(tmp_path):
 def test_method_path_pinning():
     pairs = resolve_methods(["full_kv/optimized", "sfi"], ["reference", "optimized"])
     assert pairs == [("full_kv", "optimized"), ("sfi", "reference")]
+
+
+def test_profile_breaks_a_step_into_components(tmp_path):
+    out = tmp_path / "profile"
+    result = runner.invoke(app, ["profile", "--ctx", "3000", "--steps", "4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "results.json").read_text())["results"]
+    parts = saved["ms_per_step"]
+    assert {"attention", "MLP", "SFI selector", "other model ops"} <= set(parts)
+    assert parts["attention"] > 0 and parts["MLP"] > 0
+    assert sum(parts.values()) == pytest.approx(saved["wall_ms_per_step"], rel=0.05)
+    assert (out / "profile.png").exists()
+    bad = runner.invoke(app, ["profile", "--method", "h2o", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "valid methods" in bad.output

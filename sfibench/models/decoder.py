@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from sfibench.models.presets import ModelConfig
 from sfibench.models import fused
@@ -65,7 +66,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(fused.ops["silu_mul"](self.gate_proj(x), self.up_proj(x)))
+        with record_function("sfibench.mlp"):  # a label for `sfibench profile`
+            return self.down_proj(fused.ops["silu_mul"](self.gate_proj(x), self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):

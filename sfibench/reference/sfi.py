@@ -10,6 +10,7 @@ new picks take effect from the next step. Prefill is the first (bootstrap) refre
 from __future__ import annotations
 
 import torch
+from torch.profiler import record_function
 
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
@@ -72,7 +73,8 @@ class ReferenceSFI(AttentionMethod):
         logits = torch.einsum("hgwd,hnd->hgwn", q.float(), keys.float()) * q.shape[-1] ** -0.5
         visible = torch.arange(lo, hi, device=q.device)[None, :] <= query_pos[:, None]  # [W, n]
         logits = logits.masked_fill(~visible, float("-inf")).flatten(1, 2)  # rows = G x W
-        picks = select(logits, cache.key_norms[layer, row, :, lo:hi], lo, cfg.k_head, cfg.selector)
+        with record_function("sfibench.selector"):  # a label for `sfibench profile`
+            picks = select(logits, cache.key_norms[layer, row, :, lo:hi], lo, cfg.k_head, cfg.selector)
         self.selected[layer, row, :, : picks.shape[-1]] = picks
         self.selected_count[layer, row] = picks.shape[-1]
 

@@ -1,0 +1,92 @@
+"""`sfibench profile`: where one decode step's time goes, per component, from torch.profiler.
+
+Steps run eagerly so every kernel is visible (CUDA graphs would hide the launch gaps this command
+exists to show). The engine labels attention, the decoder the MLP, SFI its Selector; everything
+else in a step (projections, norms, RoPE, LM head) is "other model ops". On a GPU, "launch gaps"
+is the step's wall time minus the time kernels were running.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from sfibench.config import MethodSpec  # noqa: E402
+from sfibench.engine.decode import decode_step  # noqa: E402
+from sfibench.engine.prefill import prefill, restore  # noqa: E402
+from sfibench.engine.session import Session  # noqa: E402
+from sfibench.engine.synthetic import synthetic_prefill  # noqa: E402
+from sfibench.engine.cache import KVCache  # noqa: E402
+from sfibench.methods import create_method  # noqa: E402
+from sfibench.workloads.replay import load_replay, take  # noqa: E402
+
+LABELS = {"sfibench.attend": "attention", "sfibench.selector": "SFI selector", "sfibench.mlp": "MLP"}
+
+
+def _times(event, cuda: bool) -> float:
+    """Microseconds an event kept the device (CUDA) or the host (CPU) busy, children included."""
+    return getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)) if cuda else event.cpu_time_total
+
+
+def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) -> dict:
+    cfg, device = session.loaded.config, session.device
+    stream, tokenizer = load_replay(cfg.vocab_size, session.loaded.tokenizer)
+    cache = KVCache(cfg, 1, context + steps + 8, device, session.dtype)
+    if device.type == "cuda":
+        prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
+    else:
+        prefilled = prefill(session.loaded.model, cache, [take(stream, 0, context).tolist()])
+    method = create_method(spec, cfg, tokenizer)
+    inputs = take(stream, context, steps + 4)
+    restore(cache, prefilled)
+    method.start(cache, prefilled)
+    method.observe(inputs[:1])
+    for step in range(1, 3):  # warm-up: lazy initialisation stays out of the profile
+        decode_step(session.loaded.model, cache, method, inputs[step - 1:step].to(device), step)
+        method.observe(inputs[step:step + 1])
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    kinds = []
+    with profile(activities=activities) as prof:
+        started = time.perf_counter()
+        for step in range(3, 3 + steps):
+            _, ctx = decode_step(session.loaded.model, cache, method, inputs[step - 1:step].to(device), step)
+            kinds.append("slow" if bool(ctx.slow.any()) else "fast")
+            method.observe(inputs[step:step + 1])
+        if cuda:
+            torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - started) * 1e6
+    totals = {name: 0.0 for name in LABELS.values()}
+    for event in prof.key_averages():
+        if event.key in LABELS:
+            totals[LABELS[event.key]] += _times(event, cuda)
+    totals["attention"] -= totals["SFI selector"]  # the selector runs inside attention's label
+    busy = sum(_times(e, True) for e in prof.key_averages() if cuda and e.device_type.name == "CUDA"
+               ) if cuda else wall_us
+    totals["other model ops"] = max(busy - sum(totals.values()), 0.0)
+    if cuda:
+        totals["launch gaps (idle device)"] = max(wall_us - busy, 0.0)
+    per_step = {name: value / steps / 1e3 for name, value in totals.items()}  # ms per step
+    return {"method": spec.name, "path": spec.path, "context": context, "steps": steps, "step_kinds": kinds,
+            "ms_per_step": per_step, "wall_ms_per_step": wall_us / steps / 1e3,
+            "clock": "device kernel time" if cuda else "host time", "graphs": False}
+
+
+def chart(result: dict, path: Path) -> Path:
+    names, values = zip(*sorted(result["ms_per_step"].items(), key=lambda kv: kv[1]))
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5))
+    ax.barh(names, values, color="C0")
+    ax.set_xlabel(f"ms per decode step ({result['clock']})")
+    ax.set_title(f"{result['method']}/{result['path']} at {result['context']:,} tokens, "
+                 f"{result['steps']} eager steps ({result['step_kinds'].count('slow')} slow)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
