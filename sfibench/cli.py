@@ -11,7 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from sfibench.config import (
-    BudgetError, MethodSpec, SamplingConfig, SelectorConfig, SFIConfig, TriggerConfig, apply_budget,
+    BudgetError,
+    MethodSpec,
+    SamplingConfig,
+    SelectorConfig,
+    SFIConfig,
+    TriggerConfig,
+    apply_budget,
     parse_budget,
 )
 

@@ -8,7 +8,7 @@ tokens read), and it sees every emitted token (`observe`), which is how SFI's tr
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -108,8 +108,8 @@ def create_method(spec: MethodSpec, model_config: ModelConfig, tokenizer: Tokeni
 
 def _import_builtin_methods() -> None:
     # Importing the modules runs their @register decorators.
-    import sfibench.baselines.full_kv  # noqa: F401
-    import sfibench.baselines.snapkv  # noqa: F401
-    import sfibench.baselines.streaming_llm  # noqa: F401
-    import sfibench.optimized.full_kv  # noqa: F401
+    import sfibench.baselines.full_kv
+    import sfibench.baselines.snapkv
+    import sfibench.baselines.streaming_llm
+    import sfibench.optimized.full_kv
     import sfibench.reference.sfi  # noqa: F401

@@ -5,13 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sfibench.config import MethodSpec, SamplingConfig, SFIConfig, SnapKVConfig, StreamingLLMConfig, TriggerConfig
+from sfibench.config import (
+    MethodSpec,
+    SamplingConfig,
+    SFIConfig,
+    SnapKVConfig,
+    StreamingLLMConfig,
+    TriggerConfig,
+)
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
 from sfibench.engine.prefill import prefill
 from sfibench.engine.sampling import Sampler
 from sfibench.methods import UnknownMethodError, available, check_method, create_method
-import sfibench.reference.sparse_memory as sparse_memory
+from sfibench.reference import sparse_memory
 
 METHODS = available()
 

@@ -14,8 +14,8 @@ from sfibench.engine.decode import decode_step, generate
 from sfibench.engine.prefill import prefill
 from sfibench.engine.sampling import Sampler
 from sfibench.methods import create_method
-from sfibench.models.loading import _place, load_model
 from sfibench.models.decoder import Decoder
+from sfibench.models.loading import _place, load_model
 from sfibench.models.presets import get_preset, rope_scaling_tuple
 from sfibench.reference.attention import causal_prefill_attention
 

@@ -8,14 +8,14 @@ which stores k/v and returns the attention output.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.profiler import record_function
 
-from sfibench.models.presets import ModelConfig
 from sfibench.models import fused
+from sfibench.models.presets import ModelConfig
 from sfibench.models.rope import inverse_frequencies, rope_cos_sin
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

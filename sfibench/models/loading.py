@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from sfibench.models.decoder import Decoder
-from sfibench.models.rope import inverse_frequencies
 from sfibench.models.presets import PRESETS, ModelConfig, get_preset, rope_scaling_tuple
+from sfibench.models.rope import inverse_frequencies
 from sfibench.models.tokenizer import ByteTokenizer, Tokenizer
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

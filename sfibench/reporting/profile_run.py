@@ -14,18 +14,18 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
+from torch.profiler import ProfilerActivity, profile
 
-from sfibench.config import MethodSpec  # noqa: E402
-from sfibench.engine.decode import decode_step  # noqa: E402
-from sfibench.engine.prefill import prefill, restore  # noqa: E402
-from sfibench.engine.session import Session  # noqa: E402
-from sfibench.engine.synthetic import synthetic_prefill  # noqa: E402
-from sfibench.engine.cache import KVCache  # noqa: E402
-from sfibench.methods import create_method  # noqa: E402
-from sfibench.workloads.replay import load_replay, take  # noqa: E402
+from sfibench.config import MethodSpec
+from sfibench.engine.cache import KVCache
+from sfibench.engine.decode import decode_step
+from sfibench.engine.prefill import prefill, restore
+from sfibench.engine.session import Session
+from sfibench.engine.synthetic import synthetic_prefill
+from sfibench.methods import create_method
+from sfibench.workloads.replay import load_replay, take
 
 LABELS = {"sfibench.attend": "attention", "sfibench.selector": "SFI selector", "sfibench.mlp": "MLP"}
 

@@ -10,8 +10,8 @@ from rich.table import Table
 from sfibench.config import SFIConfig
 from sfibench.engine.session import Session
 from sfibench.methods import available, check_method
-from sfibench.models import fused
 from sfibench.metrics.timing import measure_copy_bandwidth
+from sfibench.models import fused
 from sfibench.reporting.results import make_run_dir, write_results
 from sfibench.reporting.throughput_report import COLUMNS, markdown, plot, table_rows
 from sfibench.reporting.throughput_run import ThroughputConfig, add_comparisons, run_throughput

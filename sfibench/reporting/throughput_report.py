@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 COLUMNS = ("method", "path", "ctx", "batch", "tok/s", "spread", "ms fast/dense", "ms slow", "tokens read",
            "GB/s", "% roofline", "speedup", "roofline speedup")

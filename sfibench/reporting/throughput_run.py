@@ -20,7 +20,12 @@ from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
 from sfibench.metrics.bytes_model import (
-    kv_read_bytes, refresh_bytes, roofline_ratio, sfi_candidates, sfi_tokens_read, step_bytes,
+    kv_read_bytes,
+    refresh_bytes,
+    roofline_ratio,
+    sfi_candidates,
+    sfi_tokens_read,
+    step_bytes,
 )
 from sfibench.metrics.memory import MemoryEstimateError, available_device_memory, check_fits, estimate_memory
 from sfibench.metrics.nvml import NvmlSampler
@@ -114,7 +119,7 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
             tokens = inputs[:, index - 1].to(device, non_blocking=True)
             with timer.step():
                 _, ctx, replayed = runner.step(tokens, index)
-            kind = "slow" if bool(ctx.slow.any()) else method.step_kind if not method.has_slow_steps else "fast"
+            kind = ("slow" if bool(ctx.slow.any()) else "fast") if method.has_slow_steps else method.step_kind
             method.observe(inputs[:, index])
             if timed:
                 kinds.append(kind)
