@@ -42,7 +42,7 @@ def user_errors():
         yield
     except (UnknownModelError, UnknownMethodError, PromptError, MissingWeightsError, DeviceUnavailableError,
             BudgetError, MemoryEstimateError, RunDirExistsError, FileNotFoundError, ValueError) as error:
-        err_console.print(f"[bold red]error:[/] {error}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=2) from None
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.resources
+
 import pytest
 
 from sfibench.engine.session import Session
@@ -26,3 +28,19 @@ def test_sfi_finds_the_needle_that_streaming_llm_evicted(session, seed, depth):
     assert word not in streaming
     assert sfi_retention == pytest.approx(0.15, abs=0.02)
     assert streaming_retention == pytest.approx(0.15, abs=0.02)
+
+
+@pytest.mark.parametrize("method", ["sfi", "streaming_llm", "snapkv"])
+def test_a_budget_covering_the_context_reproduces_full_kv_tokens(session, method):
+    from sfibench.config import MethodSpec, SFIConfig, SnapKVConfig, StreamingLLMConfig
+
+    text = (importlib.resources.files("sfibench.workloads") / "data" / "essays_en.txt").read_text()[:1500]
+    prompt = session.loaded.tokenizer.encode(text)
+    prefilled = session.prefill([prompt], 32)
+    full, _ = session.decode(MethodSpec(name="full_kv"), prefilled, 32)
+    whole = len(prompt) + 32  # every token the decode can ever see
+    spec = MethodSpec(name=method, sfi=SFIConfig(k_head=whole), streaming=StreamingLLMConfig(budget=whole),
+                      snapkv=SnapKVConfig(budget=whole))
+    trace, _ = session.decode(spec, prefilled, 32)
+    assert trace.tokens.tolist() == full.tokens.tolist()
+    assert all(bool((r.tokens_read == r.kv_lengths[None, :, None]).all()) for r in trace.steps)

@@ -1,0 +1,43 @@
+"""The command line as a user meets it: exit codes, error messages, and `generate --json`."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from sfibench.cli import app
+
+runner = CliRunner()
+
+
+def test_generate_json_reports_tokens_and_per_step_accounting():
+    result = runner.invoke(app, ["generate", "--model", "tiny-qwen3", "--method", "sfi", "--prompt",
+                                 "The keeper lit the lamp. " * 30, "--max-new-tokens", "12", "--n-recent", "16",
+                                 "--k-head", "16", "--page", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["prompt_tokens"] == len(("The keeper lit the lamp. " * 30).encode())
+    assert 2 <= len(out["generated_ids"]) <= 12  # a random tiny model may emit its end token early
+    assert len(out["steps"]) == len(out["generated_ids"]) - 1  # the first token comes from the prefill
+    assert {s["kind"] for s in out["steps"]} <= {"slow", "fast"}
+    for step in out["steps"]:
+        assert 0 < step["retention"] <= 1
+        assert (step["tokens_read_mean"] < step["kv_length"]) == (step["kind"] == "fast")
+
+
+def test_bad_input_exits_non_zero_with_the_fix():
+    cases = [
+        (["generate", "--model", "nope", "--prompt", "x"], "valid presets"),
+        (["generate", "--model", "tiny-llama", "--method", "h2o", "--prompt", "x"], "valid methods"),
+        (["generate", "--model", "tiny-llama", "--prompt", ""], "empty"),
+        (["generate", "--model", "tiny-llama"], "exactly one of --prompt"),
+        (["generate", "--model", "tiny-llama", "--prompt", "x" * 5000], "limit of 4096"),
+        (["generate", "--model", "tiny-llama", "--prompt", "hello", "--budget", "900"], "larger than"),
+        (["generate", "--model", "tiny-llama", "--prompt", "hello", "--path", "optimized", "--method", "sfi"],
+         "no 'optimized' path"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
