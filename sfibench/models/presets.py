@@ -1,6 +1,8 @@
 """Model shapes by name: tiny random models for tests, the real smollm2-135m, and Qwen3 shapes for speed.
 
-The Qwen3 shapes are the published config.json values of Qwen/Qwen3-*. Their native window is 32K
+The Qwen3 shapes are the published config.json values of Qwen/Qwen3-* (layers, hidden, FFN, q/KV
+heads, head_dim, vocabulary and embedding tying cross-checked against a public Megatron recipe for
+each size on 2026-11-29; it leaves Qwen3-32B's tying ambiguous, kept untied here). Their native window is 32K
 tokens; the published recipe for longer contexts is YaRN with factor 4 over 32768 positions, which
 these presets apply so that 128K runs are within the model's limit.
 """
