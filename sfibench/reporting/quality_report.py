@@ -147,6 +147,9 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
 
                     for record in evaluate_batch(session, chunk, plan[context], on_decode=on_decode):
                         records.append({**record, "context": context})
+                    if not console.is_terminal:  # a log file gets no live bar: one line per batch instead
+                        console.print(f"{time.strftime('%H:%M:%S')} {task} @ {context}: "
+                                      f"{start + len(chunk)}/{len(batch_samples)} samples", highlight=False)
                 timings[f"{task}@{context}"] = time.time() - began
                 _write(run_dir, config, records, timings, started, info)
     _write(run_dir, config, records, timings, started, info)
