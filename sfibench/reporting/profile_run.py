@@ -65,7 +65,9 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) 
         wall_us = (time.perf_counter() - started) * 1e6
     totals = {name: 0.0 for name in LABELS.values()}
     for event in prof.key_averages():
-        if event.key in LABELS:
+        # On CUDA a label also appears as a GPU-side range of the same name, whose length (kernels and
+        # the gaps between them) would be counted on top of its CPU event's kernel time: skip it.
+        if event.key in LABELS and event.device_type.name == "CPU":
             totals[LABELS[event.key]] += _times(event, cuda)
     totals["attention"] -= totals["SFI selector"]  # the selector runs inside attention's label
     busy = sum(_times(e, True) for e in prof.key_averages() if cuda and e.device_type.name == "CUDA"
