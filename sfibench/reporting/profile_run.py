@@ -70,8 +70,8 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) 
         if event.key in LABELS and event.device_type.name == "CPU":
             totals[LABELS[event.key]] += _times(event, cuda)
     totals["attention"] -= totals["SFI selector"]  # the selector runs inside attention's label
-    busy = sum(_times(e, True) for e in prof.key_averages() if cuda and e.device_type.name == "CUDA"
-               ) if cuda else wall_us
+    busy = sum(_times(e, True) for e in prof.key_averages()  # kernels only, not the labels' GPU ranges
+               if e.device_type.name == "CUDA" and e.key not in LABELS) if cuda else wall_us
     totals["other model ops"] = max(busy - sum(totals.values()), 0.0)
     if cuda:
         totals["launch gaps (idle device)"] = max(wall_us - busy, 0.0)
