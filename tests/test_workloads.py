@@ -22,7 +22,7 @@ from sfibench.workloads.base import (
 from sfibench.workloads.haystack import DEFAULT_DEPTHS, essay_sentences, insert_at_depths
 from sfibench.workloads.longbench import LongBenchError, longbench_files, longbench_samples
 
-TASKS = ["passkey", "niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "niah_multiturn",
+TASKS = ["passkey", "niah_single", "niah_single_word", "niah_multikey", "niah_multivalue", "niah_multiquery", "niah_multiturn",
          "vt", "cwe", "fwe", "ppl"]
 
 
@@ -79,13 +79,14 @@ def _haystack_fraction(text: str, needle: str, others: list[str]) -> float:
     return line.index(needle) / len(line)
 
 
-@pytest.mark.parametrize("task", ["niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery",
-                                  "niah_multiturn"])
+@pytest.mark.parametrize("task", ["niah_single", "niah_single_word", "niah_multikey", "niah_multivalue",
+                                  "niah_multiquery", "niah_multiturn"])
 def test_needles_hold_the_answers_at_their_depths(byte_fmt, task):
     for sample in make_samples(task, byte_fmt, 6000, len(DEFAULT_DEPTHS), seed=0):
         text = _text(byte_fmt, sample.prompt)
         assert sample.meta["depth"] == DEFAULT_DEPTHS[sample.index]
-        sentences = [f"One of the special magic numbers for {n['key']} is: {n['value']}." for n in sample.meta["needles"]]
+        kind = "word" if task.endswith("_word") else "number"
+        sentences = [f"One of the special magic {kind}s for {n['key']} is: {n['value']}." for n in sample.meta["needles"]]
         for needle, sentence in zip(sample.meta["needles"], sentences):
             assert text.count(sentence) == 1
             assert _haystack_fraction(text, sentence, sentences) == pytest.approx(needle["depth"], abs=0.03)

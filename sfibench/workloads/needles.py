@@ -2,6 +2,8 @@
 
 - passkey: a 5-digit pass key in the classic repetitive noise.
 - niah_single: one "special magic number" for one key, hidden in essay prose.
+- niah_single_word: the same with a common noun as the value (RULER's "words" needle type): one
+  retrieval instead of copying seven digits, each of which needs attention on the next needle token.
 - niah_multikey: the queried needle among three distractor needles with other keys.
 - niah_multivalue: four numbers for the same key; all four must be returned.
 - niah_multiquery: four needles with different keys; two of them are asked for in one question.
@@ -26,23 +28,32 @@ from sfibench.workloads.haystack import (
     noise,
 )
 
-NIAH_INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
-              "I will quiz you about the numbers afterwards.")
 TOKENS_PER_NUMBER = 10  # a 7-digit number with its separator and the end token, with a little room
+TOKENS_PER_WORD = 6
+VALUE_WORDS = ("acorn", "anchor", "badger", "banjo", "beacon", "bucket", "cactus", "canoe", "chisel", "cobalt",
+               "compass", "dolphin", "emerald", "falcon", "feather", "glacier", "hammock", "harpoon", "igloo",
+               "jasmine", "kettle", "lantern", "lobster", "magnet", "marble", "nutmeg", "oyster", "parrot",
+               "pebble", "quartz", "raccoon", "saddle", "sapphire", "thimble", "tulip", "umbrella", "velvet",
+               "walrus", "whistle", "zebra")
 
 
-def niah_needle(key: str, value: str) -> str:
-    return f"One of the special magic numbers for {key} is: {value}."
+def niah_intro(kind: str = "number") -> str:
+    return (f"Some special magic {kind}s are hidden within the following text. Make sure to memorize it. "
+            f"I will quiz you about the {kind}s afterwards.")
 
 
-def niah_question(keys: list[str], plural: bool) -> tuple[str, str]:
-    """(question, answer prefix) asking for the number(s) of `keys`."""
+def niah_needle(key: str, value: str, kind: str = "number") -> str:
+    return f"One of the special magic {kind}s for {key} is: {value}."
+
+
+def niah_question(keys: list[str], plural: bool, kind: str = "number") -> tuple[str, str]:
+    """(question, answer prefix) asking for the value(s) of `keys`."""
     joined = ", ".join(keys)
     if plural:
-        return (f"What are all the special magic numbers for {joined} mentioned in the provided text?",
-                f"The special magic numbers for {joined} mentioned in the provided text are")
-    return (f"What is the special magic number for {joined} mentioned in the provided text?",
-            f"The special magic number for {joined} mentioned in the provided text is")
+        return (f"What are all the special magic {kind}s for {joined} mentioned in the provided text?",
+                f"The special magic {kind}s for {joined} mentioned in the provided text are")
+    return (f"What is the special magic {kind} for {joined} mentioned in the provided text?",
+            f"The special magic {kind} for {joined} mentioned in the provided text is")
 
 
 def needle_depths(rng: random.Random, index: int, count: int) -> list[float]:
@@ -50,8 +61,10 @@ def needle_depths(rng: random.Random, index: int, count: int) -> list[float]:
 
 
 def haystack_prompt(fmt: PromptFormat, target: int, haystack: Haystack, needles: list[tuple[float, str]],
-                    question: str, prefix: str, task: str, intro: str = NIAH_INTRO) -> tuple[list[int], int]:
+                    question: str, prefix: str, task: str, intro: str | None = None) -> tuple[list[int], int]:
     """Fit the essay filler so intro + haystack + question + prefix lands just below `target` tokens."""
+    intro = intro or niah_intro()
+
     def render(n: int) -> list[int]:
         return fmt.first_turn(f"{intro}\n{haystack.render(n, needles)}\n{question}", prefix)
 
@@ -60,17 +73,20 @@ def haystack_prompt(fmt: PromptFormat, target: int, haystack: Haystack, needles:
 
 
 def _niah(fmt: PromptFormat, target: int, rng: random.Random, index: int, task: str, keys: int,
-          values_per_key: int, queried: int) -> Sample:
+          values_per_key: int, queried: int, kind: str = "number") -> Sample:
     names = key_words(rng, keys)
-    values = {k: [magic_number(rng) for _ in range(values_per_key)] for k in names}
+    drawn = rng.sample(VALUE_WORDS, keys * values_per_key) if kind == "word" else \
+        [magic_number(rng) for _ in range(keys * values_per_key)]
+    values = {k: drawn[i * values_per_key:(i + 1) * values_per_key] for i, k in enumerate(names)}
     pairs = [(k, v) for k in names for v in values[k]]
     depths = needle_depths(rng, index, len(pairs))
-    needles = [(d, niah_needle(k, v)) for d, (k, v) in zip(depths, pairs)]
+    needles = [(d, niah_needle(k, v, kind)) for d, (k, v) in zip(depths, pairs)]
     asked = names[:queried]  # the first key owns the needle at the controlled depth
-    question, prefix = niah_question(asked, plural=values_per_key > 1 or queried > 1)
-    ids, _ = haystack_prompt(fmt, target, Haystack(rng), needles, question, prefix, task)
+    question, prefix = niah_question(asked, plural=values_per_key > 1 or queried > 1, kind=kind)
+    ids, _ = haystack_prompt(fmt, target, Haystack(rng), needles, question, prefix, task, niah_intro(kind))
     answers = [v for k in asked for v in values[k]]
-    return Sample(task, index, ids, [answers], max_answer_tokens=TOKENS_PER_NUMBER * len(answers) + 2,
+    per_value = TOKENS_PER_WORD if kind == "word" else TOKENS_PER_NUMBER
+    return Sample(task, index, ids, [answers], max_answer_tokens=per_value * len(answers) + 2,
                   meta={"depth": depths[0], "needles": [{"depth": d, "key": k, "value": v}
                                                          for d, (k, v) in zip(depths, pairs)], "asked": asked})
 
@@ -78,6 +94,11 @@ def _niah(fmt: PromptFormat, target: int, rng: random.Random, index: int, task: 
 @register_task("niah_single", "one magic number for one key in essay prose")
 def niah_single(fmt, target, rng, index):
     return _niah(fmt, target, rng, index, "niah_single", keys=1, values_per_key=1, queried=1)
+
+
+@register_task("niah_single_word", "one magic word (a common noun) for one key in essay prose")
+def niah_single_word(fmt, target, rng, index):
+    return _niah(fmt, target, rng, index, "niah_single_word", keys=1, values_per_key=1, queried=1, kind="word")
 
 
 @register_task("niah_multikey", "the queried key's number among 3 distractor needles")
