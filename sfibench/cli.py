@@ -301,7 +301,8 @@ def parse_tokens(text: str) -> int:
 @app.command()
 def throughput(
     model: str = typer.Option(None, help="default: qwen3-4b (random weights) on a GPU, tiny-llama on a CPU"),
-    ctx: str = typer.Option(None, help="contexts, e.g. 8k,32k,128k (default: that on a GPU, 1k,3k on a CPU)"),
+    ctx: str = typer.Option(None, help="contexts, e.g. 8k,32k,max; max = the model's limit minus --steps "
+                                       "(default: 8k,32k,max on a GPU, 1k,3k on a CPU)"),
     batch: str = typer.Option(None, help="batch sizes; 'max' = the largest that fits at the longest context"),
     methods: str = typer.Option("full_kv,sfi,streaming_llm,snapkv", help="names, or name/path to pin a path"),
     paths: str = typer.Option(None, help="reference,optimized (default: both on a GPU, reference on a CPU)"),
@@ -325,14 +326,16 @@ def throughput(
 
     with user_errors():
         gpu = resolve_device(device).type == "cuda"
-        contexts = parse_list(ctx or ("8k,32k,128k" if gpu else "1k,3k"), "--ctx", parse_tokens)
+        steps = steps or (128 if gpu else 32)
+        context_items = parse_list(ctx or ("8k,32k,max" if gpu else "1k,3k"), "--ctx")
         batches = parse_list(batch or ("1,4" if gpu else "1"), "--batch", lambda b: b if b == "max" else int(b))
         session = Session.open(model or ("qwen3-4b" if gpu else "tiny-llama"), device, dtype)
+        contexts = [session.max_tokens - steps if c == "max" else parse_tokens(c) for c in context_items]
         sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head,
                         trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap))
         run_dir = run_and_save(session, contexts, batches, parse_list(methods, "--methods"),
                                parse_list(paths or ("reference,optimized" if gpu else "reference"), "--paths"),
-                               steps or (128 if gpu else 32), repeats, prefill, gpu if graphs is None else graphs,
+                               steps, repeats, prefill, gpu if graphs is None else graphs,
                                length_bucket, dense_kernels and gpu, sfi, out, overwrite, console)
     console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, throughput.png, latency.png")
 
