@@ -265,6 +265,7 @@ def quality(
     dtype: str = typer.Option("auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16"),
     out: Path = typer.Option(None, help="run directory (default runs/quality-<time>)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace results already in --out"),
+    resume: bool = typer.Option(False, "--resume", help="continue a stopped run in --out (same settings)"),
 ):
     """Offline long-context tasks and fidelity to Full-KV, every method from one prefill (SPEC 9)."""
     from sfibench.reporting.quality_report import results_table, run_quality
@@ -276,7 +277,8 @@ def quality(
     with user_errors():
         try:
             run_dir = run_quality(model, split(methods), split(tasks), split(ctx), split(retention), split(samples),
-                                  out, overwrite, device, dtype, seed, batch, chat, longbench, err_console)
+                                  out, overwrite, device, dtype, seed, batch, chat, longbench, err_console,
+                                  resume)
         except FileExistsError as error:  # an earlier run's results: name the fix instead of a traceback
             raise ValueError(str(error)) from None
     console.print(results_table(read_results(run_dir)["results"]["cells"]))

@@ -135,6 +135,14 @@ def test_end_to_end_on_tiny_llama(tmp_path):
     for name in ("report.md", "accuracy_vs_retention.png", "fidelity_vs_retention.png", "perplexity_vs_retention.png"):
         assert (run_dir / name).exists()
     assert "Claim check" in (run_dir / "report.md").read_text()
+    # --resume keeps every finished (task, context) and refuses different settings
+    again = run_quality("tiny-llama", ["sfi", "streaming_llm", "snapkv"], ["niah_single", "ppl"], ["600"],
+                        ["0.5"], ["2"], out=run_dir, device="cpu", chat=False, batch=2, resume=True)
+    resumed = json.loads((again / "results.json").read_text())
+    assert resumed["samples"] == results["samples"] and len(resumed["provenance"]["resumed_from"]) == 1
+    with pytest.raises(ValueError, match="--resume: .* different retentions"):
+        run_quality("tiny-llama", ["sfi", "streaming_llm", "snapkv"], ["niah_single", "ppl"], ["600"],
+                    ["0.4"], ["2"], out=run_dir, device="cpu", chat=False, batch=2, resume=True)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -41,6 +41,7 @@ DEFAULT_CONTEXTS = ("2k",)
 DEFAULT_RETENTIONS = (0.1, 0.2, 0.5)
 DEFAULT_SAMPLES = (4,)
 MAX_MARGIN = 8  # tokens kept free below the model's limit by --ctx max, beyond the decode budget
+SAME_ON_RESUME = ("model", "methods", "tasks", "contexts", "retentions", "samples", "seed", "chat", "dtype")
 
 
 def parse_retentions(values) -> list[float]:
@@ -77,8 +78,12 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
                 contexts=DEFAULT_CONTEXTS, retentions=DEFAULT_RETENTIONS, samples=DEFAULT_SAMPLES,
                 out: Path | str | None = None, overwrite: bool = False, device: str = "auto", dtype: str = "auto",
                 seed: int = 0, batch: int = 4, chat: bool = True, longbench: Path | str | None = None,
-                console: Console | None = None) -> Path:
-    """Run the quality benchmark and return the run directory (results.json, plots, report.md)."""
+                console: Console | None = None, resume: bool = False) -> Path:
+    """Run the quality benchmark and return the run directory (results.json, plots, report.md).
+
+    `resume` continues a stopped run in `out` with the same settings: every (task, context) its
+    results.json already holds is kept, and only the missing ones run.
+    """
     console = console or Console(stderr=True)
     started = time.time()
     retentions = parse_retentions(retentions)
@@ -116,7 +121,6 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
     for context in contexts:
         _check_fits(context, reserve, limit, session.loaded.config.name)
 
-    run_dir = make_run_dir(out, "quality", overwrite)
     config = {"model": session.loaded.config.name, "methods": methods, "tasks": tasks, "contexts": contexts,
               "retentions": retentions, "samples": samples, "seed": seed, "batch": batch, "chat": chat,
               "device": str(session.device), "dtype": str(session.dtype).replace("torch.", ""),
@@ -124,12 +128,26 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
     info = provenance()
     records: list[dict] = []
     timings: dict[str, float] = {}
+    if resume and out is not None and (Path(out) / "results.json").exists():
+        run_dir, earlier = Path(out), read_results(out)
+        changed = [k for k in SAME_ON_RESUME if earlier["config"].get(k) != config[k]]
+        if changed:
+            raise ValueError(f"--resume: {run_dir} was run with different {', '.join(changed)}; "
+                             "repeat its settings or choose another --out")
+        records, timings = earlier["samples"], earlier["results"]["seconds_by_task"]
+        started -= earlier["results"]["wall_s"]  # wall time counts every session of the run
+        info["resumed_from"] = [*earlier["provenance"].pop("resumed_from", []), earlier["provenance"]]
+    else:
+        run_dir = make_run_dir(out, "quality", overwrite)
     total = sum(-(-n // batch) * len(plan[c]) for c, n in zip(contexts, samples)) * len(tasks)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("quality", total=total)
         for context, count in zip(contexts, samples):
             for task in tasks:
+                if f"{task}@{context}" in timings:  # finished by the run being resumed
+                    progress.advance(bar, -(-count // batch) * len(plan[context]))
+                    continue
                 began = time.time()
                 progress.update(bar, description=f"{task} @ {context}: generating")
                 if task.startswith(PREFIX):
