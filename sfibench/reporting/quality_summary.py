@@ -86,14 +86,17 @@ def markdown(results: dict, plots: list[str]) -> str:
     methods = [m for m in cfg["methods"] if m != "full_kv"]
     lines = [f"# sfibench quality — {cfg['model']}", "",
              (f"{prov.get('timestamp_utc')}, device {prov.get('device')} ({prov.get('cpu')}, "
-             f"{cfg.get('threads')} threads), dtype {cfg['dtype']}, commit {str(prov.get('git_commit'))[:10]}"
-             f"{' (dirty)' if prov.get('git_dirty') else ''}, wall time {results['results']['wall_s'] / 60:.1f} min."), "",
+             f"torch threads: {cfg.get('threads')}), dtype {cfg['dtype']}, commit {str(prov.get('git_commit'))[:10]}"
+             f"{' (dirty)' if prov.get('git_dirty') else ''}, wall time {results['results']['wall_s'] / 60:.1f} min"
+             + "".join(f"; resumed after a session at commit {str(p.get('git_commit'))[:10]} ({p.get('timestamp_utc')})"
+                       for p in prov.get("resumed_from", [])) + "."), "",
              "## What ran", "",
              (f"- tasks: {', '.join(cfg['tasks'])}; contexts (prompt tokens, model's own tokenizer): "
              f"{', '.join(map(str, cfg['contexts']))}; samples per cell: {', '.join(map(str, cfg['samples']))}"),
              (f"- methods: full_kv, {', '.join(methods)} (reference path); retention: "
              f"{', '.join(f'{r:g}' for r in cfg['retentions'])}; greedy decoding; "
-             f"{'chat template + answer prefix' if cfg['chat'] else 'plain prompts + answer prefix'}"),
+             f"{'chat template + answer prefix' if cfg['chat'] else 'plain prompts + answer prefix'} "
+             "(ppl: plain prose, no template)"),
              ("- budget rule: budget = round(retention x context) tokens read per layer and KV head. SFI: recent "
              "window = budget/4 rounded down to 16-token pages, within [16, 256]; 4 sinks; k_head = the rest. "
              "StreamingLLM: 4 sinks + a window of the rest (keys keep their original RoPE positions). "
@@ -115,10 +118,13 @@ def markdown(results: dict, plots: list[str]) -> str:
                          + " | ".join(f"none up to {max(cfg['retentions']):g}" if r is None else f"{r:g}"
                                       for r in found) + " |")
     else:
-        lines.append("Full-KV solved no task here, so this run supports no conclusion about the methods.")
+        lines.append("Full-KV solved no scored task here, so this run supports no conclusion about the methods' "
+                     "accuracy" + (" (it scores none: ppl is measured by fidelity and perplexity)."
+                                   if all(c["accuracy"] is None for c in cells) else "."))
     if unsolved:
         lines += ["", "Tasks Full-KV does not solve (reported below, not interpreted): " + "; ".join(unsolved) + "."]
-    lines += ["", "## Accuracy", ""]
+    if any(c["accuracy"] is not None for c in cells):
+        lines += ["", "## Accuracy", ""]
     for task in sorted({c["task"] for c in cells if c["accuracy"] is not None}):
         contexts = sorted({c["context"] for c in cells if c["task"] == task})
         lines += [f"### {task}", "", "| method | retention | " + " | ".join(f"{x} tok: acc [95% CI] (read)"
@@ -142,7 +148,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                 lines.append(f"| {c['method']} | {c['retention'] or 1:g} | {c['context']} | "
                              + " | ".join(_fmt(a, 2) for a in c["turn_accuracy"]) + " |")
         lines.append("")
-    lines += ["## Fidelity to Full-KV (mean over samples)", "",
+    lines += ["", "## Fidelity to Full-KV (mean over samples)", "",
               "| task | method | retention | context | read | KL (nats) | top-1 agree | greedy-token agree | perplexity |",
               "|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
