@@ -142,17 +142,33 @@ def test_bad_shapes_are_refused_with_the_reason():
 
 
 def test_split_count_fills_the_gpu_but_keeps_splits_long_enough():
-    assert default_num_splits(1, 8, 131072, sm_count=132) == 33  # 2 programs per SM
-    assert default_num_splits(8, 8, 131072, sm_count=132) == 5
+    assert default_num_splits(1, 8, 131072, sm_count=132) == 16  # 128 programs: one per SM
+    assert default_num_splits(5, 8, 131072, sm_count=132) == 3  # 120, not 200 (one wave and a half)
+    assert default_num_splits(8, 8, 131072, sm_count=132) == 2
     assert default_num_splits(64, 8, 131072, sm_count=132) == 1
     assert default_num_splits(1, 8, 1024, sm_count=132) == 8  # >= 128 keys per split at capacity
     assert default_num_splits(4, 4, 100) == 1
+
+
+def test_repeated_launches_merge_correctly_and_leave_the_counters_zeroed():
+    # The last split to finish merges; its counter must be back at zero for the next launch.
+    from sfibench.optimized.decode_attention import _done_counters
+
+    q, k, v = random_qkv(2, 3, 2, 64, 500, torch.float32, 11)
+    lengths = torch.tensor([500, 77], device=DEVICE)
+    for trial in range(3):
+        q = q + trial
+        out = dense_decode(q, k, v, lengths, num_splits=6)
+        assert_matches(out, dense_decode_reference(q, k, v, lengths), torch.float32)
+        assert int(_done_counters(torch.device(DEVICE), 2 * 3).abs().sum()) == 0
 
 
 def test_kernel_config_holds_about_32kb_of_kv_per_stage():
     assert default_config(128, torch.bfloat16).block_n == 64
     assert default_config(64, torch.bfloat16).block_n == 128
     assert default_config(128, torch.float32).block_n == 32
+    assert default_config(128, torch.bfloat16).num_stages == 4  # H100/H200: 227 KB per block
+    assert default_config(128, torch.bfloat16, shared_memory=100 * 1024).num_stages == 2  # 4 x 32 KB won't fit
 
 
 @pytest.mark.gpu
@@ -180,3 +196,10 @@ def test_long_context_bf16_on_gpu_and_under_cuda_graph_replay():
     lengths.copy_(torch.tensor([slots, 20001]))
     graph.replay()
     assert_matches(out, dense_decode_reference(q, k, v, lengths), torch.bfloat16)
+
+    # Back-to-back replays with new queries: the in-kernel merge must never read a stale partial.
+    for trial in range(50):
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        if trial % 10 == 0:
+            assert_matches(out, dense_decode_reference(q, k, v, lengths), torch.bfloat16)

@@ -98,9 +98,54 @@ def test_profile_breaks_a_step_into_components(tmp_path):
     assert result.exit_code == 0, result.output
     saved = json.loads((out / "results.json").read_text())["results"]
     parts = saved["ms_per_step"]
-    assert {"attention", "MLP", "SFI selector", "other model ops"} <= set(parts)
+    assert {"attention", "MLP", "q/k/v/o projections", "selector: top-K", "sparse index build",
+            "other model ops"} <= set(parts)
     assert parts["attention"] > 0 and parts["MLP"] > 0
     assert sum(parts.values()) == pytest.approx(saved["wall_ms_per_step"], rel=0.05)
     assert (out / "profile.png").exists()
     bad = runner.invoke(app, ["profile", "--method", "h2o", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "valid methods" in bad.output
+
+
+def test_profile_rows_are_exclusive_times():
+    from sfibench.reporting.profile_run import LABELS, exclusive_times
+
+    inclusive = {name: 0.0 for name, _ in LABELS.values()}
+    inclusive.update({"attention": 10.0, "sparse index build": 1.0, "selector: glue": 6.0,
+                      "selector: soft-NMS": 2.0, "selector: top-K": 3.0, "MLP": 4.0})
+    own = exclusive_times(inclusive)
+    assert own["attention"] == 3.0  # 10 - index build 1 - selector 6
+    assert own["selector: glue"] == 1.0  # 6 - NMS 2 - top-K 3
+    assert own["MLP"] == 4.0 and own["selector: soft-NMS"] == 2.0
+    outermost = sum(inclusive[name] for name, parent in LABELS.values() if parent is None)
+    assert sum(own.values()) == outermost  # nothing counted twice, nothing lost
+
+
+def test_profile_splits_slow_steps_by_selector_stage():
+    from sfibench.config import MethodSpec
+    from sfibench.reporting.profile_run import profile_steps
+
+    spec = MethodSpec(name="sfi", path="reference")
+    spec.sfi.trigger.policy, spec.sfi.trigger.interval, spec.sfi.trigger.min_gap = "fixed", 2, 1
+    result = profile_steps(Session.open("tiny-llama", "cpu", "float32"), spec, 3000, 4)
+    assert "slow" in result["step_kinds"]
+    parts = result["ms_per_step"]
+    for stage in ("evidence logits", "power-mean pooling", "prior + fusion", "soft-NMS", "top-K"):
+        assert parts[f"selector: {stage}"] > 0, stage
+
+
+def test_dense_kernel_verdict_compares_with_the_fastest_sdpa_backend_that_ran():
+    from sfibench.reporting.throughput_report import dense_kernel_verdicts
+
+    rows = [
+        {"batch": 1, "context": 8192, "kernel": "triton split-K", "ran": True, "gb_s": 1500.0},
+        {"batch": 1, "context": 8192, "kernel": "sdpa flash", "ran": True, "gb_s": 1100.0},
+        {"batch": 1, "context": 8192, "kernel": "sdpa cudnn", "ran": True, "gb_s": 1510.0},
+        {"batch": 1, "context": 8192, "kernel": "sdpa efficient", "ran": False, "error": "no GQA"},
+        {"batch": 1, "context": 8192, "kernel": "sdpa efficient, K/V expanded", "ran": True, "gb_s": 9999.0},
+        {"batch": 8, "context": 8192, "kernel": "triton split-K", "ran": True, "gb_s": 3400.0},
+        {"batch": 8, "context": 8192, "kernel": "sdpa flash", "ran": True, "gb_s": 3300.0},
+    ]
+    verdicts = dense_kernel_verdicts(rows)
+    assert [(b, c, ours["gb_s"], best["kernel"]) for b, c, ours, best in verdicts] == [
+        (1, 8192, 1500.0, "sdpa cudnn"), (8, 8192, 3400.0, "sdpa flash")]

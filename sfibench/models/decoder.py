@@ -47,15 +47,17 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        with record_function("sfibench.projections"):  # a label for `sfibench profile`
+            q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
+            k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+            v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q = fused.ops["apply_rope"](q.transpose(1, 2), cos, sin)
         k = fused.ops["apply_rope"](k.transpose(1, 2), cos, sin)
         out = attend(layer, q, k, v.transpose(1, 2))  # [B, H_q, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+        with record_function("sfibench.projections"):
+            return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class MLP(nn.Module):

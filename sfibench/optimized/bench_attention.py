@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import warnings
 from dataclasses import replace
@@ -56,31 +57,42 @@ def _graphed(fn):
         return fn, None, False
 
 
-def _time(fn) -> dict:
-    """Median/min/max milliseconds of `fn`, its output, and whether it ran as a graph."""
-    run, out, graphed = _graphed(fn)
-    low, median, high = triton.testing.do_bench(run, quantiles=[0.0, 0.5, 1.0])
-    if out is None:
-        out = fn()
-    return {"ms_median": median, "ms_min": low, "ms_max": high, "graphed": graphed, "output": out}
-
-
-def _measure(kernel: str, fn, nbytes: int, reference: torch.Tensor | None) -> dict:
-    """One result row; a kernel that refuses the shape gets ran=False and the reasons it gave."""
+def _prepare(kernel: str, fn, nbytes: int) -> dict:
+    """Compile and capture one kernel; a kernel that refuses the shape gets ran=False and its reasons."""
     row = {"kernel": kernel, "bytes": nbytes}
     with warnings.catch_warnings(record=True) as caught:  # SDPA explains a refusal in warnings
         warnings.simplefilter("always")
         try:
-            timing = _time(fn)
+            run, out, graphed = _graphed(fn)
         except (RuntimeError, ValueError, NotImplementedError) as error:
             reasons = [str(w.message).splitlines()[0] for w in caught] + [str(error).splitlines()[0]]
             torch.cuda.synchronize()
             return {**row, "ran": False, "error": "; ".join(reasons)[:500]}
-    out = timing.pop("output").reshape(-1).float()
-    row.update(ran=True, **timing, gb_s=nbytes / (timing["ms_median"] * 1e-3) / 1e9)
-    if reference is not None:
-        row["max_abs_diff_vs_triton"] = (out - reference).abs().max().item()
-    return row
+    return {**row, "ran": True, "graphed": graphed, "_run": run, "_out": fn() if out is None else out}
+
+
+def _measure_all(prepared: list[dict], reference: torch.Tensor | None, rounds: int) -> list[dict]:
+    """Time the prepared kernels in interleaved rounds, so clock or thermal drift hits all of them alike.
+
+    Per kernel: ms_median is the median of the rounds' medians, ms_min/ms_max the extremes over all
+    timed calls, round_medians the spread between rounds.
+    """
+    timed = [row for row in prepared if row["ran"]]
+    for row in timed:
+        row["round_medians"], row["ms_min"], row["ms_max"] = [], float("inf"), 0.0
+    for _ in range(rounds):
+        for row in timed:
+            low, median, high = triton.testing.do_bench(row["_run"], quantiles=[0.0, 0.5, 1.0])
+            row["round_medians"].append(median)
+            row["ms_min"], row["ms_max"] = min(row["ms_min"], low), max(row["ms_max"], high)
+    for row in timed:
+        out = row.pop("_out").reshape(-1).float()
+        row.pop("_run")
+        row["ms_median"] = statistics.median(row["round_medians"])
+        row["gb_s"] = row["bytes"] / (row["ms_median"] * 1e-3) / 1e9
+        if reference is not None:
+            row["max_abs_diff_vs_triton"] = (out - reference).abs().max().item()
+    return prepared
 
 
 def _alternatives(batch: int, kv_heads: int, head_dim: int, context: int, dtype: torch.dtype,
@@ -99,10 +111,9 @@ def _alternatives(batch: int, kv_heads: int, head_dim: int, context: int, dtype:
 
 def benchmark_dense(batch: int, kv_heads: int, group: int, head_dim: int, context: int,
                     dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
-                    sweep: bool = False) -> list[dict]:
-    """Rows for our dense_decode (also on a cache twice the context) and each SDPA backend.
-
-    `sweep` adds rows for dense_decode with its split count, tile and warp settings varied.
+                    sweep: bool = False, rounds: int = 3) -> list[dict]:
+    """Rows for our dense_decode (also on a cache twice the context) and each SDPA backend, timed in
+    `rounds` interleaved rounds. `sweep` adds dense_decode with its split count, tile and warps varied.
     """
     torch.manual_seed(0)
     q_heads = kv_heads * group
@@ -114,34 +125,73 @@ def benchmark_dense(batch: int, kv_heads: int, group: int, head_dim: int, contex
     shape = {"batch": batch, "kv_heads": kv_heads, "group": group, "head_dim": head_dim, "context": context,
              "dtype": str(dtype).removeprefix("torch.")}
 
-    rows = [_measure("triton split-K", lambda: dense_decode(q, k, v, lengths), nbytes, None)]
     reference = dense_decode(q, k, v, lengths).reshape(-1).float()
+    candidates = {"triton split-K": lambda: dense_decode(q, k, v, lengths)}
     if sweep:
         for name, kwargs in _alternatives(batch, kv_heads, head_dim, context, dtype, device).items():
-            rows.append(_measure(name, partial(dense_decode, q, k, v, lengths, **kwargs), nbytes, reference))
+            candidates[name] = partial(dense_decode, q, k, v, lengths, **kwargs)
     # A static cache holds more slots than the context; the tail past `lengths` must cost nothing.
     k_long, v_long = (torch.cat([t, torch.empty_like(t)], dim=2) for t in (k, v))
-    rows.append(_measure("triton split-K, cache 2L", partial(dense_decode, q, k_long, v_long, lengths),
-                         nbytes, reference))
+    candidates["triton split-K, cache 2L"] = partial(dense_decode, q, k_long, v_long, lengths)
+    q_sdpa = q.unsqueeze(2)
+
+    def sdpa(backend, key=k, value=v, gqa=True):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q_sdpa, key, value, enable_gqa=gqa)
+
+    for name, backend in SDPA_BACKENDS.items():
+        candidates[f"sdpa {name}"] = partial(sdpa, backend)
+    rows = _measure_all([_prepare(name, fn, nbytes) for name, fn in candidates.items()], reference, rounds)
     del k_long, v_long
 
-    q_sdpa = q.unsqueeze(2)
+    # A backend that refuses GQA, re-run on K/V expanded per query head (after the others: G x memory).
     for name, backend in SDPA_BACKENDS.items():
-        def sdpa(key=k, value=v, gqa=True, backend=backend):
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(q_sdpa, key, value, enable_gqa=gqa)
-
-        row = _measure(f"sdpa {name}", sdpa, nbytes, reference)
-        rows.append(row)
-        if row["ran"] or group == 1:
+        if group == 1 or next(r for r in rows if r["kernel"] == f"sdpa {name}")["ran"]:
             continue
-        expand = _time(lambda: (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)))
-        k_wide, v_wide = expand["output"]
-        row = _measure(f"sdpa {name}, K/V expanded", partial(sdpa, k_wide, v_wide, False), nbytes, reference)
-        row.update(expand_ms_median=expand["ms_median"],
-                   note="expand excluded from ms; the kernel reads G x the K/V bytes counted")
+        k_wide, v_wide = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        expand = triton.testing.do_bench(lambda: (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)),
+                                         return_mode="median")
+        fn = partial(sdpa, backend, k_wide, v_wide, False)
+        row = _measure_all([_prepare(f"sdpa {name}, K/V expanded", fn, nbytes)], reference, 1)[0]
+        row.update(expand_ms_median=expand, note="expand excluded from ms; the kernel reads G x the K/V bytes counted")
         rows.append(row)
-        del k_wide, v_wide, expand
+        del k_wide, v_wide
+    torch.cuda.empty_cache()
+    return [{**shape, **row} for row in rows]
+
+
+def tune_dense(batch: int, kv_heads: int, group: int, head_dim: int, context: int,
+               dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda") -> list[dict]:
+    """dense_decode over a grid of split counts x tile sizes x pipeline depths, and the two fastest
+    SDPA backends, at one shape: the evidence for `default_num_splits` and `default_config`."""
+    torch.manual_seed(0)
+    q = torch.randn(batch, kv_heads * group, head_dim, device=device, dtype=dtype)
+    k = torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    lengths = torch.full((batch,), context, device=device, dtype=torch.int32)
+    nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
+    shape = {"batch": batch, "kv_heads": kv_heads, "group": group, "head_dim": head_dim, "context": context,
+             "dtype": str(dtype).removeprefix("torch.")}
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    heads = batch * kv_heads
+    # Split counts giving from half a wave to eight waves of one program per SM.
+    splits = sorted({max(1, min(context // 128, round(w * sm_count / heads))) for w in (0.5, 1, 1.5, 2, 2.5, 3, 4, 6, 8)})
+    base = default_config(head_dim, dtype)
+    default = _prepare("triton split-K (default)", lambda: dense_decode(q, k, v, lengths), nbytes)
+    rows = [{**default, "num_splits": default_num_splits(batch, kv_heads, context, sm_count)}]
+    for n in splits:
+        for block_n in (32, 64):
+            for stages in (2, 3, 4):
+                config = replace(base, block_n=block_n, num_stages=stages)
+                row = _prepare("triton split-K", partial(dense_decode, q, k, v, lengths, n, config=config), nbytes)
+                rows.append({**row, "num_splits": n, "block_n": block_n, "num_stages": stages})
+    q_sdpa = q.unsqueeze(2)
+    for name in ("cudnn", "flash"):
+        def sdpa(backend=SDPA_BACKENDS[name]):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q_sdpa, k, v, enable_gqa=True)
+        rows.append(_prepare(f"sdpa {name}", sdpa, nbytes))
+    rows = _measure_all(rows, None, 1)
     torch.cuda.empty_cache()
     return [{**shape, **row} for row in rows]
 
@@ -176,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contexts", default="8192,32768,131072", help="comma-separated context lengths")
     parser.add_argument("--sweep", action="store_true",
                         help="also time the Triton kernel with its split count, tile and warps varied")
+    parser.add_argument("--tune", action="store_true",
+                        help="time a grid of split counts x tiles x stages instead (JSON only, no table)")
+    parser.add_argument("--groups", default="4", help="comma-separated GQA group sizes (4: Qwen3-4B, 2: 0.6B)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention times CUDA kernels and no CUDA device is visible here; nothing measured. "
@@ -186,13 +239,20 @@ def main(argv: list[str] | None = None) -> int:
 
     copy_gb_s = measure_copy_bandwidth("cuda") / 1e9
     rows = []
-    for batch in (int(b) for b in args.batch.split(",")):
-        for context in (int(c) for c in args.contexts.split(",")):
-            rows += benchmark_dense(batch, context=context, device="cuda", sweep=args.sweep, **QWEN3_4B)
+    for group in (int(g) for g in args.groups.split(",")):
+        shape = {**QWEN3_4B, "group": group}
+        for batch in (int(b) for b in args.batch.split(",")):
+            for context in (int(c) for c in args.contexts.split(",")):
+                if args.tune:
+                    rows += tune_dense(batch, context=context, device="cuda", **shape)
+                    print(f"tuned G={group} B={batch} L={context}", flush=True)
+                else:
+                    rows += benchmark_dense(batch, context=context, device="cuda", sweep=args.sweep, **shape)
     for row in rows:
         if row["ran"]:
             row["fraction_of_copy_bandwidth"] = row["gb_s"] / copy_gb_s
-    _print_table(rows, copy_gb_s)
+    if not args.tune:
+        _print_table(rows, copy_gb_s)
     if args.out:
         payload = {"provenance": provenance(), "copy_bandwidth_gb_s": copy_gb_s, "rows": rows}
         args.out.write_text(json.dumps(payload, indent=2) + "\n")

@@ -2,11 +2,12 @@
 
 Decode attention reads every cached key and value once and does two small matrix products with them,
 so it is bound by memory bandwidth, and at B x H_kv programs a long context leaves most SMs idle. So
-the keys of each (sequence, KV head) are cut into `num_splits` splits, one program each:
-
-1. `_decode_split_kernel` streams its split's K/V tiles through an online softmax in float32 and
-   writes a partial max, sum of exponentials and unnormalised output per query head;
-2. `_combine_splits_kernel` rescales the partials to a common max and normalises.
+the keys of each (sequence, KV head) are cut into `num_splits` splits, one program each. A program
+streams its split's K/V tiles through an online softmax in float32 and writes a partial max, sum of
+exponentials and unnormalised output per query head; the last program of a (sequence, KV head) to
+finish (an atomic counter decides) rescales all partials to a common max and normalises. Merging in
+the same kernel saves the second launch a separate combine kernel costs (~2 us, 3% of a 60 us step
+at 8K).
 
 GQA: the G query heads of a KV head are consecutive, and one program serves all of them, so K/V are
 read once per KV head. The G rows are padded to 16 and multiplied with `tl.dot`: the tensor cores
@@ -42,28 +43,33 @@ class KernelConfig:
     num_stages: int  # K/V tiles in flight (software pipelining of the loads)
 
 
-def default_config(head_dim: int, dtype: torch.dtype) -> KernelConfig:
+def default_config(head_dim: int, dtype: torch.dtype, shared_memory: int = 227 * 1024) -> KernelConfig:
     """Static choice per shape: no runtime autotuning, since a CUDA-graph capture must not benchmark.
 
-    A stage holds one K and one V tile, ~32 KB of them (BLOCK_N = 64 at D = 128 in bf16). With three
-    stages two tile pairs are in flight while one is consumed: ~70 KB of shared memory and ~90
-    registers per thread in the sm_90 build, so three programs fit on an SM (228 KB on H100/H200).
+    A stage holds one K and one V tile, ~32 KB of them (BLOCK_N = 64 at D = 128 in bf16). With one
+    program per SM (see default_num_splits) four stages keep three tile pairs in flight while one is
+    consumed, ~130 KB of shared memory: measured on an H200 (reports/attention-h200/tune.json), four
+    stages at one program per SM matched or beat every other (splits, tile, stages) choice within 1.5%
+    at B = 1, 5, 8 and 8K-128K. GPUs with less shared memory per block (`shared_memory`, bytes) get two.
     Eight warps only at D = 256, where the [16, D] accumulator doubles.
     """
     block_n = max(16, min(128, 16384 // (head_dim * dtype.itemsize)))
-    return KernelConfig(block_n=block_n, num_warps=8 if head_dim >= 256 else 4, num_stages=3)
+    stage_bytes = 2 * block_n * head_dim * dtype.itemsize
+    stages = 4 if shared_memory >= 4 * stage_bytes + 16 * 1024 else 2
+    return KernelConfig(block_n=block_n, num_warps=8 if head_dim >= 256 else 4, num_stages=stages)
 
 
 def default_num_splits(batch: int, kv_heads: int, max_len: int, sm_count: int = 132) -> int:
-    """Splits per (sequence, KV head) so the grid holds ~2 programs per SM.
+    """Splits per (sequence, KV head) so the grid holds about one program per SM, in one wave.
 
-    Fewer programs leave SMs without loads in flight; more only add partial traffic, G*(D+2)*4 bytes
-    written and read back per program, and tail effects. Measured on an H200 (Qwen3-4B attention
-    shape, bf16): 2 programs per SM beat 4 by 8-11% at 128K for B = 1 and 8, and matched or beat
-    1 and 8 per SM (benchmarks/h200 sweep, reports/attention-h200). Splits never go below 128 keys at
+    Decode attention is a stream of loads: what matters is that every SM has one deeply pipelined
+    program (default_config) and that no SM gets a second round while others idle. Measured on an
+    H200 (Qwen3 attention shapes, bf16, reports/attention-h200/tune.json): one program per SM beat
+    two per SM (the previous rule) by 1-6% at 8K-128K and B = 1, 5, 8; a grid just past a whole
+    wave (e.g. 5 splits x 40 heads = 200 programs) is the worst case. Splits never go below 128 keys at
     full length (two tiles), so short caches are not cut into slivers.
     """
-    wanted = triton.cdiv(2 * sm_count, batch * kv_heads)
+    wanted = sm_count // (batch * kv_heads)
     return max(1, min(wanted, max_len // 128))
 
 
@@ -74,10 +80,58 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@functools.cache
+def _shared_memory(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 227 * 1024  # the interpreter ignores it; the H100/H200 value
+    properties = torch.cuda.get_device_properties(device)
+    return getattr(properties, "shared_memory_per_block_optin", 48 * 1024)
+
+
+@triton.jit
+def _attend_tile(q, acc, running_max, running_sum, k_head, v_head, pos_head, idx, end, offs_d,
+                 stride_ks, stride_kd, stride_vs, stride_vd, stride_pn, qk_scale_log2,
+                 SPARSE: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 DOT_IN_FP32: tl.constexpr):
+    """One online-softmax update with the keys/values at `idx` (slots, or indices into the positions)."""
+    in_split = idx < end
+    if SPARSE:
+        if MASKED:
+            slots = tl.load(pos_head + idx * stride_pn, mask=in_split, other=0)
+        else:
+            slots = tl.load(pos_head + idx * stride_pn)
+    else:
+        slots = idx
+    k_ptrs = k_head + slots[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = v_head + slots[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    if MASKED:  # masked rows are never read: NaN or garbage past the end cannot leak in
+        k = tl.load(k_ptrs, mask=in_split[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+    if DOT_IN_FP32:
+        k = k.to(tl.float32)
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+    if MASKED:
+        scores = tl.where(in_split[None, :], scores, float("-inf"))
+    new_max = tl.maximum(running_max, tl.max(scores, 1))
+    rescale = tl.exp2(running_max - new_max)
+    probs = tl.exp2(scores - new_max[:, None])
+    running_sum = running_sum * rescale + tl.sum(probs, 1)
+    if MASKED:
+        v = tl.load(v_ptrs, mask=in_split[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    probs = probs.to(v.dtype)  # the rounding a 16-bit MMA applies, kept when DOT_IN_FP32
+    if DOT_IN_FP32:
+        probs, v = probs.to(tl.float32), v.to(tl.float32)
+    acc = acc * rescale[:, None] + tl.dot(probs, v, input_precision=DOT_PRECISION)
+    return acc, new_max, running_sum
+
+
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bound_ptr, pos_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr,
-    stride_qb, stride_qh, stride_qd,
+    q_ptr, k_ptr, v_ptr, bound_ptr, pos_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
+    stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_bound_b, stride_bound_h, stride_pb, stride_ph, stride_pn,
@@ -115,37 +169,62 @@ def _decode_split_kernel(
     running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    for block_start in range(start, end, BLOCK_N):
-        idx = block_start + offs_n
-        in_split = idx < end
-        if SPARSE:
-            slots = tl.load(pos_head + idx * stride_pn, mask=in_split, other=0)
-        else:
-            slots = idx
-        # Masked rows are never read: NaN or garbage past the end cannot leak in.
-        k = tl.load(k_head + slots[:, None] * stride_ks + offs_d[None, :] * stride_kd,
-                    mask=in_split[:, None], other=0.0)
-        if DOT_IN_FP32:
-            k = k.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
-        scores = tl.where(in_split[None, :], scores, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, 1))
-        rescale = tl.exp2(running_max - new_max)
-        probs = tl.exp2(scores - new_max[:, None])
-        running_sum = running_sum * rescale + tl.sum(probs, 1)
-        v = tl.load(v_head + slots[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-                    mask=in_split[:, None], other=0.0)
-        probs = probs.to(v.dtype)  # the rounding a 16-bit MMA applies, kept when DOT_IN_FP32
-        if DOT_IN_FP32:
-            probs, v = probs.to(tl.float32), v.to(tl.float32)
-        acc = acc * rescale[:, None] + tl.dot(probs, v, input_precision=DOT_PRECISION)
-        running_max = new_max
+    # Whole tiles run without masks (plain vector loads, nothing to select); at most one partial
+    # tile at the end of the split is masked.
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    for block_start in range(start, full_end, BLOCK_N):
+        acc, running_max, running_sum = _attend_tile(
+            q, acc, running_max, running_sum, k_head, v_head, pos_head, block_start + offs_n, end, offs_d,
+            stride_ks, stride_kd, stride_vs, stride_vd, stride_pn, qk_scale_log2,
+            SPARSE=SPARSE, MASKED=False, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+    if full_end < end:
+        acc, running_max, running_sum = _attend_tile(
+            q, acc, running_max, running_sum, k_head, v_head, pos_head, full_end + offs_n, end, offs_d,
+            stride_ks, stride_kd, stride_vs, stride_vd, stride_pn, qk_scale_log2,
+            SPARSE=SPARSE, MASKED=True, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
 
-    # An empty split (start >= n_keys) stores max -inf, sum 0, output 0: neutral in the combine.
+    # An empty split (start >= n_keys) stores max -inf, sum 0, output 0: neutral in the merge.
     rows = (seq * q_heads_total + q_heads) * num_splits + split
     tl.store(part_max_ptr + rows, running_max, mask=is_real_head)
     tl.store(part_sum_ptr + rows, running_sum, mask=is_real_head)
     tl.store(part_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=is_real_head[:, None])
+
+    # The last split of this (sequence, KV head) to finish merges all partials, so no second kernel
+    # is launched. The barrier orders every thread's stores before the counter's release; the
+    # acquire side reads the partials past L1 (.cg), which may hold lines of an earlier launch.
+    tl.debug_barrier()
+    counter = done_ptr + seq * tl.num_programs(1) + kv_head
+    finished_before = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if finished_before == num_splits - 1:
+        _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
+                      seq, q_heads, is_real_head, offs_d, (seq * q_heads_total + q_heads) * num_splits,
+                      num_splits, BLOCK_G, HEAD_DIM)
+        tl.store(counter, 0)  # zero again for the next launch or graph replay
+
+
+@triton.jit
+def _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
+                  seq, q_heads, is_real_head, offs_d, first_rows, num_splits,
+                  BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Rescale every split's partial to a common max and normalise (an online softmax over splits)."""
+    merged_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    merged_sum = tl.zeros([BLOCK_G], tl.float32)
+    merged = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    for split in range(num_splits):
+        rows = first_rows + split
+        part_max = tl.load(part_max_ptr + rows, mask=is_real_head, other=float("-inf"), cache_modifier=".cg")
+        part_sum = tl.load(part_sum_ptr + rows, mask=is_real_head, other=0.0, cache_modifier=".cg")
+        part = tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=is_real_head[:, None],
+                       other=0.0, cache_modifier=".cg")
+        new_max = tl.maximum(merged_max, part_max)
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # no keys yet: avoid -inf - -inf
+        old_weight, new_weight = tl.exp2(merged_max - shift), tl.exp2(part_max - shift)
+        merged_sum = merged_sum * old_weight + part_sum * new_weight
+        merged = merged * old_weight[:, None] + part * new_weight[:, None]
+        merged_max = new_max
+    out = merged / tl.where(merged_sum > 0, merged_sum, 1.0)[:, None]  # no keys at all: zeros, not NaN
+    tl.store(out_ptr + seq * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=is_real_head[:, None])
 
 
 # The interpreter's tl.dot multiplies the bit patterns of bfloat16 operands (triton#11584), so under
@@ -154,38 +233,14 @@ def _decode_split_kernel(
 _INTERPRETED = isinstance(_decode_split_kernel, InterpretedFunction)
 
 
-@triton.jit
-def _combine_splits_kernel(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr,
-                           stride_ob, stride_oh, stride_od, num_splits,
-                           HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    q_head = tl.program_id(0)
-    seq = tl.program_id(1).to(tl.int64)
-    first_row = (seq * tl.num_programs(0) + q_head) * num_splits
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, HEAD_DIM)
+@functools.cache
+def _done_counters(device: torch.device, size: int) -> torch.Tensor:
+    """Per-(sequence, KV head) finish counters; every launch leaves them at zero again.
 
-    chunk_max = tl.full([BLOCK_S], float("-inf"), tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        maxima = tl.load(part_max_ptr + first_row + s0 + offs_s, mask=s0 + offs_s < num_splits,
-                         other=float("-inf"))
-        chunk_max = tl.maximum(chunk_max, maxima)
-    global_max = tl.max(chunk_max, 0)
-    global_max = tl.where(global_max == float("-inf"), 0.0, global_max)  # no keys: avoid -inf - -inf
-
-    sums = tl.zeros([BLOCK_S], tl.float32)
-    acc = tl.zeros([HEAD_DIM], tl.float32)
-    for s0 in range(0, num_splits, BLOCK_S):
-        rows = first_row + s0 + offs_s
-        in_range = s0 + offs_s < num_splits
-        weight = tl.exp2(tl.load(part_max_ptr + rows, mask=in_range, other=float("-inf")) - global_max)
-        sums += weight * tl.load(part_sum_ptr + rows, mask=in_range, other=0.0)
-        partial = tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :],
-                          mask=in_range[:, None], other=0.0)
-        acc += tl.sum(weight[:, None] * partial, 0)
-    total = tl.sum(sums, 0)
-    out = acc / tl.where(total > 0, total, 1.0)  # a sequence with no keys has acc 0: zeros, not NaN
-    tl.store(out_ptr + seq * stride_ob + q_head * stride_oh + offs_d * stride_od,
-             out.to(out_ptr.dtype.element_ty))
+    One buffer per device and size, allocated on the first (un-captured) launch and reused by every
+    later launch and graph replay. Launches that share it must not overlap: they run in stream order.
+    """
+    return torch.zeros(size, dtype=torch.int32, device=device)
 
 
 def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, config, out):
@@ -206,7 +261,7 @@ def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, conf
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1 (or None for the default), got {num_splits}")
     group = q_heads // kv_heads
-    config = config or default_config(head_dim, k.dtype)
+    config = config or default_config(head_dim, k.dtype, _shared_memory(q.device))
     num_splits = num_splits if num_splits else default_num_splits(batch, kv_heads, n_slots, _sm_count(q.device))
     if out is None:
         out = torch.empty(batch, q_heads, head_dim, device=q.device, dtype=q.dtype)
@@ -216,9 +271,10 @@ def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, conf
     part_max = torch.empty(batch, q_heads, num_splits, device=q.device, dtype=torch.float32)
     part_sum = torch.empty_like(part_max)
 
+    done = _done_counters(q.device, batch * kv_heads)
     _decode_split_kernel[(num_splits, kv_heads, batch)](
-        q, k, v, bounds, bounds if positions is None else positions, part_acc, part_max, part_sum,
-        *q.stride(), *k.stride(), *v.stride(), *bound_strides,
+        q, k, v, bounds, bounds if positions is None else positions, part_acc, part_max, part_sum, done, out,
+        *q.stride(), *out.stride(), *k.stride(), *v.stride(), *bound_strides,
         *((0, 0, 0) if positions is None else positions.stride()),
         n_slots, num_splits, math.log2(math.e) / math.sqrt(head_dim),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
@@ -227,10 +283,6 @@ def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, conf
         DOT_PRECISION="ieee" if k.dtype == torch.float32 or _INTERPRETED else "tf32",
         DOT_IN_FP32=_INTERPRETED and k.dtype == torch.bfloat16,
         num_warps=config.num_warps, num_stages=config.num_stages,
-    )
-    _combine_splits_kernel[(q_heads, batch)](
-        part_acc, part_max, part_sum, out, *out.stride(), num_splits,
-        HEAD_DIM=head_dim, BLOCK_S=min(32, triton.next_power_of_2(num_splits)), num_warps=4,
     )
     return out
 

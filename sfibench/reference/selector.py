@@ -21,6 +21,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from sfibench.config import SelectorConfig
 
@@ -171,13 +172,19 @@ def select(
     num_rows, num_positions = logits.shape[-2], logits.shape[-1]
     if num_positions == 0:
         return torch.empty(logits.shape[:-2] + (0,), dtype=torch.long, device=logits.device)
-    log_s = pool_evidence(logits, cfg.alpha)
+    # Each stage carries a label so `sfibench profile` can split the Selector's time.
+    with record_function("sfibench.selector.pool"):
+        log_s = pool_evidence(logits, cfg.alpha)
     if cfg.use_prior:
-        log_r = log_prior(key_norms, cfg)
-        lam = choose_lambda(log_s, log_r, num_rows, cfg)
-        log_s = fuse(log_s, log_r, lam, cfg.eps)
+        with record_function("sfibench.selector.prior_fusion"):
+            log_r = log_prior(key_norms, cfg)
+            lam = choose_lambda(log_s, log_r, num_rows, cfg)
+            log_s = fuse(log_s, log_r, lam, cfg.eps)
     if cfg.use_nms:
-        log_s = soft_nms(log_s, cfg.nms_radius, cfg.nms_alpha)
+        with record_function("sfibench.selector.nms"):
+            log_s = soft_nms(log_s, cfg.nms_radius, cfg.nms_alpha)
     if cfg.use_cross_head:
-        log_s = cross_head_exclusivity(log_s, cfg.cross_temperature, cfg.cross_alpha, cfg.eps)
-    return top_k_positions(log_s, k, lo)
+        with record_function("sfibench.selector.cross_head"):
+            log_s = cross_head_exclusivity(log_s, cfg.cross_temperature, cfg.cross_alpha, cfg.eps)
+    with record_function("sfibench.selector.top_k"):
+        return top_k_positions(log_s, k, lo)

@@ -69,11 +69,12 @@ class ReferenceSFI(AttentionMethod):
         if hi <= lo:  # no candidates yet: sinks + recent already cover the whole history
             self.selected_count[layer, row] = 0
             return
-        keys = cache.k[layer, row, :, lo:hi]  # [H_kv, n, D]
-        logits = torch.einsum("hgwd,hnd->hgwn", q.float(), keys.float()) * q.shape[-1] ** -0.5
-        visible = torch.arange(lo, hi, device=q.device)[None, :] <= query_pos[:, None]  # [W, n]
-        logits = logits.masked_fill(~visible, float("-inf")).flatten(1, 2)  # rows = G x W
         with record_function("sfibench.selector"):  # a label for `sfibench profile`
+            with record_function("sfibench.selector.logits"):  # the reference recomputes them from q and K
+                keys = cache.k[layer, row, :, lo:hi]  # [H_kv, n, D]
+                logits = torch.einsum("hgwd,hnd->hgwn", q.float(), keys.float()) * q.shape[-1] ** -0.5
+                visible = torch.arange(lo, hi, device=q.device)[None, :] <= query_pos[:, None]  # [W, n]
+                logits = logits.masked_fill(~visible, float("-inf")).flatten(1, 2)  # rows = G x W
             picks = select(logits, cache.key_norms[layer, row, :, lo:hi], lo, cfg.k_head, cfg.selector)
         self.selected[layer, row, :, : picks.shape[-1]] = picks
         self.selected_count[layer, row] = picks.shape[-1]

@@ -1,9 +1,14 @@
 """`sfibench profile`: where one decode step's time goes, per component, from torch.profiler.
 
 Steps run eagerly so every kernel is visible (CUDA graphs would hide the launch gaps this command
-exists to show). The engine labels attention, the decoder the MLP, SFI its Selector; everything
-else in a step (projections, norms, RoPE, LM head) is "other model ops". On a GPU, "launch gaps"
-is the step's wall time minus the time kernels were running.
+exists to show). torch.profiler labels (record_function) mark attention, the sparse methods' index
+build, each Selector stage, the q/k/v/o projections and the MLP; everything else in a step (norms,
+RoPE, embedding, LM head, cache writes) is "other model ops". On a GPU, "launch gaps" is the step's
+wall time minus the time kernels were running.
+
+The reference SFI keeps no compact copy of the selected K/V: a fast step gathers through an index
+list rebuilt every step ("sparse index build"), which is where an optimized path's compact rebuild
+after each refresh would show.
 """
 
 from __future__ import annotations
@@ -27,7 +32,30 @@ from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
 from sfibench.workloads.replay import load_replay, take
 
-LABELS = {"sfibench.attend": "attention", "sfibench.selector": "SFI selector", "sfibench.mlp": "MLP"}
+# label -> (component name, the component it runs inside). A component's row is its own time: the
+# time of the components nested in it is subtracted, so the rows add up to the step.
+LABELS = {
+    "sfibench.attend": ("attention", None),
+    "sfibench.sparse_index": ("sparse index build", "attention"),
+    "sfibench.selector": ("selector: glue", "attention"),
+    "sfibench.selector.logits": ("selector: evidence logits", "selector: glue"),
+    "sfibench.selector.pool": ("selector: power-mean pooling", "selector: glue"),
+    "sfibench.selector.prior_fusion": ("selector: prior + fusion", "selector: glue"),
+    "sfibench.selector.nms": ("selector: soft-NMS", "selector: glue"),
+    "sfibench.selector.cross_head": ("selector: cross-head", "selector: glue"),
+    "sfibench.selector.top_k": ("selector: top-K", "selector: glue"),
+    "sfibench.projections": ("q/k/v/o projections", None),
+    "sfibench.mlp": ("MLP", None),
+}
+
+
+def exclusive_times(inclusive: dict[str, float]) -> dict[str, float]:
+    """Each component's time without the components nested inside it (all labelled names present)."""
+    own = dict(inclusive)
+    for name, parent in LABELS.values():
+        if parent is not None:
+            own[parent] -= inclusive[name]
+    return {name: max(value, 0.0) for name, value in own.items()}
 
 
 def _times(event, cuda: bool) -> float:
@@ -63,13 +91,13 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) 
         if cuda:
             torch.cuda.synchronize()
         wall_us = (time.perf_counter() - started) * 1e6
-    totals = {name: 0.0 for name in LABELS.values()}
+    totals = {name: 0.0 for name, _ in LABELS.values()}
     for event in prof.key_averages():
         # On CUDA a label also appears as a GPU-side range of the same name, whose length (kernels and
         # the gaps between them) would be counted on top of its CPU event's kernel time: skip it.
         if event.key in LABELS and event.device_type.name == "CPU":
-            totals[LABELS[event.key]] += _times(event, cuda)
-    totals["attention"] -= totals["SFI selector"]  # the selector runs inside attention's label
+            totals[LABELS[event.key][0]] += _times(event, cuda)
+    totals = exclusive_times(totals)
     busy = sum(_times(e, True) for e in prof.key_averages()  # kernels only, not the labels' GPU ranges
                if e.device_type.name == "CUDA" and e.key not in LABELS) if cuda else wall_us
     totals["other model ops"] = max(busy - sum(totals.values()), 0.0)
