@@ -59,6 +59,7 @@ DENSE_CASES = [  # batch, kv_heads, group, head_dim, slots, lengths, dtype, num_
     (3, 1, 4, 64, 300, [7, 300, 129], torch.float16, 7, 6, False),
     (1, 3, 1, 128, 150, [150], torch.float32, 2, 7, True),
     (3, 2, 1, 64, 260, [255, 64, 2], torch.float32, 1, 8, False),
+    (2, 2, 2, 64, 600, [600, 33], torch.float32, 37, 9, False),  # merged in 3 chunks of 16; empty splits
 ]
 
 
@@ -177,7 +178,9 @@ def test_long_context_bf16_on_gpu_and_under_cuda_graph_replay():
     batch, kv_heads, group, head_dim, slots = 2, 8, 4, 128, 32768
     q, k, v = random_qkv(batch, kv_heads, group, head_dim, slots, torch.bfloat16, 30, device="cuda")
     lengths = torch.tensor([slots, 20001], device="cuda")
-    assert_matches(dense_decode(q, k, v, lengths), dense_decode_reference(q, k, v, lengths), torch.bfloat16)
+    expected = dense_decode_reference(q, k, v, lengths)
+    for splits in (None, 3, 16):  # default (merged in the split kernel), few, many (a second kernel merges)
+        assert_matches(dense_decode(q, k, v, lengths, splits), expected, torch.bfloat16)
 
     width = 4 + 2048 + 271  # sinks + selected + the widest recent window of SPEC section 2
     positions = torch.stack([torch.randperm(slots, device="cuda")[:width] for _ in range(batch * kv_heads)])

@@ -142,7 +142,7 @@ def benchmark_dense(batch: int, kv_heads: int, group: int, head_dim: int, contex
     for name, backend in SDPA_BACKENDS.items():
         candidates[f"sdpa {name}"] = partial(sdpa, backend)
     rows = _measure_all([_prepare(name, fn, nbytes) for name, fn in candidates.items()], reference, rounds)
-    del k_long, v_long
+    del candidates, k_long, v_long  # the closures hold the 2L cache: free it before expanding K/V
 
     # A backend that refuses GQA, re-run on K/V expanded per query head (after the others: G x memory).
     for name, backend in SDPA_BACKENDS.items():

@@ -4,10 +4,10 @@ Decode attention reads every cached key and value once and does two small matrix
 so it is bound by memory bandwidth, and at B x H_kv programs a long context leaves most SMs idle. So
 the keys of each (sequence, KV head) are cut into `num_splits` splits, one program each. A program
 streams its split's K/V tiles through an online softmax in float32 and writes a partial max, sum of
-exponentials and unnormalised output per query head; the last program of a (sequence, KV head) to
-finish (an atomic counter decides) rescales all partials to a common max and normalises. Merging in
-the same kernel saves the second launch a separate combine kernel costs (~2 us, 3% of a 60 us step
-at 8K).
+exponentials and unnormalised output per query head. The merge (rescale all partials to a common
+max and normalise) is done either by the last program of a (sequence, KV head) to finish, which an
+atomic counter picks, saving a second launch (~2 us, 3% of a 60 us step at 8K), or, with many splits,
+by a second kernel that spreads it over one program per query head.
 
 GQA: the G query heads of a KV head are consecutive, and one program serves all of them, so K/V are
 read once per KV head. The G rows are padded to 16 and multiplied with `tl.dot`: the tensor cores
@@ -137,7 +137,7 @@ def _decode_split_kernel(
     stride_bound_b, stride_bound_h, stride_pb, stride_ph, stride_pn,
     n_slots, num_splits, qk_scale_log2,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
@@ -189,48 +189,73 @@ def _decode_split_kernel(
     tl.store(part_sum_ptr + rows, running_sum, mask=is_real_head)
     tl.store(part_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=is_real_head[:, None])
 
-    # The last split of this (sequence, KV head) to finish merges all partials, so no second kernel
-    # is launched. The barrier orders every thread's stores before the counter's release; the
-    # acquire side reads the partials past L1 (.cg), which may hold lines of an earlier launch.
-    tl.debug_barrier()
-    counter = done_ptr + seq * tl.num_programs(1) + kv_head
-    finished_before = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-    if finished_before == num_splits - 1:
-        _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
-                      seq, q_heads, is_real_head, offs_d, (seq * q_heads_total + q_heads) * num_splits,
-                      num_splits, BLOCK_G, HEAD_DIM)
-        tl.store(counter, 0)  # zero again for the next launch or graph replay
+    if MERGE_IN_KERNEL:
+        # The last split of this (sequence, KV head) to finish merges all partials, so no second
+        # kernel is launched. The barrier orders every thread's stores before the counter's release;
+        # the acquire side reads the partials past L1 (.cg), which may hold lines of an earlier launch.
+        tl.debug_barrier()
+        counter = done_ptr + seq * tl.num_programs(1) + kv_head
+        finished_before = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if finished_before == num_splits - 1:
+            _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
+                          seq, kv_head * GROUP, q_heads_total, num_splits, GROUP, HEAD_DIM, BLOCK_S)
+            tl.store(counter, 0)  # zero again for the next launch or graph replay
 
 
 @triton.jit
 def _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
-                  seq, q_heads, is_real_head, offs_d, first_rows, num_splits,
-                  BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Rescale every split's partial to a common max and normalise (an online softmax over splits)."""
-    merged_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    merged_sum = tl.zeros([BLOCK_G], tl.float32)
-    merged = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    for split in range(num_splits):
-        rows = first_rows + split
-        part_max = tl.load(part_max_ptr + rows, mask=is_real_head, other=float("-inf"), cache_modifier=".cg")
-        part_sum = tl.load(part_sum_ptr + rows, mask=is_real_head, other=0.0, cache_modifier=".cg")
-        part = tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=is_real_head[:, None],
-                       other=0.0, cache_modifier=".cg")
-        new_max = tl.maximum(merged_max, part_max)
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # no keys yet: avoid -inf - -inf
-        old_weight, new_weight = tl.exp2(merged_max - shift), tl.exp2(part_max - shift)
-        merged_sum = merged_sum * old_weight + part_sum * new_weight
-        merged = merged * old_weight[:, None] + part * new_weight[:, None]
-        merged_max = new_max
-    out = merged / tl.where(merged_sum > 0, merged_sum, 1.0)[:, None]  # no keys at all: zeros, not NaN
-    tl.store(out_ptr + seq * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
-             out.to(out_ptr.dtype.element_ty), mask=is_real_head[:, None])
+                  seq, first_head, q_heads_total, num_splits,
+                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Rescale every split's partial to a common max and normalise, one query head at a time.
+
+    Each head's partials are read BLOCK_S splits per load and the head loop is unrolled, so the loads
+    of all heads are in flight together: this merge sits on the kernel's critical path.
+    """
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for g in tl.static_range(GROUP):
+        head = first_head + g
+        first_row = (seq * q_heads_total + head) * num_splits
+        merged_max = tl.full([], float("-inf"), tl.float32)
+        merged_sum = tl.zeros([], tl.float32)
+        merged = tl.zeros([HEAD_DIM], tl.float32)
+        for s0 in range(0, num_splits, BLOCK_S):
+            rows = first_row + s0 + offs_s
+            in_range = s0 + offs_s < num_splits
+            part_max = tl.load(part_max_ptr + rows, mask=in_range, other=float("-inf"), cache_modifier=".cg")
+            part_sum = tl.load(part_sum_ptr + rows, mask=in_range, other=0.0, cache_modifier=".cg")
+            part = tl.load(part_acc_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], mask=in_range[:, None],
+                           other=0.0, cache_modifier=".cg")
+            new_max = tl.maximum(merged_max, tl.max(part_max, 0))
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # no keys yet: avoid -inf - -inf
+            old_weight, weights = tl.exp2(merged_max - shift), tl.exp2(part_max - shift)
+            merged_sum = merged_sum * old_weight + tl.sum(part_sum * weights, 0)
+            merged = merged * old_weight + tl.sum(part * weights[:, None], 0)
+            merged_max = new_max
+        out = merged / tl.where(merged_sum > 0, merged_sum, 1.0)  # no keys at all: zeros, not NaN
+        tl.store(out_ptr + seq * stride_ob + head * stride_oh + offs_d * stride_od, out.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _combine_splits_kernel(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
+                           num_splits, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The merge as a second kernel, one program per (query head, sequence): for many splits."""
+    _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
+                  tl.program_id(1).to(tl.int64), tl.program_id(0), tl.num_programs(0), num_splits, 1, HEAD_DIM,
+                  BLOCK_S)
 
 
 # The interpreter's tl.dot multiplies the bit patterns of bfloat16 operands (triton#11584), so under
 # TRITON_INTERPRET the kernel upcasts them first: bf16 x bf16 products are exact in float32, so only
 # the summation order differs from the GPU's bf16 MMA with float32 accumulation.
 _INTERPRETED = isinstance(_decode_split_kernel, InterpretedFunction)
+
+
+# Up to this many splits the last finisher merges them in the split kernel; beyond it a second kernel
+# does, one program per query head. H200, Qwen3 shapes (reports/attention-h200): at B = 5 and 8
+# (2-3 splits) the in-kernel merge beat cuDNN by 1-8%, but at B = 1 (16 splits merged serially by
+# 8 programs) it fell 2-5% behind, where the two-kernel form had matched or beaten it.
+MAX_SPLITS_MERGED_IN_KERNEL = 8
 
 
 @functools.cache
@@ -272,18 +297,23 @@ def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, conf
     part_sum = torch.empty_like(part_max)
 
     done = _done_counters(q.device, batch * kv_heads)
+    merge_in_kernel = num_splits <= MAX_SPLITS_MERGED_IN_KERNEL
+    block_s = min(16, triton.next_power_of_2(num_splits))
     _decode_split_kernel[(num_splits, kv_heads, batch)](
         q, k, v, bounds, bounds if positions is None else positions, part_acc, part_max, part_sum, done, out,
         *q.stride(), *out.stride(), *k.stride(), *v.stride(), *bound_strides,
         *((0, 0, 0) if positions is None else positions.stride()),
         n_slots, num_splits, math.log2(math.e) / math.sqrt(head_dim),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_N=config.block_n, SPARSE=positions is not None,
+        BLOCK_N=config.block_n, BLOCK_S=block_s, MERGE_IN_KERNEL=merge_in_kernel, SPARSE=positions is not None,
         # Only float32 operands heed the precision: keep them exact instead of rounding to tf32.
         DOT_PRECISION="ieee" if k.dtype == torch.float32 or _INTERPRETED else "tf32",
         DOT_IN_FP32=_INTERPRETED and k.dtype == torch.bfloat16,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
+    if not merge_in_kernel:
+        _combine_splits_kernel[(q_heads, batch)](part_acc, part_max, part_sum, out, *out.stride(), num_splits,
+                                                 HEAD_DIM=head_dim, BLOCK_S=block_s, num_warps=4)
     return out
 
 

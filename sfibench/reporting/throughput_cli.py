@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from rich.console import Console
 from rich.table import Table
 
@@ -41,6 +43,9 @@ def dense_kernel_check(session: Session, contexts: list[int], batches: list[int]
     from sfibench.optimized.bench_attention import benchmark_dense
 
     cfg, rows = session.loaded.config, []
+    session.cache = None  # the last run's KV cache (up to ~120 GB at 128K) is not needed any more
+    if session.device.type == "cuda":
+        torch.cuda.empty_cache()
     for batch in sorted(set(batches)):
         for context in contexts:
             for result in benchmark_dense(batch, cfg.num_kv_heads, cfg.group_size, cfg.head_dim, context,
