@@ -253,7 +253,8 @@ def quality(
     methods: str = typer.Option("full_kv,sfi,streaming_llm,snapkv", help="comma-separated; Full-KV always runs "
                                                                          "(it is the reference)"),
     tasks: str = typer.Option("niah_single,niah_multiturn,ppl", help="comma-separated: passkey, niah_single, "
-                              "niah_multikey, niah_multivalue, niah_multiquery, niah_multiturn, vt, cwe, fwe, ppl"),
+                              "niah_single_word, niah_multikey, niah_multivalue, niah_multiquery, niah_multiturn, "
+                              "vt, cwe, fwe, ppl"),
     ctx: str = typer.Option("2k", help="prompt lengths in the model's tokens: 2k,4k,8000 or max"),
     retention: str = typer.Option("0.1,0.2,0.5", help="budgets as fractions of the context, each in (0, 1]"),
     samples: str = typer.Option("4", help="samples per cell: one count, or one per --ctx (20,20,10)"),
@@ -266,6 +267,10 @@ def quality(
     out: Path = typer.Option(None, help="run directory (default runs/quality-<time>)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace results already in --out"),
     resume: bool = typer.Option(False, "--resume", help="continue a stopped run in --out (same settings)"),
+    no_prior: bool = typer.Option(False, "--no-prior", help="SFI ablation: Selector without the prior"),
+    no_nms: bool = typer.Option(False, "--no-nms", help="SFI ablation: Selector without Soft-NMS"),
+    no_cross_head: bool = typer.Option(False, "--no-cross-head", help="SFI ablation: no cross-head exclusivity"),
+    w_prefill: int = typer.Option(None, min=1, help="SFI: prompt queries used as bootstrap evidence (default 16)"),
 ):
     """Offline long-context tasks and fidelity to Full-KV, every method from one prefill (SPEC 9)."""
     from sfibench.reporting.quality_report import results_table, run_quality
@@ -276,9 +281,13 @@ def quality(
 
     with user_errors():
         try:
+            variant = {name: False for name, off in (("use_prior", no_prior), ("use_nms", no_nms),
+                                                      ("use_cross_head", no_cross_head)) if off}
+            if w_prefill is not None:
+                variant["w_prefill"] = w_prefill
             run_dir = run_quality(model, split(methods), split(tasks), split(ctx), split(retention), split(samples),
                                   out, overwrite, device, dtype, seed, batch, chat, longbench, err_console,
-                                  resume)
+                                  resume, variant)
         except FileExistsError as error:  # an earlier run's results: name the fix instead of a traceback
             raise ValueError(str(error)) from None
     console.print(results_table(read_results(run_dir)["results"]["cells"]))

@@ -16,7 +16,7 @@ from sfibench.engine.turns import Script, run_scripts
 from sfibench.methods import create_method
 from sfibench.metrics import longbench, quality
 from sfibench.reporting.quality_report import parse_context, parse_retentions, run_quality
-from sfibench.reporting.quality_run import make_condition, recent_for_budget
+from sfibench.reporting.quality_run import conditions, make_condition, recent_for_budget
 
 
 def test_string_match_accepts_the_answer_and_rejects_near_misses():
@@ -119,6 +119,15 @@ def test_budget_rule():
     assert parse_context("2k") == 2048 and parse_context("3000") == 3000 and parse_context("max") == "max"
 
 
+def test_sfi_variant_changes_only_sfi_and_names_bad_settings():
+    plan = conditions(["sfi", "snapkv"], [0.2], 2048, {"use_nms": False, "w_prefill": 64})
+    sfi = next(c for c in plan if c.method == "sfi").spec.sfi
+    assert sfi.selector.use_nms is False and sfi.w_prefill == 64 and sfi.selector.use_prior is True
+    assert make_condition("sfi", 0.2, 2048).spec.sfi.selector.use_nms is True  # defaults untouched
+    with pytest.raises(ValueError, match="unknown SFI setting 'use_magic'"):
+        make_condition("sfi", 0.2, 2048, sfi_variant={"use_magic": True})
+
+
 def test_end_to_end_on_tiny_llama(tmp_path):
     run_dir = run_quality("tiny-llama", ["sfi", "streaming_llm", "snapkv"], ["niah_single", "ppl"], ["600"],
                           ["0.5"], ["2"], out=tmp_path / "run", device="cpu", chat=False, batch=2)
@@ -143,6 +152,21 @@ def test_end_to_end_on_tiny_llama(tmp_path):
     with pytest.raises(ValueError, match="--resume: .* different retentions"):
         run_quality("tiny-llama", ["sfi", "streaming_llm", "snapkv"], ["niah_single", "ppl"], ["600"],
                     ["0.4"], ["2"], out=run_dir, device="cpu", chat=False, batch=2, resume=True)
+    with pytest.raises(ValueError, match="--resume: .* different sfi_variant"):
+        run_quality("tiny-llama", ["sfi", "streaming_llm", "snapkv"], ["niah_single", "ppl"], ["600"],
+                    ["0.5"], ["2"], out=run_dir, device="cpu", chat=False, batch=2, resume=True,
+                    sfi_variant={"use_nms": False})
+
+
+def test_ablation_run_records_the_sfi_variant(tmp_path):
+    out = tmp_path / "ablation"
+    result = CliRunner().invoke(app, ["quality", "--model", "tiny-llama", "--methods", "sfi", "--tasks", "niah_single",
+                                      "--ctx", "600", "--retention", "0.5", "--samples", "1", "--no-chat",
+                                      "--no-nms", "--w-prefill", "32", "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["config"]["sfi_variant"] == {"use_nms": False, "w_prefill": 32}
+    assert "SFI ablation" in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize("args, message", [

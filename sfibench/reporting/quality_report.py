@@ -41,7 +41,8 @@ DEFAULT_CONTEXTS = ("2k",)
 DEFAULT_RETENTIONS = (0.1, 0.2, 0.5)
 DEFAULT_SAMPLES = (4,)
 MAX_MARGIN = 8  # tokens kept free below the model's limit by --ctx max, beyond the decode budget
-SAME_ON_RESUME = ("model", "methods", "tasks", "contexts", "retentions", "samples", "seed", "chat", "dtype")
+SAME_ON_RESUME = ("model", "methods", "tasks", "contexts", "retentions", "samples", "seed", "chat", "dtype",
+                  "sfi_variant")
 
 
 def parse_retentions(values) -> list[float]:
@@ -78,11 +79,12 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
                 contexts=DEFAULT_CONTEXTS, retentions=DEFAULT_RETENTIONS, samples=DEFAULT_SAMPLES,
                 out: Path | str | None = None, overwrite: bool = False, device: str = "auto", dtype: str = "auto",
                 seed: int = 0, batch: int = 4, chat: bool = True, longbench: Path | str | None = None,
-                console: Console | None = None, resume: bool = False) -> Path:
+                console: Console | None = None, resume: bool = False, sfi_variant: dict | None = None) -> Path:
     """Run the quality benchmark and return the run directory (results.json, plots, report.md).
 
     `resume` continues a stopped run in `out` with the same settings: every (task, context) its
-    results.json already holds is kept, and only the missing ones run.
+    results.json already holds is kept, and only the missing ones run. `sfi_variant` changes SFI
+    settings for an ablation run (see quality_run.apply_sfi_variant), e.g. {"use_nms": False}.
     """
     console = console or Console(stderr=True)
     started = time.time()
@@ -117,14 +119,16 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
     reserve = max([make_samples(t, fmt, probe, 1, seed)[0].decode_budget for t in tasks if not t.startswith(PREFIX)]
                   + [DATASETS[dataset_name(f)][1] for f in files])
     contexts = [limit - reserve - MAX_MARGIN if c == "max" else c for c in contexts]
-    plan = {c: conditions(methods, retentions, c) for c in contexts}  # validates every budget
+    sfi_variant = sfi_variant or None  # recorded as null when SFI runs as specified
+    plan = {c: conditions(methods, retentions, c, sfi_variant) for c in contexts}  # validates every budget
     for context in contexts:
         _check_fits(context, reserve, limit, session.loaded.config.name)
 
     config = {"model": session.loaded.config.name, "methods": methods, "tasks": tasks, "contexts": contexts,
               "retentions": retentions, "samples": samples, "seed": seed, "batch": batch, "chat": chat,
               "device": str(session.device), "dtype": str(session.dtype).replace("torch.", ""),
-              "threads": torch.get_num_threads(), "longbench": str(longbench) if longbench else None}
+              "threads": torch.get_num_threads(), "longbench": str(longbench) if longbench else None,
+              "sfi_variant": sfi_variant}
     info = provenance()
     records: list[dict] = []
     timings: dict[str, float] = {}

@@ -47,8 +47,22 @@ def recent_for_budget(budget: int, page: int = 16) -> int:
     return max(page, min(DEFAULT_N_RECENT, (budget // 4) // page * page))
 
 
-def make_condition(method: str, retention: float | None, context: int, path: str = "reference") -> Condition:
+SFI_VARIANT_FIELDS = {"use_prior": "selector", "use_nms": "selector", "use_cross_head": "selector",
+                      "w_prefill": "sfi"}
+
+
+def apply_sfi_variant(spec: MethodSpec, variant: dict | None) -> None:
+    """Change SFI settings for an ablation run, e.g. {"use_nms": False} (SPEC 5: every stage switchable)."""
+    for name, value in (variant or {}).items():
+        if name not in SFI_VARIANT_FIELDS:
+            raise ValueError(f"unknown SFI setting {name!r}; valid: {', '.join(SFI_VARIANT_FIELDS)}")
+        setattr(spec.sfi.selector if SFI_VARIANT_FIELDS[name] == "selector" else spec.sfi, name, value)
+
+
+def make_condition(method: str, retention: float | None, context: int, path: str = "reference",
+                   sfi_variant: dict | None = None) -> Condition:
     spec = MethodSpec(name=method, path=path)
+    apply_sfi_variant(spec, sfi_variant)
     if retention is None:
         return Condition(method, None, spec)
     budget = round(retention * context)
@@ -63,10 +77,12 @@ def make_condition(method: str, retention: float | None, context: int, path: str
     return Condition(method, retention, spec)
 
 
-def conditions(methods: list[str], retentions: list[float], context: int) -> list[Condition]:
+def conditions(methods: list[str], retentions: list[float], context: int,
+               sfi_variant: dict | None = None) -> list[Condition]:
     """Full-KV first (every other method is compared with it), then each sparse method x retention."""
     out = [make_condition("full_kv", None, context)]
-    out += [make_condition(m, r, context) for m in methods if m != "full_kv" for r in retentions]
+    out += [make_condition(m, r, context, sfi_variant=sfi_variant) for m in methods if m != "full_kv"
+            for r in retentions]
     return out
 
 
