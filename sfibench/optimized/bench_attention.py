@@ -109,21 +109,26 @@ def _alternatives(batch: int, kv_heads: int, head_dim: int, context: int, dtype:
     return {f"triton split-K, {name}": kwargs for name, kwargs in named.items()}
 
 
+def _random_inputs(batch, kv_heads, group, head_dim, context, dtype, device):
+    """Seeded q `[B, H_q, D]`, K/V `[B, H_kv, L, D]` full to `context`, the bytes one call reads, the shape."""
+    torch.manual_seed(0)
+    q = torch.randn(batch, kv_heads * group, head_dim, device=device, dtype=dtype)
+    k = torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    lengths = torch.full((batch,), context, device=device, dtype=torch.int32)
+    nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()  # K and V once, plus q and the output
+    shape = {"batch": batch, "kv_heads": kv_heads, "group": group, "head_dim": head_dim, "context": context,
+             "dtype": str(dtype).removeprefix("torch.")}
+    return q, k, v, lengths, nbytes, shape
+
+
 def benchmark_dense(batch: int, kv_heads: int, group: int, head_dim: int, context: int,
                     dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
                     sweep: bool = False, rounds: int = 3) -> list[dict]:
     """Rows for our dense_decode (also on a cache twice the context) and each SDPA backend, timed in
     `rounds` interleaved rounds. `sweep` adds dense_decode with its split count, tile and warps varied.
     """
-    torch.manual_seed(0)
-    q_heads = kv_heads * group
-    q = torch.randn(batch, q_heads, head_dim, device=device, dtype=dtype)
-    k = torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=dtype)
-    v = torch.randn_like(k)
-    lengths = torch.full((batch,), context, device=device, dtype=torch.int32)
-    nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
-    shape = {"batch": batch, "kv_heads": kv_heads, "group": group, "head_dim": head_dim, "context": context,
-             "dtype": str(dtype).removeprefix("torch.")}
+    q, k, v, lengths, nbytes, shape = _random_inputs(batch, kv_heads, group, head_dim, context, dtype, device)
 
     reference = dense_decode(q, k, v, lengths).reshape(-1).float()
     candidates = {"triton split-K": lambda: dense_decode(q, k, v, lengths)}
@@ -164,14 +169,7 @@ def tune_dense(batch: int, kv_heads: int, group: int, head_dim: int, context: in
                dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda") -> list[dict]:
     """dense_decode over a grid of split counts x tile sizes x pipeline depths, and the two fastest
     SDPA backends, at one shape: the evidence for `default_num_splits` and `default_config`."""
-    torch.manual_seed(0)
-    q = torch.randn(batch, kv_heads * group, head_dim, device=device, dtype=dtype)
-    k = torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=dtype)
-    v = torch.randn_like(k)
-    lengths = torch.full((batch,), context, device=device, dtype=torch.int32)
-    nbytes = (2 * k.numel() + 2 * q.numel()) * k.element_size()
-    shape = {"batch": batch, "kv_heads": kv_heads, "group": group, "head_dim": head_dim, "context": context,
-             "dtype": str(dtype).removeprefix("torch.")}
+    q, k, v, lengths, nbytes, shape = _random_inputs(batch, kv_heads, group, head_dim, context, dtype, device)
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     heads = batch * kv_heads
     # Split counts giving from half a wave to eight waves of one program per SM.
