@@ -173,7 +173,8 @@ def tune_dense(batch: int, kv_heads: int, group: int, head_dim: int, context: in
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     heads = batch * kv_heads
     # Split counts giving from half a wave to eight waves of one program per SM.
-    splits = sorted({max(1, min(context // 128, round(w * sm_count / heads))) for w in (0.5, 1, 1.5, 2, 2.5, 3, 4, 6, 8)})
+    waves = (0.5, 1, 1.5, 2, 2.5, 3, 4, 6, 8)
+    splits = sorted({max(1, min(context // 128, round(w * sm_count / heads))) for w in waves})
     base = default_config(head_dim, dtype)
     default = _prepare("triton split-K (default)", lambda: dense_decode(q, k, v, lengths), nbytes)
     rows = [{**default, "num_splits": default_num_splits(batch, kv_heads, context, sm_count)}]

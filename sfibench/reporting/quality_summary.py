@@ -93,8 +93,8 @@ def markdown(results: dict, plots: list[str]) -> str:
              "## What ran", "",
              (f"- tasks: {', '.join(cfg['tasks'])}; contexts (prompt tokens, model's own tokenizer): "
              f"{', '.join(map(str, cfg['contexts']))}; samples per cell: {', '.join(map(str, cfg['samples']))}"),
-             *([f"- **SFI ablation**: SFI ran with {', '.join(f'{k}={v}' for k, v in cfg['sfi_variant'].items())} "
-                "instead of SPEC's defaults; every other method as usual"] if cfg.get("sfi_variant") else []),
+             *([(f"- **SFI ablation**: SFI ran with {', '.join(f'{k}={v}' for k, v in cfg['sfi_variant'].items())} "
+                 "instead of SPEC's defaults; every other method as usual")] if cfg.get("sfi_variant") else []),
              (f"- methods: full_kv, {', '.join(methods)} (reference path); retention: "
              f"{', '.join(f'{r:g}' for r in cfg['retentions'])}; greedy decoding; "
              f"{'chat template + answer prefix' if cfg['chat'] else 'plain prompts + answer prefix'} "
