@@ -256,7 +256,9 @@ def quality(
                               "niah_single_word, niah_multikey, niah_multivalue, niah_multiquery, niah_multiturn, "
                               "vt, cwe, fwe, ppl"),
     ctx: str = typer.Option("2k", help="prompt lengths in the model's tokens: 2k,4k,8000 or max"),
-    retention: str = typer.Option("0.1,0.2,0.5", help="budgets as fractions of the context, each in (0, 1]"),
+    retention: str = typer.Option("0.15,0.5", help="budgets as fractions of the context, each in (0, 1] "
+                                  "(default: where the paper says SFI matches Full-KV, and where it says "
+                                  "eviction baselines need to be)"),
     samples: str = typer.Option("4", help="samples per cell: one count, or one per --ctx (20,20,10)"),
     longbench: Path = typer.Option(None, help="LongBench <dataset>.jsonl file or a directory of them (local)"),
     chat: bool = typer.Option(True, "--chat/--no-chat", help="wrap prompts in the model's chat template"),
