@@ -149,3 +149,16 @@ def test_dense_kernel_verdict_compares_with_the_fastest_sdpa_backend_that_ran():
     verdicts = dense_kernel_verdicts(rows)
     assert [(b, c, ours["gb_s"], best["kernel"]) for b, c, ours, best in verdicts] == [
         (1, 8192, 1500.0, "sdpa cudnn"), (8, 8192, 3400.0, "sdpa flash")]
+
+
+def test_profile_labels_exist_only_while_a_profiler_records():
+    from torch.profiler import profile
+
+    from sfibench.metrics.labels import label
+
+    with label("sfibench.test") as entered:
+        assert entered is None  # no profiler: the shared no-op context
+    with profile() as prof:
+        with label("sfibench.test"):
+            torch.ones(4).sum()
+    assert any(event.key == "sfibench.test" for event in prof.key_averages())

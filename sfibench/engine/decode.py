@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from torch.profiler import record_function
 
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.prefill import Prefilled, PromptError, restore
 from sfibench.engine.sampling import Sampler
 from sfibench.methods import AttentionMethod
+from sfibench.metrics.labels import label
 from sfibench.models.decoder import Decoder
 
 
@@ -38,7 +38,7 @@ def forward_step(model: Decoder, cache: KVCache, method: AttentionMethod, tokens
     def attend(layer, q, k, v):
         ctx.layer = layer
         cache.write_step(layer, ctx.positions, k[:, :, 0], v[:, :, 0])
-        with record_function("sfibench.attend"):  # a label for `sfibench profile`; no cost unprofiled
+        with label("sfibench.attend"):  # a label for `sfibench profile`
             return method.attend(q, cache, ctx)
 
     return model(tokens[:, None], ctx.positions[:, None], attend)[:, -1]

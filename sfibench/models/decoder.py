@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.profiler import record_function
 
+from sfibench.metrics.labels import label
 from sfibench.models import fused
 from sfibench.models.presets import ModelConfig
 from sfibench.models.rope import inverse_frequencies, rope_cos_sin
@@ -47,7 +47,7 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
         batch, seq, _ = x.shape
-        with record_function("sfibench.projections"):  # a label for `sfibench profile`
+        with label("sfibench.projections"):  # a label for `sfibench profile`
             q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
             k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
             v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
@@ -56,7 +56,7 @@ class SelfAttention(nn.Module):
         q = fused.ops["apply_rope"](q.transpose(1, 2), cos, sin)
         k = fused.ops["apply_rope"](k.transpose(1, 2), cos, sin)
         out = attend(layer, q, k, v.transpose(1, 2))  # [B, H_q, T, D]
-        with record_function("sfibench.projections"):
+        with label("sfibench.projections"):
             return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -68,7 +68,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with record_function("sfibench.mlp"):  # a label for `sfibench profile`
+        with label("sfibench.mlp"):  # a label for `sfibench profile`
             return self.down_proj(fused.ops["silu_mul"](self.gate_proj(x), self.up_proj(x)))
 
 

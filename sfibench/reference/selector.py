@@ -21,9 +21,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import record_function
 
 from sfibench.config import SelectorConfig
+from sfibench.metrics.labels import label
 
 NEG_INF = float("-inf")
 
@@ -173,18 +173,18 @@ def select(
     if num_positions == 0:
         return torch.empty(logits.shape[:-2] + (0,), dtype=torch.long, device=logits.device)
     # Each stage carries a label so `sfibench profile` can split the Selector's time.
-    with record_function("sfibench.selector.pool"):
+    with label("sfibench.selector.pool"):
         log_s = pool_evidence(logits, cfg.alpha)
     if cfg.use_prior:
-        with record_function("sfibench.selector.prior_fusion"):
+        with label("sfibench.selector.prior_fusion"):
             log_r = log_prior(key_norms, cfg)
             lam = choose_lambda(log_s, log_r, num_rows, cfg)
             log_s = fuse(log_s, log_r, lam, cfg.eps)
     if cfg.use_nms:
-        with record_function("sfibench.selector.nms"):
+        with label("sfibench.selector.nms"):
             log_s = soft_nms(log_s, cfg.nms_radius, cfg.nms_alpha)
     if cfg.use_cross_head:
-        with record_function("sfibench.selector.cross_head"):
+        with label("sfibench.selector.cross_head"):
             log_s = cross_head_exclusivity(log_s, cfg.cross_temperature, cfg.cross_alpha, cfg.eps)
-    with record_function("sfibench.selector.top_k"):
+    with label("sfibench.selector.top_k"):
         return top_k_positions(log_s, k, lo)

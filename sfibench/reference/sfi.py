@@ -10,12 +10,12 @@ new picks take effect from the next step. Prefill is the first (bootstrap) refre
 from __future__ import annotations
 
 import torch
-from torch.profiler import record_function
 
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.prefill import Prefilled
 from sfibench.methods import AttentionMethod, register
+from sfibench.metrics.labels import label
 from sfibench.reference.attention import dense_attention
 from sfibench.reference.selector import select
 from sfibench.reference.sparse_memory import attend_fixed_plus_tail, recent_start
@@ -69,8 +69,8 @@ class ReferenceSFI(AttentionMethod):
         if hi <= lo:  # no candidates yet: sinks + recent already cover the whole history
             self.selected_count[layer, row] = 0
             return
-        with record_function("sfibench.selector"):  # a label for `sfibench profile`
-            with record_function("sfibench.selector.logits"):  # the reference recomputes them from q and K
+        with label("sfibench.selector"):  # a label for `sfibench profile`
+            with label("sfibench.selector.logits"):  # the reference recomputes them from q and K
                 keys = cache.k[layer, row, :, lo:hi]  # [H_kv, n, D]
                 logits = torch.einsum("hgwd,hnd->hgwn", q.float(), keys.float()) * q.shape[-1] ** -0.5
                 visible = torch.arange(lo, hi, device=q.device)[None, :] <= query_pos[:, None]  # [W, n]

@@ -9,8 +9,8 @@ builds the position lists, attends, and counts exactly the tokens it read.
 from __future__ import annotations
 
 import torch
-from torch.profiler import record_function
 
+from sfibench.metrics.labels import label
 from sfibench.reference.attention import gather_attention
 
 
@@ -31,7 +31,7 @@ def attend_fixed_plus_tail(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fi
     batch, kv_heads = fixed.shape[:2]
     # The reference path rebuilds this index list every step and gathers K/V through it; it keeps no
     # compact copy of the selected K/V, so this is its whole "compact rebuild" cost.
-    with record_function("sfibench.sparse_index"):  # a label for `sfibench profile`
+    with label("sfibench.sparse_index"):  # a label for `sfibench profile`
         tail_len = (kv_lengths - tail_start).clamp(min=0)  # [B]
         width = max(tail_width, 1)
         offsets = torch.arange(width, device=q.device)
