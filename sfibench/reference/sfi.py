@@ -32,8 +32,8 @@ class ReferenceSFI(AttentionMethod):
         self.cfg = spec.sfi
         if self.cfg.layer_groups not in (1, 2):
             raise ValueError(f"layer_groups must be 1 or 2, got {self.cfg.layer_groups}")
-        self.is_ender, self.is_blank = token_classes(tokenizer.backend, model_config.vocab_size)
         self.token_bytes = token_byte_table(tokenizer.backend, model_config.vocab_size)
+        self.is_ender, self.is_blank = token_classes(tokenizer.backend, model_config.vocab_size, self.token_bytes)
 
     def start(self, cache: KVCache, prefilled: Prefilled) -> None:
         cfg, mc = self.cfg, self.model_config

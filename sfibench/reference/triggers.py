@@ -41,8 +41,8 @@ def _gpt2_char_to_byte() -> dict[str, int]:
     return table
 
 
-def _token_bytes(tokenizer, vocab_size: int) -> list[bytes]:
-    """The raw bytes of every token id.
+def token_byte_table(tokenizer, vocab_size: int) -> list[bytes]:
+    """The raw bytes of every token id (token_classes, the scheduler's stream rule, replay streams).
 
     Read from the vocabulary where possible rather than from `decode([id])`, whose answer for one token
     can depend on the decoder's clean-up rules (prefix spaces, tokenization-space clean-up).
@@ -63,22 +63,20 @@ def _token_bytes(tokenizer, vocab_size: int) -> list[bytes]:
     return out
 
 
-def token_byte_table(tokenizer, vocab_size: int) -> list[bytes]:
-    """The raw bytes of every token id, for the scheduler's stream rule (see the module docstring)."""
-    return _token_bytes(tokenizer, vocab_size)
-
-
 ENDER_BYTES = tuple(e.encode("utf-8") for e in ENDERS)
 
 
-def token_classes(tokenizer, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(is_ender, is_blank)`, bool `[vocab_size]`, built from the tokenizer's own vocabulary.
+def token_classes(tokenizer, vocab_size: int,
+                  table: list[bytes] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(is_ender, is_blank)`, bool `[vocab_size]`, built from the tokenizer's own vocabulary
+    (or from its `token_byte_table`, when the caller already has it).
 
     Ender: the text, stripped of *all* trailing whitespace (not only newlines: ". " or ".\\t" end a
     sentence just the same), ends with one of ENDERS. Blank: non-empty and pure whitespace. A partial
     UTF-8 character decodes to U+FFFD, so a token holding only part of an ender is not an ender.
     """
-    texts = [raw.decode("utf-8", errors="replace") for raw in _token_bytes(tokenizer, vocab_size)]
+    table = table if table is not None else token_byte_table(tokenizer, vocab_size)
+    texts = [raw.decode("utf-8", errors="replace") for raw in table]
     is_ender = torch.tensor([t.rstrip().endswith(ENDERS) for t in texts], dtype=torch.bool)
     is_blank = torch.tensor([t.isspace() for t in texts], dtype=torch.bool)  # "".isspace() is False
     return is_ender, is_blank

@@ -53,12 +53,12 @@ def take(stream: torch.Tensor, start: int, count: int) -> torch.Tensor:
 
 def _rebuild() -> None:  # pragma: no cover - maintenance script
     from sfibench.models.loading import load_model
-    from sfibench.reference.triggers import _token_bytes
+    from sfibench.reference.triggers import token_byte_table
 
     loaded = load_model("smollm2-135m")
     text = (importlib.resources.files("sfibench.workloads") / "data" / "essays_en.txt").read_text()
     ids = loaded.tokenizer.encode(text)
-    table = _token_bytes(loaded.tokenizer.backend, loaded.config.vocab_size)
+    table = token_byte_table(loaded.tokenizer.backend, loaded.config.vocab_size)
     pieces = {str(i): table[i].hex() for i in sorted(set(ids))}
     out = importlib.resources.files("sfibench.workloads") / "data" / REPLAY_FILE
     with open(str(out), "w") as f:
