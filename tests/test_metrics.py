@@ -33,7 +33,7 @@ from sfibench.metrics.memory import (
     check_fits,
     estimate_memory,
 )
-from sfibench.metrics.nvml import NvmlSampler
+from sfibench.metrics.nvml import NvmlSampler, best_energy, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer, measure_copy_bandwidth, time_region
 from sfibench.models.presets import get_preset
@@ -225,6 +225,16 @@ def test_nvml_sampler_never_raises():
         assert summary["reason"]
     else:
         assert summary["samples"] >= 2
+
+
+def test_energy_prefers_the_driver_counter():
+    # The counter read 338 J where the lagging power samples integrate to 264 J: 338 J / 400 tokens.
+    both = {"energy_j": 264.0, "energy_j_counter": 338.0}
+    assert best_energy(both) == (338.0, "energy counter")
+    assert energy_per_token(both, 400) == {"joules_per_token": 0.845, "joules_per_token_from": "energy counter"}
+    only_samples = {"energy_j": 264.0, "energy_j_counter": None}
+    assert energy_per_token(only_samples, 400)["joules_per_token_from"] == "integrated power samples"
+    assert energy_per_token({"available": False, "reason": "no GPU"}, 400) == {}
 
 
 def test_nvml_sampler_unstarted_summary():

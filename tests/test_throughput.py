@@ -14,6 +14,7 @@ from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.metrics.memory import MemoryEstimateError
 from sfibench.reporting.throughput_cli import resolve_methods
+from sfibench.reporting.throughput_report import latency_energy_rows
 from sfibench.reporting.throughput_run import ThroughputConfig, prepare_cache, run_throughput
 from sfibench.workloads.replay import ReplayTokenizer, load_replay, take
 
@@ -85,6 +86,22 @@ def test_cli_default_writes_a_report_and_refuses_to_overwrite(tmp_path):
     assert (out / "results.json").read_bytes() == before
     bad = runner.invoke(app, ["throughput", "--ctx", "64k", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "limit" in bad.output
+
+
+def test_latency_table_has_a_line_per_step_kind_and_energy_from_the_counter():
+    ms = {"p50": 6.0, "p90": 6.5, "p99": 7.0, "max": 9.0}
+    row = {"method": "sfi", "path": "reference", "context": 8192, "batch": 2,
+           "ms_per_step": {"fast": ms | {"n": 360}, "slow": ms | {"n": 24}},
+           "peak_memory_bytes": 3 * 2**30,
+           "energy": {"duration_s": 1.5, "energy_j": 264.0, "energy_j_counter": 384.0}}
+    fast, slow = latency_energy_rows([row], tokens_per_pass=128 * 3)
+    # 384 J (the counter, not the 264 J integral) over 2 sequences x 384 tokens = 0.5 J per token, and
+    # over 1.5 s = 256 W; memory, power and energy appear once per row.
+    assert fast == ("sfi", "reference", "8,192", "2", "fast", "360", "6.00", "6.50", "7.00", "9.00",
+                    "3.0", "256", "0.500")
+    assert slow[4:6] == ("slow", "24") and slow[-3:] == ("", "", "")
+    cpu_row = row | {"peak_memory_bytes": None, "energy": {"available": False, "reason": "no GPU"}}
+    assert latency_energy_rows([cpu_row], 384)[0][-3:] == ("-", "-", "-")
 
 
 def test_method_path_pinning():

@@ -38,6 +38,22 @@ def _nvml_handle(pynvml, cuda_index: int):
     return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
 
 
+def best_energy(summary: dict) -> tuple[float | None, str | None]:
+    """(joules, which figure) from a sampler summary: the driver's counter when it was read, else the
+    integrated power samples (see the module docstring for why the counter is trusted first)."""
+    if summary.get("energy_j_counter") is not None:
+        return summary["energy_j_counter"], "energy counter"
+    if summary.get("energy_j") is not None:
+        return summary["energy_j"], "integrated power samples"
+    return None, None
+
+
+def energy_per_token(summary: dict, tokens: int) -> dict:
+    """{"joules_per_token", "joules_per_token_from"} for `tokens` generated while sampling, or {}."""
+    joules, source = best_energy(summary)
+    return {"joules_per_token": joules / tokens, "joules_per_token_from": source} if joules else {}
+
+
 def _trapezoid(values: np.ndarray, times: np.ndarray) -> float:
     return float(np.sum((values[1:] + values[:-1]) / 2 * np.diff(times)))
 
@@ -150,7 +166,7 @@ class NvmlSampler:
         out.setdefault("energy_j", None)
         out["sm_clock_mhz_min"] = min((v for v in self._samples["sm_clock_mhz"] if v is not None),
                                       default=None)
-        # The driver's own energy counter, when supported, is a cross-check on the integration.
+        # The driver's own energy counter, when supported; best_energy prefers it to the integral.
         out["energy_j_counter"] = ((self._energy_mj[-1] - self._energy_mj[0]) / 1e3
                                    if len(self._energy_mj) == 2 else None)
         return out

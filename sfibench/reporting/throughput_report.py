@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from sfibench.metrics.nvml import best_energy, energy_per_token
+
 COLUMNS = ("method", "path", "ctx", "batch", "tok/s", "spread", "ms fast/dense", "ms slow", "tokens read",
            "GB/s", "% roofline", "speedup", "roofline speedup")
 
@@ -48,6 +50,28 @@ def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
             f"{100 * r['roofline_efficiency']:.0f}%" if "roofline_efficiency" in r else "-",
             f"{speedup:.2f}x" if speedup else "-", f"{roof:.2f}x" if roof else "-",
         ))
+    return out
+
+
+def latency_energy_rows(rows: list[dict], tokens_per_pass: int) -> list[tuple[str, ...]]:
+    """One line per (row, step kind): latency percentiles, then the row's peak memory, power and energy.
+
+    Energy per token is recomputed from the raw NVML fields (counter first), so an older results.json
+    renders the same way as a new one.
+    """
+    out = []
+    for r in rows:
+        energy = r.get("energy") or {}
+        joules = energy_per_token(energy, r["batch"] * tokens_per_pass).get("joules_per_token")
+        peak = r.get("peak_memory_bytes")
+        total, _ = best_energy(energy)
+        power = total / energy["duration_s"] if total and energy.get("duration_s") else None
+        tail = (f"{peak / 2**30:.1f}" if peak else "-", f"{power:.0f}" if power else "-",
+                f"{joules:.3f}" if joules else "-")
+        for i, (kind, ms) in enumerate(r["ms_per_step"].items()):
+            out.append((r["method"], r["path"], f"{r['context']:,}", str(r["batch"]), kind, str(ms["n"]),
+                        *(f"{ms[q]:.2f}" for q in ("p50", "p90", "p99", "max")),
+                        *(tail if i == 0 else ("", "", ""))))
     return out
 
 
@@ -131,6 +155,16 @@ def markdown(results: dict) -> str:
     lines += ["", "tokens read = mean per (layer, KV head, sequence) per step; GB/s and % roofline from the bytes "
               "model (weights + K/V read + appends + refresh traffic); speedup against the fastest Full-KV path at "
               "the same shape; roofline speedup = (W + B·KV_full) / (W + B·KV_sparse + (W + B·KV_full)/N_slow).", ""]
+    tokens_per_pass = cfg["steps"] * cfg["repeats"]
+    lines += ["## Step latency, memory and energy", "",
+              "Latency per decode step (ms) by kind over all timed passes. Peak memory: torch's peak allocation "
+              "during the method's passes. Energy: NVML over the timed passes (gaps between passes included), "
+              "from the driver's energy counter where it exists, else the integral of the sampled power, which "
+              "lags because the driver averages power over about a second; mean W = that energy / the span.", "",
+              "| method | path | ctx | batch | step | n | p50 | p90 | p99 | max | peak GiB | mean W | J/token |",
+              "|" + "---|" * 13]
+    lines += ["| " + " | ".join(cells) + " |" for cells in latency_energy_rows(rows, tokens_per_pass)]
+    lines.append("")
     if res.get("dense_kernels"):
         lines += ["## Full-KV attention against PyTorch's SDPA backends", "",
                   "One layer's decode attention at the run's shapes (random q/K/V, bf16, L2 cleared before each "

@@ -28,7 +28,7 @@ from sfibench.metrics.bytes_model import (
     step_bytes,
 )
 from sfibench.metrics.memory import MemoryEstimateError, available_device_memory, check_fits, estimate_memory
-from sfibench.metrics.nvml import NvmlSampler
+from sfibench.metrics.nvml import NvmlSampler, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer
 from sfibench.optimized.graph_runner import DecodeRunner
@@ -169,8 +169,7 @@ def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: 
                    "captured": len(runner.graphs), "capture_seconds": runner.capture_seconds,
                    "length_bucket": runner.length_bucket},
         "peak_memory_bytes": torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None,
-        "energy": energy | ({"joules_per_token": energy["energy_j"] / (batch * cfg.steps * cfg.repeats)}
-                            if energy.get("energy_j") else {}),
+        "energy": energy | energy_per_token(energy, batch * cfg.steps * cfg.repeats),
     }
 
 
