@@ -79,7 +79,9 @@ def test_cli_default_writes_a_report_and_refuses_to_overwrite(tmp_path):
     assert result.exit_code == 0, result.output
     saved = json.loads((out / "results.json").read_text())
     assert {r["method"] for r in saved["results"]["rows"]} == {"full_kv", "sfi", "streaming_llm", "snapkv"}
-    assert (out / "report.md").read_text().startswith("# sfibench throughput")
+    assert all(r["prefill"] == "real" and r["prefill_seconds"] > 0 for r in saved["results"]["rows"])
+    report = (out / "report.md").read_text()
+    assert report.startswith("# sfibench throughput") and "1,024 x 1 real" in report
     before = (out / "results.json").read_bytes()
     again = runner.invoke(app, ["throughput", "--ctx", "1k", "--steps", "8", "--out", str(out)])
     assert again.exit_code == 2 and "--overwrite" in again.output

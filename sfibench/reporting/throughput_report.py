@@ -124,6 +124,15 @@ def plot(rows: list[dict], run_dir: Path) -> list[Path]:
     return paths
 
 
+def _prefill_times(rows: list[dict]) -> list[str]:
+    """One bullet with the prefill wall time of each (context, batch), or nothing for older results."""
+    shapes = {(r["context"], r["batch"]): r for r in rows if r.get("prefill_seconds") is not None}
+    if not shapes:
+        return []
+    times = ", ".join(f"{c:,} x {b} {r['prefill']} {r['prefill_seconds']:.2f} s" for (c, b), r in shapes.items())
+    return [f"- Prefill wall time per context x batch (excluded from decode throughput): {times}."]
+
+
 def _commit(prov: dict) -> str:
     if not prov.get("git_commit"):
         return "git commit unknown (no .git where it ran)"
@@ -148,6 +157,7 @@ def markdown(results: dict) -> str:
         f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads right after a "
         f"refresh (n_sink {cfg['sfi']['n_sink']}, k_head {cfg['sfi']['k_head']}, n_recent {cfg['sfi']['n_recent']}); "
         "keys keep their original RoPE positions.",
+        *_prefill_times(rows),
         f"- Measured copy bandwidth (read + write): {res['copy_bandwidth_gb_s']:,.0f} GB/s: the roofline ceiling.", "",
         "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
     ]

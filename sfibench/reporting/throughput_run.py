@@ -9,6 +9,7 @@ timed passes give the median and spread; per-step CUDA events give the latency b
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -76,8 +77,12 @@ def _available(session: Session) -> int:
 
 
 def prepare_cache(session: Session, context: int, batch: int, steps: int, mode: str,
-                  stream: torch.Tensor, seed: int) -> tuple[Prefilled, bool]:
-    """Allocate (after checking it fits) and prefill; returns the snapshot and whether it was synthetic."""
+                  stream: torch.Tensor, seed: int) -> tuple[Prefilled, bool, float]:
+    """Allocate (after checking it fits) and prefill.
+
+    Returns the snapshot, whether it was synthetic, and the fill's wall time in seconds (the device
+    synchronised at both ends; allocation excluded). Decode throughput never includes it (SPEC 7).
+    """
     max_seq = context + steps + 1
     session.cache = None
     if session.device.type == "cuda":
@@ -90,11 +95,21 @@ def prepare_cache(session: Session, context: int, batch: int, steps: int, mode: 
                                   f"{session.max_tokens} tokens; use a shorter --ctx")
     session.cache = KVCache(session.loaded.config, batch, max_seq, session.device, session.dtype)
     synthetic = mode == "synthetic" or (mode == "auto" and context >= 16384)
+    cfg = session.loaded.config
+    prompts = None if synthetic else [take(stream, 1000 * row, context).tolist() for row in range(batch)]
+    _synchronize(session.device)
+    began = time.perf_counter()
     if synthetic:
-        cfg = session.loaded.config
-        return synthetic_prefill(session.cache, context, cfg.vocab_size, cfg.num_heads, EVIDENCE_ROWS, seed), True
-    prompts = [take(stream, 1000 * row, context).tolist() for row in range(batch)]
-    return prefill(session.loaded.model, session.cache, prompts, evidence_rows=EVIDENCE_ROWS), False
+        prefilled = synthetic_prefill(session.cache, context, cfg.vocab_size, cfg.num_heads, EVIDENCE_ROWS, seed)
+    else:
+        prefilled = prefill(session.loaded.model, session.cache, prompts, evidence_rows=EVIDENCE_ROWS)
+    _synchronize(session.device)
+    return prefilled, synthetic, time.perf_counter() - began
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: ThroughputConfig,
@@ -199,13 +214,15 @@ def run_throughput(session: Session, cfg: ThroughputConfig, progress=None) -> li
     batches = [largest_batch(session, max(cfg.contexts), cfg.steps) if b == "max" else int(b) for b in cfg.batches]
     for context in cfg.contexts:
         for batch in dict.fromkeys(batches):
-            prefilled, synthetic = prepare_cache(session, context, batch, cfg.steps, cfg.prefill, stream, seed=0)
+            prefilled, synthetic, prefill_seconds = prepare_cache(session, context, batch, cfg.steps, cfg.prefill,
+                                                                  stream, seed=0)
             # every sequence replays its own stretch of text, starting where its prompt would end
             inputs = torch.stack([take(stream, 1000 * row + context, cfg.steps + 1) for row in range(batch)])
             inputs = inputs.pin_memory() if session.device.type == "cuda" else inputs
             for spec in method_specs(cfg, context):
                 row = measure(session, prefilled, spec, cfg, inputs, tokenizer, context)
                 row["prefill"] = "synthetic" if synthetic else "real"
+                row["prefill_seconds"] = prefill_seconds
                 rows.append(row)
                 if progress:
                     progress(row)
