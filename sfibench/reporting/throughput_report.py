@@ -130,7 +130,8 @@ def _prefill_times(rows: list[dict]) -> list[str]:
     if not shapes:
         return []
     times = ", ".join(f"{c:,} x {b} {r['prefill']} {r['prefill_seconds']:.2f} s" for (c, b), r in shapes.items())
-    return [f"- Prefill wall time per context x batch (excluded from decode throughput): {times}."]
+    return [f"- Prefill wall time per context x batch (excluded from decode throughput): {times}. The first "
+            "also pays one-time start-up (kernel compilation, library initialisation)."]
 
 
 def _commit(prov: dict) -> str:
