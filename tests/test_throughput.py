@@ -13,6 +13,7 @@ from sfibench.engine.cache import KVCache
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.metrics.memory import MemoryEstimateError
+from sfibench.metrics.nvml import energy_per_token
 from sfibench.reporting.throughput_cli import resolve_methods
 from sfibench.reporting.throughput_report import latency_energy_rows
 from sfibench.reporting.throughput_run import ThroughputConfig, prepare_cache, run_throughput
@@ -96,14 +97,15 @@ def test_latency_table_has_a_line_per_step_kind_and_energy_from_the_counter():
            "ms_per_step": {"fast": ms | {"n": 360}, "slow": ms | {"n": 24}},
            "peak_memory_bytes": 3 * 2**30,
            "energy": {"duration_s": 1.5, "energy_j": 264.0, "energy_j_counter": 384.0}}
-    fast, slow = latency_energy_rows([row], tokens_per_pass=128 * 3)
+    row["energy"] |= energy_per_token(row["energy"], 2 * 128 * 3)  # as summarize stores it
+    fast, slow = latency_energy_rows([row])
     # 384 J (the counter, not the 264 J integral) over 2 sequences x 384 tokens = 0.5 J per token, and
     # over 1.5 s = 256 W; memory, power and energy appear once per row.
     assert fast == ("sfi", "reference", "8,192", "2", "fast", "360", "6.00", "6.50", "7.00", "9.00",
                     "3.0", "256", "0.500")
     assert slow[4:6] == ("slow", "24") and slow[-3:] == ("", "", "")
     cpu_row = row | {"peak_memory_bytes": None, "energy": {"available": False, "reason": "no GPU"}}
-    assert latency_energy_rows([cpu_row], 384)[0][-3:] == ("-", "-", "-")
+    assert latency_energy_rows([cpu_row])[0][-3:] == ("-", "-", "-")
 
 
 def test_method_path_pinning():

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from sfibench.metrics.nvml import best_energy, energy_per_token
+from sfibench.metrics.nvml import best_energy
 
 COLUMNS = ("method", "path", "ctx", "batch", "tok/s", "spread", "ms fast/dense", "ms slow", "tokens read",
            "GB/s", "% roofline", "speedup", "roofline speedup")
@@ -53,16 +53,12 @@ def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
     return out
 
 
-def latency_energy_rows(rows: list[dict], tokens_per_pass: int) -> list[tuple[str, ...]]:
-    """One line per (row, step kind): latency percentiles, then the row's peak memory, power and energy.
-
-    Energy per token is recomputed from the raw NVML fields (counter first), so an older results.json
-    renders the same way as a new one.
-    """
+def latency_energy_rows(rows: list[dict]) -> list[tuple[str, ...]]:
+    """One line per (row, step kind): latency percentiles, then the row's peak memory, power and energy."""
     out = []
     for r in rows:
         energy = r.get("energy") or {}
-        joules = energy_per_token(energy, r["batch"] * tokens_per_pass).get("joules_per_token")
+        joules = energy.get("joules_per_token")
         peak = r.get("peak_memory_bytes")
         total, _ = best_energy(energy)
         power = total / energy["duration_s"] if total and energy.get("duration_s") else None
@@ -166,7 +162,6 @@ def markdown(results: dict) -> str:
     lines += ["", "tokens read = mean per (layer, KV head, sequence) per step; GB/s and % roofline from the bytes "
               "model (weights + K/V read + appends + refresh traffic); speedup against the fastest Full-KV path at "
               "the same shape; roofline speedup = (W + B·KV_full) / (W + B·KV_sparse + (W + B·KV_full)/N_slow).", ""]
-    tokens_per_pass = cfg["steps"] * cfg["repeats"]
     lines += ["## Step latency, memory and energy", "",
               "Latency per decode step (ms) by kind over all timed passes. Peak memory: torch's peak allocation "
               "during the method's passes. Energy: NVML over the timed passes (gaps between passes included), "
@@ -174,7 +169,7 @@ def markdown(results: dict) -> str:
               "lags because the driver averages power over about a second; mean W = that energy / the span.", "",
               "| method | path | ctx | batch | step | n | p50 | p90 | p99 | max | peak GiB | mean W | J/token |",
               "|" + "---|" * 13]
-    lines += ["| " + " | ".join(cells) + " |" for cells in latency_energy_rows(rows, tokens_per_pass)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in latency_energy_rows(rows)]
     lines.append("")
     if res.get("dense_kernels"):
         lines += ["## Full-KV attention against PyTorch's SDPA backends", "",
