@@ -8,12 +8,11 @@ import sys
 import torch
 
 from sfibench.config import MethodSpec
-from sfibench.engine.prefill import restore
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.engine.cache import KVCache
 from sfibench.methods import create_method
-from sfibench.optimized.graph_runner import DecodeRunner
+from sfibench.engine.driver import StepDriver
 
 model, context = sys.argv[1], int(sys.argv[2])
 session = Session.open(model, "cuda")
@@ -22,12 +21,11 @@ cache = KVCache(cfg, 1, context + 300, "cuda", session.dtype)
 pre = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
 for name, path in [("full_kv", "optimized"), ("streaming_llm", "reference")]:
     method = create_method(MethodSpec(name=name, path=path), cfg, session.loaded.tokenizer)
-    restore(cache, pre)
-    method.start(cache, pre)
-    runner = DecodeRunner(session.loaded.model, cache, method, use_graphs=True)
+    runner = StepDriver(session.loaded.model, cache, method, use_graphs=True)
+    runner.start(pre)
     tokens = torch.zeros(1, dtype=torch.long, device="cuda")
     for i in range(1, 4):
-        runner.step(tokens, i)
+        runner.step(tokens)
     graph = next(iter(runner.graphs.values())).graph
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
@@ -39,7 +37,7 @@ for name, path in [("full_kv", "optimized"), ("streaming_llm", "reference")]:
     replay_ms = start.elapsed_time(end) / 100
     start.record()
     for i in range(4, 104):
-        runner.step(tokens, i)
+        runner.step(tokens)
     end.record()
     torch.cuda.synchronize()
     step_ms = start.elapsed_time(end) / 100

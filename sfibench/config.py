@@ -54,6 +54,9 @@ class SFIConfig:
     page: int = 16
     w_prefill: int = 16  # prompt query rows used as evidence by the bootstrap (prefill) refresh
     layer_groups: int = 1  # 2: even and odd layers refresh on alternate slow steps
+    bridge_steps: int = 0  # decode steps after prefill that run densely before the bootstrap selection is used
+    publish: str = "next_step"  # next_step: a refresh is used from the next step | when_ready: optimized path,
+    #                             the Selector runs on a side stream and its result is used once it is done
     trigger: TriggerConfig = field(default_factory=TriggerConfig)
     selector: SelectorConfig = field(default_factory=SelectorConfig)
 

@@ -7,10 +7,10 @@ import torch
 
 from sfibench.config import MethodSpec, SFIConfig, SnapKVConfig, StreamingLLMConfig, TriggerConfig
 from sfibench.engine.cache import KVCache
-from sfibench.engine.prefill import prefill, restore
+from sfibench.engine.driver import StepDriver
+from sfibench.engine.prefill import prefill
 from sfibench.methods import available, create_method
 from sfibench.models.loading import load_model
-from sfibench.optimized.graph_runner import DecodeRunner
 
 pytestmark = pytest.mark.gpu
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -23,16 +23,15 @@ def spec(name: str, path: str) -> MethodSpec:
 
 
 def decode(loaded, cache, pre, method, graphs: bool, inputs, runner=None):
-    runner = runner or DecodeRunner(loaded.model, cache, method, use_graphs=graphs, length_bucket=16)
-    restore(cache, pre)
-    method.start(cache, pre)
+    runner = runner or StepDriver(loaded.model, cache, method, use_graphs=graphs, length_bucket=16)
+    runner.start(pre)
     method.observe(inputs[:, 0].cpu())
     logits, reads, replayed = [], [], 0
     for index in range(1, inputs.shape[1]):
-        out, ctx, was_replayed = runner.step(inputs[:, index - 1], index)
-        logits.append(out.clone())
-        reads.append(ctx.tokens_read.clone())
-        replayed += was_replayed
+        result = runner.step(inputs[:, index - 1])
+        logits.append(result.logits.clone())
+        reads.append(result.ctx.tokens_read.clone())
+        replayed += result.replayed
         method.observe(inputs[:, index].cpu())
     return torch.stack(logits), torch.stack(reads), replayed
 
@@ -47,7 +46,7 @@ def test_graph_replay_matches_eager(name, path):
     inputs = torch.randint(0, 256, (2, 60), generator=torch.Generator().manual_seed(0)).cuda()
     method = create_method(spec(name, path), loaded.config, loaded.tokenizer)
     eager_logits, eager_reads, _ = decode(loaded, cache, pre, method, False, inputs)
-    runner = DecodeRunner(loaded.model, cache, method, use_graphs=True, length_bucket=16)
+    runner = StepDriver(loaded.model, cache, method, use_graphs=True, length_bucket=16)
     for _ in range(2):  # the second pass replays graphs captured in the first, after method.start()
         graph_logits, graph_reads, replayed = decode(loaded, cache, pre, method, True, inputs, runner)
         assert replayed > 30  # most steps really were graph replays

@@ -10,7 +10,8 @@ from helpers import hf_twin
 
 from sfibench.config import MethodSpec, SamplingConfig
 from sfibench.engine.cache import KVCache
-from sfibench.engine.decode import decode_step, generate
+from sfibench.engine.decode import generate
+from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import prefill
 from sfibench.engine.sampling import Sampler
 from sfibench.methods import create_method
@@ -32,12 +33,11 @@ def engine_logits(loaded, prompt: list[int], forced: list[int], chunk: int = 204
     """Logits after the prompt, then after each teacher-forced decode step."""
     cache = KVCache(loaded.config, 1, len(prompt) + len(forced) + 1, "cpu", torch.float32)
     pre = prefill(loaded.model, cache, [prompt], chunk=chunk)
-    method = create_method(MethodSpec(), loaded.config, loaded.tokenizer)
-    method.start(cache, pre)
+    driver = StepDriver(loaded.model, cache, create_method(MethodSpec(), loaded.config, loaded.tokenizer))
+    driver.start(pre)
     out = [pre.last_logits[0]]
-    for step, token in enumerate(forced, start=1):
-        logits, _ = decode_step(loaded.model, cache, method, torch.tensor([token]), step)
-        out.append(logits[0])
+    for token in forced:
+        out.append(driver.step(torch.tensor([token])).logits[0])
     return torch.stack(out)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sfibench.config import SelectorConfig
-from sfibench.reference.selector import (
+from sfibench.sfi.selector import (
     choose_lambda,
     cross_head_exclusivity,
     fuse,

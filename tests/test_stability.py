@@ -31,7 +31,7 @@ from sfibench.metrics.stability import (
     set_overlap,
     supports,
 )
-from sfibench.reference.sparse_memory import recent_start
+from sfibench.sfi.geometry import recent_start
 from sfibench.reporting.stability_report import DenseProbe, run_stability
 
 SMALL = SFIConfig(n_sink=2, n_recent=8, page=4, selector=SelectorConfig(use_cross_head=False))

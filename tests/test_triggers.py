@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sfibench.config import TriggerConfig
-from sfibench.reference.triggers import SlowStepScheduler, token_byte_table, token_classes
+from sfibench.sfi.triggers import SlowStepScheduler, token_byte_table, token_classes
 
 NO_INTERVAL = 10**6  # a t_max that never fires, to see the sentence trigger alone
 

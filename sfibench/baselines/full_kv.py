@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import torch
 
+from dataclasses import dataclass
+
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
-from sfibench.methods import AttentionMethod, register
+from sfibench.methods import AttentionMethod, StepPlan, register
 from sfibench.reference.attention import dense_attention
+
+
+@dataclass(frozen=True)
+class DensePlan(StepPlan):
+    capacity: int = 0  # slots read per sequence (the longest length, bucketed)
+    masked: bool = False  # some sequence is shorter than the capacity
 
 
 @register("full_kv", "reference")
@@ -15,15 +23,11 @@ class FullKV(AttentionMethod):
     name = "full_kv"
     step_kind = "dense"
 
-    def plan_step(self, ctx: StepContext) -> None:
-        longest = int(ctx.kv_lengths_host.max())
-        self.capacity = ctx.bucketed(longest)
-        self.masked = bool((ctx.kv_lengths_host != self.capacity).any())
+    def plan(self, ctx: StepContext) -> DensePlan:
+        capacity = ctx.bucketed(int(ctx.kv_lengths_host.max()))
+        return DensePlan(capacity=capacity, masked=bool((ctx.kv_lengths_host != capacity).any()))
 
-    def graph_key(self, ctx: StepContext) -> tuple:
-        return (self.capacity, self.masked)
-
-    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan: DensePlan) -> torch.Tensor:
         ctx.tokens_read[ctx.layer] = ctx.kv_lengths[:, None]
-        return dense_attention(q, cache.k[ctx.layer], cache.v[ctx.layer], ctx.kv_lengths, self.capacity,
-                               self.masked)
+        return dense_attention(q, cache.k[ctx.layer], cache.v[ctx.layer], ctx.kv_lengths, plan.capacity,
+                               plan.masked)

@@ -15,7 +15,7 @@ from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.prefill import Prefilled
 from sfibench.methods import AttentionMethod, register
-from sfibench.reference.sparse_memory import attend_fixed_plus_tail
+from sfibench.reference.sparse_memory import TailPlan, attend_fixed_plus_tail
 
 POOLINGS = ("max", "avg")
 
@@ -72,17 +72,14 @@ class SnapKV(AttentionMethod):
         pool = F.max_pool1d if self.cfg.pooling == "max" else F.avg_pool1d
         return pool(votes[:, None], self.cfg.kernel, stride=1, padding=self.cfg.kernel // 2)[:, 0]
 
-    def plan_step(self, ctx: StepContext) -> None:
-        self.tail_width = ctx.bucketed(int((ctx.kv_lengths_host - self.tail_start_host).max()))
+    def plan(self, ctx: StepContext) -> TailPlan:
+        return TailPlan(tail_width=ctx.bucketed(int((ctx.kv_lengths_host - self.tail_start_host).max())))
 
-    def graph_key(self, ctx: StepContext) -> tuple:
-        return (self.tail_width,)
-
-    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan: TailPlan) -> torch.Tensor:
         kept = self.kept[ctx.layer]
         valid = torch.arange(kept.shape[-1], device=q.device) < self.kept_count[:, None, None]
         out, read = attend_fixed_plus_tail(q, cache.k[ctx.layer], cache.v[ctx.layer], kept,
                                            valid.expand_as(kept), self.tail_start, ctx.kv_lengths,
-                                           self.tail_width)
+                                           plan.tail_width)
         ctx.tokens_read[ctx.layer] = read
         return out

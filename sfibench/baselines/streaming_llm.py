@@ -26,10 +26,8 @@ class StreamingLLM(AttentionMethod):
             raise ValueError(f"StreamingLLM budget ({cfg.budget}) must exceed its {cfg.n_sink} sink tokens")
         self.cfg = cfg
 
-    def graph_key(self, ctx: StepContext) -> tuple:
-        return ()  # every size comes from the configuration
-
-    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan) -> torch.Tensor:
+        # Every size comes from the configuration, so the default plan (no static sizes) serves every step.
         batch, kv_heads = cache.batch, cache.k.shape[2]
         sinks = torch.arange(self.cfg.n_sink, device=q.device).expand(batch, kv_heads, -1)
         sinks_valid = sinks < ctx.kv_lengths[:, None, None]

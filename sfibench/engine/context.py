@@ -13,10 +13,11 @@ class StepContext:
 
     `positions[b]` is the cache slot (and RoPE position) of sequence b's query token; the cache is
     unpadded, so slot == position. `kv_lengths[b] = positions[b] + 1` once this step's key is written.
-    `slow[b]` is the method's decision for sequence b (dense attention + refresh); it is a host (CPU)
-    tensor because it steers Python control flow; methods without slow steps leave it False. The
-    decoder sets `layer` before each layer's attention; the method writes how many cached tokens each
-    (layer, sequence, KV head) read into `tokens_read`.
+    Both are device tensors the step driver owns and updates in place (a CUDA graph reads them at
+    their captured addresses). `slow[b]` is the method's host-side decision for sequence b, used for
+    reporting; the attention itself reads the method's device copy of it. The decoder sets `layer`
+    before each layer's attention; the method writes how many cached tokens each (layer, sequence, KV
+    head) read into `tokens_read`.
 
     Host copies of the lengths let a method size its tensors without a device sync. Those sizes are
     rounded up to `length_bucket` slots, so that a step captured in a CUDA graph can be replayed
@@ -32,20 +33,6 @@ class StepContext:
     tokens_read: torch.Tensor  # [n_layers, B, H_kv] long, on the device
     length_bucket: int = 1
     layer: int = 0
-
-    @classmethod
-    def for_decode(cls, step: int, lengths: torch.Tensor, lengths_host: torch.Tensor, num_layers: int,
-                   num_kv_heads: int, length_bucket: int = 1) -> StepContext:
-        batch = lengths.shape[0]
-        return cls(
-            step=step,
-            positions=lengths,
-            kv_lengths=lengths + 1,
-            kv_lengths_host=lengths_host + 1,
-            slow=torch.zeros(batch, dtype=torch.bool),
-            tokens_read=torch.zeros(num_layers, batch, num_kv_heads, dtype=torch.long, device=lengths.device),
-            length_bucket=length_bucket,
-        )
 
     def bucketed(self, length: int) -> int:
         """`length` rounded up to the step's length bucket (the static size a kernel is given)."""

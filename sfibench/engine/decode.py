@@ -1,6 +1,6 @@
-"""The decode loop: one token per sequence per step, attention delegated to the method.
+"""Free-running or teacher-forced generation on top of the step driver.
 
-`decode_step` is the hot path (one model call); `generate` wraps it with sampling, teacher forcing,
+`generate` wraps `StepDriver.step` (engine/driver.py, the hot path) with sampling, teacher forcing,
 end-of-sequence handling and the per-step record every report is built from.
 """
 
@@ -12,36 +12,11 @@ import torch
 
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
-from sfibench.engine.prefill import Prefilled, PromptError, restore
+from sfibench.engine.driver import StepDriver
+from sfibench.engine.prefill import Prefilled, PromptError
 from sfibench.engine.sampling import Sampler
 from sfibench.methods import AttentionMethod
-from sfibench.metrics.labels import label
 from sfibench.models.decoder import Decoder
-
-
-@torch.no_grad()
-def decode_step(model: Decoder, cache: KVCache, method: AttentionMethod, tokens: torch.Tensor,
-                step: int) -> tuple[torch.Tensor, StepContext]:
-    """Feed `tokens [B]` (one per sequence) at each sequence's next position; returns logits `[B, V]`."""
-    cfg = model.config
-    ctx = StepContext.for_decode(step, cache.lengths, cache.lengths_host, cfg.num_layers, cfg.num_kv_heads)
-    method.plan_step(ctx)
-    logits = forward_step(model, cache, method, tokens, ctx)
-    cache.advance()
-    return logits, ctx
-
-
-def forward_step(model: Decoder, cache: KVCache, method: AttentionMethod, tokens: torch.Tensor,
-                 ctx: StepContext) -> torch.Tensor:
-    """One token per sequence through the model; each layer stores its K/V, then the method attends."""
-
-    def attend(layer, q, k, v):
-        ctx.layer = layer
-        cache.write_step(layer, ctx.positions, k[:, :, 0], v[:, :, 0])
-        with label("sfibench.attend"):  # a label for `sfibench profile`
-            return method.attend(q, cache, ctx)
-
-    return model(tokens[:, None], ctx.positions[:, None], attend)[:, -1]
 
 
 @dataclass
@@ -68,7 +43,8 @@ class Trace:
 @torch.no_grad()
 def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled: Prefilled,
              max_new_tokens: int, sampler: Sampler, eos_token_id: int | None = None,
-             forced: torch.Tensor | None = None, keep_logits: bool = False, on_step=None) -> Trace:
+             forced: torch.Tensor | None = None, keep_logits: bool = False, on_step=None,
+             use_graphs: bool = False) -> Trace:
     """Decode `max_new_tokens` per sequence from a prefilled (or restored) cache.
 
     With `forced [B, N]` the inputs are teacher-forced: step i feeds forced[:, i] whatever was
@@ -79,8 +55,8 @@ def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled:
     if int(prefilled.lengths.max()) + max_new_tokens > cache.max_seq:
         raise PromptError(f"the cache holds {cache.max_seq} tokens, too few for the prompt plus {max_new_tokens} "
                           "new tokens; prefill with a larger max_new_tokens")
-    restore(cache, prefilled)
-    method.start(cache, prefilled)
+    driver = StepDriver(model, cache, method, use_graphs)
+    driver.start(prefilled)
     batch = prefilled.lengths.shape[0]
     logits = prefilled.last_logits
     emitted, steps, kept = [], [], []
@@ -88,8 +64,9 @@ def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled:
     for index in range(max_new_tokens):
         record = None
         if index > 0:
-            logits, ctx = decode_step(model, cache, method, tokens, step=index)
-            record = _record(method, ctx)
+            result = driver.step(tokens)
+            logits = result.logits
+            record = _record(method, result.ctx)
             steps.append(record)
         sampled = sampler(logits)
         tokens = forced[:, index] if forced is not None else sampled
@@ -107,9 +84,14 @@ def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled:
     return Trace(torch.stack(emitted, dim=1).cpu(), steps, kept, finished)
 
 
-def _record(method: AttentionMethod, ctx: StepContext) -> StepRecord:
+def step_kinds(method: AttentionMethod, ctx: StepContext) -> list[str]:
+    """Per sequence: "slow" or "fast" for methods with slow steps, else the method's one step kind."""
     if method.has_slow_steps:
-        kinds = ["slow" if s else "fast" for s in ctx.slow.tolist()]
-    else:
-        kinds = [method.step_kind] * ctx.slow.shape[0]
-    return StepRecord(kinds, ctx.tokens_read.cpu(), ctx.kv_lengths.cpu())
+        return ["slow" if s else "fast" for s in ctx.slow.tolist()]
+    return [method.step_kind] * ctx.slow.shape[0]
+
+
+def _record(method: AttentionMethod, ctx: StepContext) -> StepRecord:
+    # copies: the driver reuses these buffers every step (and .cpu() of a CPU tensor is no copy)
+    return StepRecord(step_kinds(method, ctx), ctx.tokens_read.to("cpu", copy=True),
+                      ctx.kv_lengths.to("cpu", copy=True))

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 import torch
 
 from sfibench.engine.cache import KVCache
-from sfibench.engine.decode import decode_step
-from sfibench.engine.prefill import Prefilled, restore
+from sfibench.engine.decode import step_kinds
+from sfibench.engine.driver import StepDriver
+from sfibench.engine.prefill import Prefilled
 from sfibench.methods import AttentionMethod
 from sfibench.models.decoder import Decoder
 
@@ -94,13 +95,14 @@ def run_scripts(model: Decoder, cache: KVCache, method: AttentionMethod, prefill
     The cache must have room for the longest script. Rows that finish early keep being fed `pad_id`
     (their outputs are ignored) until every row is done.
     """
-    restore(cache, prefilled)
-    method.start(cache, prefilled)
+    driver = StepDriver(model, cache, method)
+    driver.start(prefilled)
     rows = [_Row(s, None if teacher is None else teacher[i]) for i, s in enumerate(scripts)]
     logits, step, tokens = prefilled.last_logits, 0, None
     while True:
         if step > 0:
-            logits, ctx = decode_step(model, cache, method, tokens, step=step)
+            result = driver.step(tokens)
+            logits, ctx = result.logits, result.ctx
         active = [not row.done for row in rows]  # rows that still need this step's logits
         if step > 0:
             _record(rows, ctx, method, active)
@@ -117,9 +119,9 @@ def run_scripts(model: Decoder, cache: KVCache, method: AttentionMethod, prefill
 def _record(rows: list[_Row], ctx, method: AttentionMethod, active: list[bool]) -> None:
     read = ctx.tokens_read.float().mean(dim=(0, 2)).cpu()  # [B] mean over layers and KV heads
     lengths = ctx.kv_lengths.cpu()
-    slow = ctx.slow.cpu().tolist()
+    kinds = step_kinds(method, ctx)
     for i, row in enumerate(rows):
         if active[i]:
             row.stream.retention.append(float(read[i]) / int(lengths[i]))
-            kind = ("slow" if slow[i] else "fast") if method.has_slow_steps else method.step_kind
+            kind = kinds[i]
             row.stream.kinds[kind] = row.stream.kinds.get(kind, 0) + 1

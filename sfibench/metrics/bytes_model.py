@@ -22,6 +22,7 @@ import numpy as np
 
 from sfibench.config import SFIConfig
 from sfibench.models.presets import ModelConfig
+from sfibench.sfi import geometry
 
 FLOAT32_BYTES = 4  # evidence logits and cached key norms are kept in float32
 INDEX_BYTES = 4  # selected positions are stored as int32
@@ -144,25 +145,14 @@ def step_bytes(model_cfg: ModelConfig, tokens_read, batch: int, dtype_bytes: int
     )
 
 
-def _recent_start(context_len: int, sfi: SFIConfig) -> int:
-    return (context_len - min(context_len, sfi.n_recent)) // sfi.page * sfi.page
-
-
 def sfi_candidates(context_len: int, sfi: SFIConfig) -> int:
-    """|C|: positions between the sinks and the page-aligned recent window (SPEC section 2)."""
-    return max(0, _recent_start(context_len, sfi) - sfi.n_sink)
+    """|C| at a refresh (see sfibench.sfi.geometry)."""
+    return geometry.candidates(context_len, sfi)
 
 
 def sfi_tokens_read(context_len: int, sfi: SFIConfig) -> int:
-    """Tokens a fast step reads per (layer, KV head) right after a refresh (SPEC section 2).
-
-    Sinks + min(k_head, |C|) + the recent window; the whole context while the sequence is too short
-    to be sparse. Between refreshes the anchored window grows by one token per step beyond this.
-    """
-    if context_len < sfi.n_sink + sfi.k_head + sfi.n_recent:
-        return context_len
-    recent_window = context_len - _recent_start(context_len, sfi)
-    return sfi.n_sink + min(sfi.k_head, sfi_candidates(context_len, sfi)) + recent_window
+    """Tokens a fast step reads per (layer, KV head) right after a refresh (see sfibench.sfi.geometry)."""
+    return geometry.tokens_read_after_refresh(context_len, sfi)
 
 
 def roofline_ratio(W: float, kv_full: float, kv_sparse: float, batch: int, n_slow: float) -> float:

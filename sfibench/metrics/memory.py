@@ -7,6 +7,8 @@ The estimate is linear in batch B and context S, which lets the error say exactl
 fixed: weights (every parameter is stored, including an untied embedding table) + method extra;
 per_sequence_token: K and V cache + float32 key norms + one prefill chunk's float32 attention scores;
 per_sequence: one prefill chunk's activations in one layer + float32 logits for one row.
+A method's own state adds `method_token_bytes` per sequence and token and `method_sequence_bytes` per
+sequence (see `method_state_bytes` in reporting/throughput_run.py for the optimized SFI's).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ class MemoryEstimateError(ValueError):
 
 
 def estimate_memory(model_cfg: ModelConfig, batch: int, max_seq: int, dtype_bytes: int = 2,
-                    method_extra_bytes: int = 0, prefill_chunk: int = 512) -> dict:
+                    method_extra_bytes: int = 0, prefill_chunk: int = 512, method_token_bytes: int = 0,
+                    method_sequence_bytes: int = 0) -> dict:
     """Bytes a run needs, by part, plus the linear coefficients `check_fits` solves with.
 
     The workspace is a rough upper bound: activations are freed layer by layer, so only one layer's
@@ -47,7 +50,8 @@ def estimate_memory(model_cfg: ModelConfig, batch: int, max_seq: int, dtype_byte
     per_sequence = prefill_chunk * activation_width * dtype_bytes + cfg.vocab_size * FLOAT32_BYTES
 
     fixed = weights + method_extra_bytes
-    per_sequence_token = kv_per_token + norms_per_token + scores_per_token
+    per_sequence += method_sequence_bytes  # e.g. the optimized SFI's compact K/V buffers
+    per_sequence_token = kv_per_token + norms_per_token + scores_per_token + method_token_bytes
     kv_cache = batch * max_seq * kv_per_token
     key_norms = batch * max_seq * norms_per_token
     workspace = batch * (per_sequence + max_seq * scores_per_token)

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import torch
 
 from sfibench.config import SFIConfig, parse_budget
-from sfibench.reference.selector import select
-from sfibench.reference.sparse_memory import recent_start
+from sfibench.sfi.selector import select
+from sfibench.sfi.geometry import recent_start
 
 HIST_BINS = 20  # overlap histograms over [0, 1]
 
@@ -68,7 +68,7 @@ def check_config(cfg: StabilityConfig) -> None:
         raise StabilityInputError(f"--steps must be at least 2 (overlap compares consecutive steps), got {cfg.steps}")
     if cfg.max_offset < 1:
         raise StabilityInputError(f"--max-offset must be at least 1, got {cfg.max_offset}")
-    first_hi = int(recent_start(torch.tensor(cfg.prefix + 1), cfg.sfi.n_recent, cfg.sfi.page))
+    first_hi = recent_start(cfg.prefix + 1, cfg.sfi.n_recent, cfg.sfi.page)
     if first_hi <= cfg.sfi.n_sink:
         raise StabilityInputError(
             f"a {cfg.prefix}-token prefix leaves no candidate positions between the {cfg.sfi.n_sink} sinks and "
@@ -199,7 +199,7 @@ class StabilityReducer:
         length = logits.shape[-1]
         pooled = pooled_attention(logits)
         lo = min(sfi.n_sink, length)
-        hi = int(recent_start(torch.tensor(length), sfi.n_recent, sfi.page))
+        hi = recent_start(length, sfi.n_recent, sfi.page)
         k = max(1, round(cfg.topk_frac * length))
         top, held = supports(pooled, lo, hi, k, cfg.mass)
         self.chance_overlap.add(torch.tensor(min(k, hi - lo) / (hi - lo)))

@@ -32,10 +32,8 @@ class TritonFullKV(AttentionMethod):
     def start(self, cache: KVCache, prefilled: Prefilled) -> None:
         require_triton_device(cache.k.device)
 
-    def graph_key(self, ctx: StepContext) -> tuple:
-        return ()  # lengths are read on the device: nothing host-side is frozen into the graph
-
-    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan) -> torch.Tensor:
+        # Lengths are read on the device: the default plan (nothing host-side) serves every step.
         ctx.tokens_read[ctx.layer] = ctx.kv_lengths[:, None]
         out = dense_decode(q[:, :, 0], cache.k[ctx.layer], cache.v[ctx.layer], ctx.kv_lengths)
         return out[:, :, None]

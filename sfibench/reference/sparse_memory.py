@@ -8,15 +8,19 @@ builds the position lists, attends, and counts exactly the tokens it read.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from sfibench.methods import StepPlan
 from sfibench.metrics.labels import label
 from sfibench.reference.attention import gather_attention
 
 
-def recent_start(length: torch.Tensor, n_recent: int, page: int) -> torch.Tensor:
-    """First slot of the page-aligned recent window (SPEC 2): holds n_recent..n_recent+page-1 tokens."""
-    return torch.div(length - length.clamp(max=n_recent), page, rounding_mode="floor") * page
+@dataclass(frozen=True)
+class TailPlan(StepPlan):
+    tail_width: int = 1  # static bound on L - tail_start over the batch (bucketed)
+
 
 
 def attend_fixed_plus_tail(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fixed: torch.Tensor,

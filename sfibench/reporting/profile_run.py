@@ -25,8 +25,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from sfibench.config import MethodSpec
 from sfibench.engine.cache import KVCache
-from sfibench.engine.decode import decode_step
-from sfibench.engine.prefill import prefill, restore
+from sfibench.engine.driver import StepDriver
+from sfibench.engine.prefill import prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
@@ -37,7 +37,8 @@ from sfibench.workloads.replay import load_replay, take
 LABELS = {
     "sfibench.attend": ("attention", None),
     "sfibench.sparse_index": ("sparse index build", "attention"),
-    "sfibench.selector": ("selector: glue", "attention"),
+    "sfibench.selector": ("selector: glue", None),
+    "sfibench.rebuild": ("selection publish + compact rebuild", None),
     "sfibench.selector.logits": ("selector: evidence logits", "selector: glue"),
     "sfibench.selector.pool": ("selector: power-mean pooling", "selector: glue"),
     "sfibench.selector.prior_fusion": ("selector: prior + fusion", "selector: glue"),
@@ -73,11 +74,11 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) 
         prefilled = prefill(session.loaded.model, cache, [take(stream, 0, context).tolist()])
     method = create_method(spec, cfg, tokenizer)
     inputs = take(stream, context, steps + 4)
-    restore(cache, prefilled)
-    method.start(cache, prefilled)
+    driver = StepDriver(session.loaded.model, cache, method)
+    driver.start(prefilled)
     method.observe(inputs[:1])
     for step in range(1, 3):  # warm-up: lazy initialisation stays out of the profile
-        decode_step(session.loaded.model, cache, method, inputs[step - 1:step].to(device), step)
+        driver.step(inputs[step - 1:step].to(device))
         method.observe(inputs[step:step + 1])
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -85,7 +86,7 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) 
     with profile(activities=activities) as prof:
         started = time.perf_counter()
         for step in range(3, 3 + steps):
-            _, ctx = decode_step(session.loaded.model, cache, method, inputs[step - 1:step].to(device), step)
+            ctx = driver.step(inputs[step - 1:step].to(device)).ctx
             kinds.append("slow" if bool(ctx.slow.any()) else "fast")
             method.observe(inputs[step:step + 1])
         if cuda:

@@ -26,14 +26,15 @@ from rich.progress import (
 from sfibench.config import MethodSpec, SamplingConfig, TriggerConfig
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
-from sfibench.engine.decode import decode_step
+from sfibench.baselines.full_kv import DensePlan
+from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import Prefilled
 from sfibench.engine.sampling import Sampler
 from sfibench.engine.session import Session
 from sfibench.methods import AttentionMethod
 from sfibench.metrics.stability import StabilityConfig, StabilityInputError, StabilityReducer, check_config
 from sfibench.reference.attention import dense_attention
-from sfibench.reference.triggers import SlowStepScheduler, token_classes
+from sfibench.sfi.triggers import SlowStepScheduler, token_classes
 from sfibench.reporting.results import (
     RESULTS_FILENAME,
     RunDirExistsError,
@@ -61,8 +62,11 @@ class DenseProbe(AttentionMethod):
         self.logits = torch.zeros(mc.num_layers, mc.num_kv_heads, mc.group_size, cache.max_seq,
                                   device=cache.k.device, dtype=torch.float32)
 
-    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext) -> torch.Tensor:
-        layer, length = ctx.layer, int(ctx.kv_lengths_host[0])
+    def plan(self, ctx: StepContext) -> DensePlan:
+        return DensePlan(capacity=int(ctx.kv_lengths_host[0]), graphable=False)
+
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan: DensePlan) -> torch.Tensor:
+        layer, length = ctx.layer, plan.capacity
         ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
         keys = cache.k[layer, 0, :, :length].float()  # [H_kv, L, D]
         grouped = q[0, :, 0].float().reshape(keys.shape[0], -1, keys.shape[-1])  # [H_kv, G, D]
@@ -117,7 +121,6 @@ def run_stability(cfg: StabilityConfig, out: Path | str | None = None, overwrite
     prefilled = session.prefill([ids[:cfg.prefix]], cfg.steps)
     prefill_s = time.perf_counter() - began
     probe = DenseProbe(MethodSpec(name="full_kv"), mc, loaded.tokenizer)
-    probe.start(session.cache, prefilled)
     reducer = StabilityReducer(cfg, mc.num_layers, mc.num_kv_heads)
     stream, nll, decode_s = _decode(session, probe, reducer, cfg, ids, prefilled, show_progress)
 
@@ -153,6 +156,8 @@ def _decode(session: Session, probe: DenseProbe, reducer: StabilityReducer, cfg:
     sampler = Sampler(SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed), session.device)
     eos = loaded.tokenizer.eos_token_id
     logits, nll = prefilled.last_logits, []
+    driver = StepDriver(loaded.model, cache, probe)
+    driver.start(prefilled)
     columns = (TextColumn("stability"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
     began = time.perf_counter()
     with Progress(*columns, disable=not show_progress) as progress:
@@ -166,8 +171,7 @@ def _decode(session: Session, probe: DenseProbe, reducer: StabilityReducer, cfg:
                 nll.append(float(-logits[0].float().log_softmax(-1)[token]))
             stream.append(token)
             boundaries.observe(torch.tensor([token]))  # this step's input token
-            logits, _ = decode_step(loaded.model, cache, probe, torch.tensor([token], device=session.device),
-                                    step=index + 1)
+            logits = driver.step(torch.tensor([token], device=session.device)).logits
             length = position + 1
             reducer.update(probe.logits[..., :length], cache.key_norms[:, 0, :, :length],
                            bool(boundaries.sentence_start[0]))

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from sfibench.config import MethodSpec, SFIConfig, SnapKVConfig, StreamingLLMConfig
 from sfibench.engine.cache import KVCache
-from sfibench.engine.prefill import Prefilled, prefill, restore
+from sfibench.engine.driver import StepDriver
+from sfibench.engine.prefill import Prefilled, prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
@@ -32,7 +33,6 @@ from sfibench.metrics.memory import MemoryEstimateError, available_device_memory
 from sfibench.metrics.nvml import NvmlSampler, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer
-from sfibench.optimized.graph_runner import DecodeRunner
 from sfibench.workloads.replay import load_replay, take
 
 EVIDENCE_ROWS = 64  # last prompt queries kept at prefill (SnapKV's window; SFI uses 16 of them)
@@ -51,19 +51,40 @@ class ThroughputConfig:
     graphs: bool = True
     length_bucket: int = 256
     sfi: SFIConfig = field(default_factory=SFIConfig)
+    publish: list[str] = field(default_factory=lambda: ["next_step", "when_ready"])  # optimized SFI's modes
 
 
 def method_specs(cfg: ThroughputConfig, context: int) -> list[MethodSpec]:
-    """Every method at SFI's tokens read after a refresh: equal budgets, not nominal ratios."""
+    """Every method at SFI's tokens read after a refresh: equal budgets, not nominal ratios.
+
+    The optimized SFI runs once per publish mode: synchronous (`next_step`, the Selector inside the
+    slow step) and asynchronous (`when_ready`, the Selector on a second stream)."""
     budget = sfi_tokens_read(context, cfg.sfi)
-    return [MethodSpec(name=name, path=path, sfi=cfg.sfi, streaming=StreamingLLMConfig(budget=budget),
-                       snapkv=SnapKVConfig(budget=max(budget, SnapKVConfig().window + 1)))
-            for name, path in cfg.methods]
+    specs = []
+    for name, path in cfg.methods:
+        modes = cfg.publish if (name, path) == ("sfi", "optimized") else ["next_step"]
+        specs += [MethodSpec(name=name, path=path, sfi=replace(cfg.sfi, publish=mode),
+                             streaming=StreamingLLMConfig(budget=budget),
+                             snapkv=SnapKVConfig(budget=max(budget, SnapKVConfig().window + 1)))
+                  for mode in modes]
+    return specs
 
 
-def largest_batch(session: Session, context: int, steps: int) -> int:
+def method_state_bytes(cfg: ThroughputConfig, dims, dtype_bytes: int) -> tuple[int, int]:
+    """(bytes per sequence and token, bytes per sequence) of the methods' own state, for the memory check.
+
+    The optimized SFI keeps a float32 evidence row per query head and slot, and two compact K/V buffers."""
+    if ("sfi", "optimized") not in cfg.methods:
+        return 0, 0
+    evidence = dims.num_layers * dims.num_heads * 4
+    compact = 2 * dims.num_layers * dims.num_kv_heads * (cfg.sfi.n_sink + cfg.sfi.k_head) * dims.head_dim * 2 * dtype_bytes
+    return evidence, compact
+
+
+def largest_batch(session: Session, cfg: ThroughputConfig, context: int) -> int:
+    steps = cfg.steps
     est = estimate_memory(session.loaded.config, 1, context + steps + 1, session.cache_dtype_bytes,
-                          prefill_chunk=SCORE_CHUNK)
+                          prefill_chunk=SCORE_CHUNK, **_state_bytes(session, cfg))
     room = 0.9 * _available(session) - est["fixed_bytes"]
     per_sequence = est["per_sequence_bytes"] + (context + steps + 1) * est["per_sequence_token_bytes"]
     if room < per_sequence:
@@ -71,24 +92,30 @@ def largest_batch(session: Session, context: int, steps: int) -> int:
     return int(room // per_sequence)
 
 
+def _state_bytes(session: Session, cfg: ThroughputConfig) -> dict:
+    token, sequence = method_state_bytes(cfg, session.loaded.config, session.cache_dtype_bytes)
+    return {"method_token_bytes": token, "method_sequence_bytes": sequence}
+
+
 def _available(session: Session) -> int:
     weights = session.loaded.config.num_params() * session.cache_dtype_bytes  # already resident
     return available_device_memory(session.device) + (weights if session.device.type == "cuda" else 0)
 
 
-def prepare_cache(session: Session, context: int, batch: int, steps: int, mode: str,
-                  stream: torch.Tensor, seed: int) -> tuple[Prefilled, bool, float]:
+def prepare_cache(session: Session, cfg: ThroughputConfig, context: int, batch: int, stream: torch.Tensor,
+                  seed: int) -> tuple[Prefilled, bool, float]:
     """Allocate (after checking it fits) and prefill.
 
     Returns the snapshot, whether it was synthetic, and the fill's wall time in seconds (the device
     synchronised at both ends; allocation excluded). Decode throughput never includes it (SPEC 7).
     """
+    steps, mode = cfg.steps, cfg.prefill
     max_seq = context + steps + 1
     session.cache = None
     if session.device.type == "cuda":
         torch.cuda.empty_cache()
     est = estimate_memory(session.loaded.config, batch, max_seq, session.cache_dtype_bytes,
-                          prefill_chunk=SCORE_CHUNK)
+                          prefill_chunk=SCORE_CHUNK, **_state_bytes(session, cfg))
     check_fits(est, _available(session))
     if context + steps > session.max_tokens:
         raise MemoryEstimateError(f"context {context} + {steps} steps exceeds the model's limit of "
@@ -117,7 +144,7 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
     """Decode `cfg.steps` teacher-forced steps per pass; one warm pass, then `cfg.repeats` timed ones."""
     model, cache, device = session.loaded.model, session.cache, session.device
     method = create_method(spec, session.loaded.config, tokenizer)
-    runner = DecodeRunner(model, cache, method, cfg.graphs, cfg.length_bucket)
+    runner = StepDriver(model, cache, method, cfg.graphs, cfg.length_bucket)
     passes, kinds, read_sums, replays = [], [], {}, 0
     sampler = NvmlSampler(device.index or 0) if device.type == "cuda" else None
     if device.type == "cuda":
@@ -126,14 +153,14 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
         timed = repeat > 0
         if timed and repeat == 1 and sampler:
             sampler.start()
-        restore(cache, prefilled)
-        method.start(cache, prefilled)
+        runner.start(prefilled)
         method.observe(inputs[:, 0])
         timer = StepTimer(device)
         for index in range(1, cfg.steps + 1):
             tokens = inputs[:, index - 1].to(device, non_blocking=True)
             with timer.step():
-                _, ctx, replayed = runner.step(tokens, index)
+                result = runner.step(tokens)
+            ctx, replayed = result.ctx, result.replayed
             kind = ("slow" if bool(ctx.slow.any()) else "fast") if method.has_slow_steps else method.step_kind
             method.observe(inputs[:, index])
             if timed:
@@ -151,7 +178,7 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
     return summarize(session, spec, cfg, facts, runner, method)
 
 
-def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: dict, runner: DecodeRunner,
+def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: dict, runner: StepDriver,
               method) -> dict:
     """Turn one method's timed passes into the row of the report (see module docstring)."""
     passes, kinds, read_sums, energy = facts["passes"], facts["kinds"], facts["read_sums"], facts["energy"]
@@ -173,6 +200,7 @@ def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: 
     tok_s = [batch * cfg.steps / t for t in totals]
     return {
         "method": spec.name, "path": spec.path, "context": context, "batch": batch,
+        "publish": spec.sfi.publish if spec.name == "sfi" else None,
         "tokens_per_s": statistics.median(tok_s), "tokens_per_s_spread": spread(tok_s),
         "ms_per_step": {k: {q: v * 1e3 for q, v in percentiles(s).items() if q != "n"} | {"n": len(s)}
                         for k, s in by_kind.items()},
@@ -211,11 +239,10 @@ def run_throughput(session: Session, cfg: ThroughputConfig, progress=None) -> li
     stream, tokenizer = load_replay(session.loaded.config.vocab_size, session.loaded.tokenizer)
     rows = []
     # "max" is the largest batch that fits at the longest context, used at every context
-    batches = [largest_batch(session, max(cfg.contexts), cfg.steps) if b == "max" else int(b) for b in cfg.batches]
+    batches = [largest_batch(session, cfg, max(cfg.contexts)) if b == "max" else int(b) for b in cfg.batches]
     for context in cfg.contexts:
         for batch in dict.fromkeys(batches):
-            prefilled, synthetic, prefill_seconds = prepare_cache(session, context, batch, cfg.steps, cfg.prefill,
-                                                                  stream, seed=0)
+            prefilled, synthetic, prefill_seconds = prepare_cache(session, cfg, context, batch, stream, seed=0)
             # every sequence replays its own stretch of text, starting where its prompt would end
             inputs = torch.stack([take(stream, 1000 * row + context, cfg.steps + 1) for row in range(batch)])
             inputs = inputs.pin_memory() if session.device.type == "cuda" else inputs

@@ -53,7 +53,7 @@ def take(stream: torch.Tensor, start: int, count: int) -> torch.Tensor:
 
 def _rebuild() -> None:  # pragma: no cover - maintenance script
     from sfibench.models.loading import load_model
-    from sfibench.reference.triggers import token_byte_table
+    from sfibench.sfi.triggers import token_byte_table
 
     loaded = load_model("smollm2-135m")
     text = (importlib.resources.files("sfibench.workloads") / "data" / "essays_en.txt").read_text()

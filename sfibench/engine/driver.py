@@ -1,0 +1,116 @@
+"""The one decode-step driver: every command and test decodes through `StepDriver.step`.
+
+A step is: the method plans it on the host (`plan`, which also fills the method's device inputs),
+the model runs one token per sequence (each layer appends its K/V to the cache, then the method
+attends), the method's `after_step` hook runs (where an SFI slow step hands its evidence to the
+refresh pipeline), and the cache advances.
+
+At decode, an eager engine measures Python and kernel-launch overhead, not attention (SPEC 7), so on
+a GPU the model call is replayed from a CUDA graph, one per distinct plan (the plan is frozen and
+hashable: it is the graph key). A graph reads every tensor at the address it saw at capture, so the
+step's inputs live in static buffers owned here (token ids, KV lengths, tokens read) and are filled
+in place; nothing is allocated on a replay.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from sfibench.engine.cache import KVCache
+from sfibench.engine.context import StepContext
+from sfibench.engine.prefill import Prefilled, restore
+from sfibench.methods import AttentionMethod, StepPlan
+from sfibench.metrics.labels import label
+from sfibench.models.decoder import Decoder
+
+
+@dataclass
+class StepResult:
+    logits: torch.Tensor  # [B, V]; on a replay this is the graph's output buffer: copy it to keep it
+    ctx: StepContext
+    plan: StepPlan
+    replayed: bool
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor
+
+
+class StepDriver:
+    def __init__(self, model: Decoder, cache: KVCache, method: AttentionMethod, use_graphs: bool = False,
+                 length_bucket: int = 256):
+        device = cache.k.device
+        if use_graphs and device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device; run with --no-graphs on this machine")
+        self.model, self.cache, self.method = model, cache, method
+        self.use_graphs = use_graphs
+        self.length_bucket = length_bucket if use_graphs else 1
+        cfg = model.config
+        self.tokens = torch.zeros(cache.batch, dtype=torch.long, device=device)
+        self.kv_lengths = torch.zeros(cache.batch, dtype=torch.long, device=device)
+        self.tokens_read = torch.zeros(cfg.num_layers, cache.batch, cfg.num_kv_heads, dtype=torch.long,
+                                       device=device)
+        self.graphs: dict[StepPlan, _Captured] = {}
+        self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
+        self.capture_seconds = 0.0
+        self.step_index = 0
+
+    def start(self, prefilled: Prefilled) -> None:
+        """Rewind the cache to the prefilled prompts and let the method start on them (its bootstrap)."""
+        restore(self.cache, prefilled)
+        self.method.start(self.cache, prefilled)
+        self.step_index = 0
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor) -> StepResult:
+        """Feed `tokens [B]` (one per sequence) at each sequence's next position."""
+        self.step_index += 1
+        ctx = StepContext(step=self.step_index, positions=self.cache.lengths, kv_lengths=self.kv_lengths,
+                          kv_lengths_host=self.cache.lengths_host + 1,
+                          slow=torch.zeros(self.cache.batch, dtype=torch.bool), tokens_read=self.tokens_read,
+                          length_bucket=self.length_bucket)
+        plan = self.method.plan(ctx)
+        self.tokens.copy_(tokens, non_blocking=True)
+        replayed = self.use_graphs and plan.graphable
+        if replayed:
+            captured = self.graphs.get(plan) or self._capture(plan, ctx)
+            captured.graph.replay()
+            logits = captured.logits
+        else:
+            logits = self._forward(ctx, plan)
+        self.method.after_step(ctx, plan)
+        self.cache.advance()
+        return StepResult(logits, ctx, plan, replayed)
+
+    def _forward(self, ctx: StepContext, plan: StepPlan) -> torch.Tensor:
+        torch.add(self.cache.lengths, 1, out=self.kv_lengths)
+        self.method.begin_step(ctx, plan)
+
+        def attend(layer, q, k, v):
+            ctx.layer = layer
+            self.cache.write_step(layer, ctx.positions, k[:, :, 0], v[:, :, 0])
+            with label("sfibench.attend"):  # a label for `sfibench profile`
+                return self.method.attend(q, self.cache, ctx, plan)
+
+        return self.model(self.tokens[:, None], ctx.positions[:, None], attend)[:, -1]
+
+    def _capture(self, plan: StepPlan, ctx: StepContext) -> _Captured:
+        started = time.perf_counter()
+        # Warm up on a side stream first: lazy initialisation (cuBLAS handles, Triton compilation)
+        # must not happen inside a capture. Writing this step's K/V twice is harmless.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._forward(ctx, plan)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            logits = self._forward(ctx, plan)
+        self.graphs[plan] = _Captured(graph, logits)
+        self.capture_seconds += time.perf_counter() - started
+        return self.graphs[plan]

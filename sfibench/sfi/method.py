@@ -1,0 +1,140 @@
+"""What both SFI paths share: triggers, layer groups, bridge steps, the bootstrap and the refresh.
+
+A path (reference/sfi.py, optimized/sfi.py) adds only how it attends and where a slow step's evidence
+comes from. Per step, on the host, `plan` asks the trigger scheduler which sequences are slow, turns
+that into per-(layer, sequence) masks (which layers refresh under `layer_groups`, which read densely),
+and copies them to the device, where the captured step reads them. After the step, `after_step` runs
+the Selector for every refreshed (layer, sequence) and publishes the new selection (sfi/state.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sfibench.engine.cache import KVCache
+from sfibench.engine.context import StepContext
+from sfibench.engine.prefill import Prefilled
+from sfibench.methods import AttentionMethod, StepPlan
+from sfibench.metrics.labels import label
+from sfibench.sfi import geometry
+from sfibench.sfi.selector import select
+from sfibench.sfi.state import POLICIES, SelectionState
+from sfibench.sfi.triggers import SlowStepScheduler, token_byte_table, token_classes
+
+EVIDENCE_CHUNK_BYTES = 1 << 30  # float32 evidence the Selector takes at once (layers are chunked to fit)
+
+
+class SFIMethod(AttentionMethod):
+    name = "sfi"
+    has_slow_steps = True
+    compact = False  # the optimized path keeps compact copies of the selected K/V
+
+    def __init__(self, spec, model_config, tokenizer):
+        super().__init__(spec, model_config, tokenizer)
+        self.cfg = spec.sfi
+        if self.cfg.layer_groups not in (1, 2):
+            raise ValueError(f"layer_groups must be 1 or 2, got {self.cfg.layer_groups}")
+        if self.cfg.publish not in POLICIES:
+            raise ValueError(f"unknown publish policy {self.cfg.publish!r}; valid: {', '.join(POLICIES)}")
+        self.token_bytes = token_byte_table(tokenizer.backend, model_config.vocab_size)
+        self.is_ender, self.is_blank = token_classes(tokenizer.backend, model_config.vocab_size, self.token_bytes)
+        self.sel: SelectionState | None = None
+
+    # --- per batch -------------------------------------------------------------------------------
+    def start(self, cache: KVCache, prefilled: Prefilled) -> None:
+        mc, batch, device = self.model_config, cache.batch, cache.k.device
+        self.cache = cache
+        shape = (mc.num_layers, batch)
+        if self.sel is None or self.sel.live.shape != shape or self.sel.positions.device != device:
+            compact = (mc.head_dim, cache.k.dtype) if self.compact else (None, None)
+            self.sel = SelectionState(self.cfg, mc.num_layers, batch, mc.num_kv_heads, device, *compact)
+        else:
+            self.sel.reset()  # in place: captured CUDA graphs keep reading these tensors
+        self.state("refresh_rows", shape, torch.bool, device)  # this step's (layer, row) refreshes
+        self.state("dense_rows", shape, torch.bool, device)  # ... and which read their whole history
+        self.slow_steps_taken = torch.zeros(batch, dtype=torch.long)  # picks the layer group to refresh
+        self.scheduler = SlowStepScheduler(self.cfg.trigger, self.is_ender, self.is_blank, batch, self.token_bytes)
+        for row in range(batch):
+            self.refresh(cache, row, list(range(mc.num_layers)), int(prefilled.lengths[row]),
+                         lambda lo, hi, layers, row=row: self.bootstrap_evidence(cache, prefilled, row, layers, lo, hi))
+
+    def bootstrap_evidence(self, cache: KVCache, prefilled: Prefilled, row: int, layers: list[int], lo: int,
+                           hi: int) -> torch.Tensor:
+        """Prefill is slow step 0: evidence = the last w_prefill prompt queries, causally masked.
+
+        Returns logits `[len(layers), H_kv, G * W, hi - lo]` over the candidates."""
+        group, count = self.model_config.group_size, int(prefilled.query_counts[row])
+        rows = min(self.cfg.w_prefill, count)
+        query_pos = prefilled.query_positions(row)[count - rows:].to(cache.k.device)
+        visible = torch.arange(lo, hi, device=cache.k.device)[None, :] <= query_pos[:, None]  # [W, n]
+        out = []
+        for layer in layers:
+            q = prefilled.queries[layer, row, :, count - rows:count]  # [H_q, W, D]
+            q = q.reshape(-1, group, rows, q.shape[-1])
+            logits = candidate_logits(q, cache.k[layer, row, :, lo:hi])
+            out.append(logits.masked_fill(~visible, float("-inf")).flatten(1, 2))
+        return torch.stack(out)
+
+    # --- per step --------------------------------------------------------------------------------
+    def plan(self, ctx: StepContext) -> StepPlan:
+        slow = self.scheduler.next_is_slow(ctx.step)
+        self.scheduler.record_refresh(ctx.step, slow)
+        self.slow_steps_taken += slow.long()
+        ctx.slow = slow
+        refresh = slow[None, :].expand(self.model_config.num_layers, -1).clone()
+        if self.cfg.layer_groups == 2:  # alternate even and odd layers on successive slow steps
+            group = (self.slow_steps_taken - 1) % 2
+            refresh &= group[None, :] == torch.arange(refresh.shape[0])[:, None] % 2
+        dense = refresh | (ctx.step <= self.cfg.bridge_steps)
+        self.refresh_host, self.dense_host = refresh, dense
+        self.refresh_rows.copy_(refresh, non_blocking=True)
+        self.dense_rows.copy_(dense, non_blocking=True)
+        return self.path_plan(ctx)
+
+    def path_plan(self, ctx: StepContext) -> StepPlan:
+        raise NotImplementedError
+
+    def begin_step(self, ctx: StepContext, plan: StepPlan) -> None:
+        self.sel.begin_step()
+
+    def after_step(self, ctx: StepContext, plan: StepPlan) -> None:
+        for row in self.refresh_host.any(dim=0).nonzero().flatten().tolist():
+            layers = self.refresh_host[:, row].nonzero().flatten().tolist()
+            self.refresh(self.cache, row, layers, int(ctx.kv_lengths_host[row]),
+                         lambda lo, hi, layers, row=row: self.decode_evidence(row, layers, lo, hi))
+
+    def refresh(self, cache: KVCache, row: int, layers: list[int], length: int, evidence) -> None:
+        """Select anew for `layers` of `row` at KV length `length`; `evidence(lo, hi, layers)` gives the logits.
+
+        Layers are taken in chunks so the float32 evidence stays under EVIDENCE_CHUNK_BYTES."""
+        lo, hi = geometry.candidate_range(length, self.cfg)
+        heads = self.model_config.num_kv_heads
+        rows_per_layer = heads * self.model_config.group_size * max(self.cfg.w_prefill, 1)
+        chunk = max(1, EVIDENCE_CHUNK_BYTES // (rows_per_layer * max(hi - lo, 1) * 4))
+        for first in range(0, len(layers), chunk):
+            part = layers[first:first + chunk]
+            with label("sfibench.selector"):  # labels for `sfibench profile`
+                if hi <= lo:  # no candidates yet: sinks + recent already cover the whole history
+                    picks = torch.empty(len(part), heads, 0, dtype=torch.long, device=cache.k.device)
+                else:
+                    with label("sfibench.selector.logits"):
+                        logits = evidence(lo, hi, part)
+                    picks = select(logits, cache.key_norms[part, row, :, lo:hi], lo, self.cfg.k_head,
+                                   self.cfg.selector)
+            with label("sfibench.rebuild"):
+                self.sel.publish(part, row, self.sel.write(part, row, picks, length, cache))
+
+    def decode_evidence(self, row: int, layers: list[int], lo: int, hi: int) -> torch.Tensor:
+        """This step's logits `[len(layers), H_kv, G, hi - lo]` of `row` over the candidates."""
+        raise NotImplementedError
+
+    def observe(self, tokens: torch.Tensor) -> None:
+        self.scheduler.observe(tokens)
+
+    def summary(self) -> dict:
+        return {"mean_slow_interval": self.scheduler.mean_interval()}
+
+
+def candidate_logits(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Attention logits q.k/sqrt(d) in float32: q `[H_kv, G, W, D]`, keys `[H_kv, n, D]` -> `[H_kv, G, W, n]`."""
+    return torch.einsum("hgwd,hnd->hgwn", q.float(), keys.float()) * q.shape[-1] ** -0.5

@@ -1,0 +1,119 @@
+"""SFI's selection state: what each (layer, sequence, KV head) currently selects, published atomically.
+
+A refresh must never be seen half-written: a fast step that read new positions with an old anchor, or
+the new positions with the old compact K/V, would attend to the wrong tokens. So the state is
+double-buffered. Buffer p of (layer, sequence) holds the selected positions, their count, the anchor
+(recent-window start at the refresh) and the sink count, and, on the optimized path, the compact copy
+of the sinks' and selected tokens' K/V. A refresh writes the buffer that is not live, then publishes
+it by writing one number, `published[layer, row] = p`. Each decode step begins by copying `published`
+into `live` on the main stream (inside the captured step), so every layer of a step reads one
+consistent state, even while the refresh pipeline publishes from a side stream. `live = -1` means
+nothing was published yet: the row reads its whole history (the bridge before the bootstrap refresh).
+
+Policies (when a refresh becomes visible): `next_step`, the reference semantics, publishes before the
+next step runs; `when_ready` lets the side stream publish whenever its work is done.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sfibench.config import SFIConfig
+from sfibench.sfi import geometry
+
+POLICIES = ("next_step", "when_ready")
+
+
+class SelectionState:
+    def __init__(self, cfg: SFIConfig, layers: int, batch: int, kv_heads: int, device,
+                 compact_dim: int | None = None, compact_dtype: torch.dtype | None = None):
+        self.cfg = cfg
+        buffers = (2, layers, batch)
+        self.positions = torch.zeros(*buffers, kv_heads, cfg.k_head, dtype=torch.long, device=device)
+        self.counts = torch.zeros(*buffers, kv_heads, dtype=torch.long, device=device)  # selected, sinks excluded
+        self.anchor = torch.zeros(buffers, dtype=torch.long, device=device)
+        self.sinks = torch.zeros(buffers, dtype=torch.long, device=device)
+        self.published = torch.full((layers, batch), -1, dtype=torch.long, device=device)
+        self.live = torch.full((layers, batch), -1, dtype=torch.long, device=device)
+        # The host's view: which buffer each (layer, row) will read once its last refresh is published,
+        # and that refresh's anchor and sink count (exact on the reference path, which publishes at once).
+        self.published_host = torch.full((layers, batch), -1, dtype=torch.long)
+        self.tail_start_host = torch.zeros(layers, batch, dtype=torch.long)
+        self.compact_k = self.compact_v = self.compact_counts = self.tail_start = None
+        if compact_dim is not None:
+            rows = cfg.n_sink + cfg.k_head
+            shape = (*buffers, kv_heads, rows, compact_dim)
+            self.compact_k = torch.zeros(shape, dtype=compact_dtype, device=device)
+            self.compact_v = torch.zeros(shape, dtype=compact_dtype, device=device)
+            self.compact_counts = torch.zeros(*buffers, kv_heads, dtype=torch.int32, device=device)
+            self.tail_start = torch.zeros(buffers, dtype=torch.int32, device=device)
+
+    def reset(self) -> None:
+        """Forget every selection (a new batch), in place: captured CUDA graphs hold these tensors."""
+        for tensor in (self.published, self.live, self.published_host):
+            tensor.fill_(-1)
+        self.counts.zero_()
+        self.tail_start_host.zero_()
+
+    def begin_step(self) -> None:
+        """Device side, first thing in a step: take every refresh published so far."""
+        self.live.copy_(self.published)
+
+    def back_buffer(self, layers: list[int], row: int) -> list[int]:
+        """The buffer a new refresh of (layer, row) writes: the one its readers will not be using."""
+        return [1 - max(int(self.published_host[layer, row]), 0) for layer in layers]
+
+    def write(self, layers: list[int], row: int, picks: torch.Tensor, length: int, cache=None) -> list[int]:
+        """Store a refresh of `row` at KV length `length`: `picks [len(layers), H_kv, K]`, ascending positions.
+
+        With compact buffers, also copies the sinks' and picks' K/V rows out of `cache` into the back
+        buffer. Returns the buffers written; `publish` makes them live. Layers are grouped by buffer so a
+        refresh costs a handful of indexed writes, not a few per layer.
+        """
+        lo, hi = geometry.candidate_range(length, self.cfg)
+        anchor, sinks = max(hi, 0), lo
+        buffers = self.back_buffer(layers, row)
+        count = picks.shape[-1]
+        self.tail_start_host[layers, row] = max(anchor, sinks)
+        for buffer, chosen, target in self._groups(layers, buffers, picks.device):
+            self.positions[buffer, target, row, :, :count] = picks[chosen]
+            self.counts[buffer, target, row] = count
+            self.anchor[buffer, target, row] = anchor
+            self.sinks[buffer, target, row] = sinks
+            if self.compact_k is not None:
+                self._rebuild_compact(buffer, target, row, picks[chosen], sinks, anchor, cache)
+        return buffers
+
+    @staticmethod
+    def _groups(layers: list[int], buffers: list[int], device):
+        """(buffer, indices into `layers`, those layers as a device index) for each buffer written."""
+        for buffer in sorted(set(buffers)):
+            chosen = [i for i, b in enumerate(buffers) if b == buffer]
+            yield buffer, chosen, torch.tensor([layers[i] for i in chosen], device=device)
+
+    def _rebuild_compact(self, buffer: int, target: torch.Tensor, row: int, picks: torch.Tensor, sinks: int,
+                         anchor: int, cache) -> None:
+        """Copy the K/V rows of sinks + picks `[n, H_kv, K]` of layers `target` into compact buffer `buffer`.
+
+        The optimized fast step then reads them as one contiguous segment (coalesced loads, no index
+        list), and the recent window in place from the cache."""
+        heads = picks.shape[1]
+        sink_positions = torch.arange(sinks, device=picks.device).expand(picks.shape[0], heads, sinks)
+        rows = torch.cat([sink_positions, picks], dim=-1)  # [n, H_kv, sinks + K]
+        # Row numbers into the cache flattened to [layers * B * H_kv * S, D]: indexing cache.k[target]
+        # directly would first copy every listed layer's whole K.
+        _, batch, _, slots, dim = cache.k.shape
+        heads_index = torch.arange(heads, device=picks.device)[None, :, None]
+        flat = ((target[:, None, None] * batch + row) * heads + heads_index) * slots + rows
+        width = rows.shape[-1]
+        shape = (*rows.shape, dim)
+        self.compact_k[buffer, target, row, :, :width] = cache.k.view(-1, dim).index_select(0, flat.flatten()).view(shape)
+        self.compact_v[buffer, target, row, :, :width] = cache.v.view(-1, dim).index_select(0, flat.flatten()).view(shape)
+        self.compact_counts[buffer, target, row] = width
+        self.tail_start[buffer, target, row] = max(anchor, sinks)
+
+    def publish(self, layers: list[int], row: int, buffers: list[int]) -> None:
+        """Make the written buffers the ones the next step reads (a device write, in stream order)."""
+        self.published_host[layers, row] = torch.tensor(buffers)
+        for buffer, _, target in self._groups(layers, buffers, self.published.device):
+            self.published[target, row] = buffer
