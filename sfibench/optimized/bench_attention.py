@@ -33,6 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from sfibench.metrics.timing import measure_copy_bandwidth
 from sfibench.optimized.decode_attention import default_config, default_num_splits, dense_decode
+from sfibench.optimized.two_segment import two_segment_decode
 
 SDPA_BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION,
@@ -195,6 +196,25 @@ def tune_dense(batch: int, kv_heads: int, group: int, head_dim: int, context: in
     return [{**shape, **row} for row in rows]
 
 
+def benchmark_two_segment(batch: int, kv_heads: int, group: int, head_dim: int, width: int, context: int,
+                          tail: int = 256, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cuda",
+                          rounds: int = 3) -> list[dict]:
+    """two_segment_decode as a fast step runs it: `width` compact rows per KV head plus the last `tail`
+    slots of a cache holding `context` tokens. Bytes: the K/V rows it reads, plus q and the output."""
+    q, k, v, lengths, _, shape = _random_inputs(batch, kv_heads, group, head_dim, context, dtype, device)
+    compact_k = torch.randn(1, batch, kv_heads, width, head_dim, device=device, dtype=dtype)
+    compact_v = torch.randn_like(compact_k)
+    counts = torch.full((1, batch, kv_heads), width, device=device, dtype=torch.int32)
+    tail_start = torch.full((1, batch), max(context - tail, 0), device=device, dtype=torch.int32)
+    row_buffer = torch.zeros(batch, device=device, dtype=torch.int32)
+    rows_read = width + min(tail, context)
+    nbytes = (2 * batch * kv_heads * rows_read * head_dim + 2 * q.numel()) * k.element_size()
+    fn = partial(two_segment_decode, q, compact_k, compact_v, counts, k, v, tail_start, lengths, row_buffer)
+    rows = _measure_all([_prepare(f"triton two-segment, {rows_read} rows", fn, nbytes)], None, rounds)
+    torch.cuda.empty_cache()
+    return [{**shape, "width": width, "tail": tail, **row} for row in rows]
+
+
 def _print_table(rows: list[dict], copy_gb_s: float) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -227,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the Triton kernel with its split count, tile and warps varied")
     parser.add_argument("--tune", action="store_true",
                         help="time a grid of split counts x tiles x stages instead (JSON only, no table)")
+    parser.add_argument("--two-segment", action="store_true",
+                        help="also time the SFI fast-step kernel (4 + 2048 compact rows + a 256-slot tail)")
     parser.add_argument("--groups", default="4", help="comma-separated GQA group sizes (4: Qwen3-4B, 2: 0.6B)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -247,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"tuned G={group} B={batch} L={context}", flush=True)
                 else:
                     rows += benchmark_dense(batch, context=context, device="cuda", sweep=args.sweep, **shape)
+                    if args.two_segment:
+                        rows += benchmark_two_segment(batch, width=4 + 2048, context=context, device="cuda", **shape)
     for row in rows:
         if row["ran"]:
             row["fraction_of_copy_bandwidth"] = row["gb_s"] / copy_gb_s

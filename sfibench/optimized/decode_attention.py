@@ -20,6 +20,7 @@ number of keys is read inside the kernel from `lengths`/`counts`, and each split
 splits past the end write neutral partials without touching K/V: the unused tail of a static cache
 costs nothing. Launch each shape once before capture (the first call compiles).
 
+two_segment.py builds SFI's fast-step kernel from the same tile, split, merge and launch pieces.
 decode_reference.py holds the float64 torch references that tests/test_kernels.py checks these
 kernels against; bench_attention.py measures their bandwidth against PyTorch SDPA.
 """
@@ -89,11 +90,17 @@ def _shared_memory(device: torch.device) -> int:
 
 
 @triton.jit
-def _attend_tile(q, acc, running_max, running_sum, k_head, v_head, pos_head, idx, end, offs_d,
+def _attend_tile(q, acc, running_max, running_sum, k_head, v_head, pos_head, idx, end, offs_g, offs_d,
                  stride_ks, stride_kd, stride_vs, stride_vd, stride_pn, qk_scale_log2,
-                 SPARSE: tl.constexpr, MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 DOT_IN_FP32: tl.constexpr):
-    """One online-softmax update with the keys/values at `idx` (slots, or indices into the positions)."""
+                 logits_head, stride_lg, stride_ls, logits_end,
+                 GROUP: tl.constexpr, SPARSE: tl.constexpr, MASKED: tl.constexpr, WRITE_LOGITS: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """One online-softmax update with the keys/values at `idx` (slots, or indices into the positions).
+
+    WRITE_LOGITS also stores each query head's logit q.k/sqrt(D) at `logits_head + g * stride_lg + slot *
+    stride_ls` for slots below `logits_end`: the evidence a slow step needs, taken from the scores the
+    softmax computes anyway instead of a second pass over K.
+    """
     in_split = idx < end
     if SPARSE:
         if MASKED:
@@ -111,6 +118,10 @@ def _attend_tile(q, acc, running_max, running_sum, k_head, v_head, pos_head, idx
     if DOT_IN_FP32:
         k = k.to(tl.float32)
     scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+    if WRITE_LOGITS:
+        written = (offs_g < GROUP)[:, None] & (in_split & (slots < logits_end))[None, :]
+        tl.store(logits_head + offs_g[:, None] * stride_lg + slots[None, :] * stride_ls,
+                 scores * 0.6931471805599453, mask=written)  # log2 domain -> natural log (x ln 2)
     if MASKED:
         scores = tl.where(in_split[None, :], scores, float("-inf"))
     new_max = tl.maximum(running_max, tl.max(scores, 1))
@@ -129,62 +140,73 @@ def _attend_tile(q, acc, running_max, running_sum, k_head, v_head, pos_head, idx
 
 
 @triton.jit
-def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, bound_ptr, pos_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
-    stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od,
-    stride_kb, stride_kh, stride_ks, stride_kd,
-    stride_vb, stride_vh, stride_vs, stride_vd,
-    stride_bound_b, stride_bound_h, stride_pb, stride_ph, stride_pn,
-    n_slots, num_splits, qk_scale_log2,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, SPARSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-):
-    split = tl.program_id(0)
-    kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
-    seq = tl.program_id(2).to(tl.int64)
-    q_heads_total = tl.num_programs(1) * GROUP
+def _attend_range(q, acc, running_max, running_sum, k_head, v_head, pos_head, start, end,
+                  stride_ks, stride_kd, stride_vs, stride_vd, stride_pn, qk_scale_log2,
+                  logits_head, stride_lg, stride_ls, logits_end,
+                  GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                  SPARSE: tl.constexpr, WRITE_LOGITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                  DOT_IN_FP32: tl.constexpr):
+    """The online softmax over keys [start, end) (empty when start >= end).
 
-    # Read on the device so a replayed CUDA graph sees the current length; clamped so a bad length
-    # can never read outside the cache.
-    n_keys = tl.load(bound_ptr + seq * stride_bound_b + kv_head * stride_bound_h).to(tl.int32)
-    n_keys = tl.minimum(n_keys, n_slots)
-    split_len = tl.cdiv(tl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, n_keys)
-
+    Whole tiles run without masks (plain vector loads, nothing to select); at most one partial tile at
+    the end is masked.
+    """
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
-    q_heads = kv_head * GROUP + offs_g
-    is_real_head = offs_g < GROUP
-    q = tl.load(q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-                mask=is_real_head[:, None], other=0.0)
-    if DOT_IN_FP32:
-        q = q.to(tl.float32)
-    k_head = k_ptr + seq * stride_kb + kv_head * stride_kh
-    v_head = v_ptr + seq * stride_vb + kv_head * stride_vh
-    pos_head = pos_ptr + seq * stride_pb + kv_head * stride_ph
-
-    # Scores live in the log2 domain (scale folded with log2(e)) so the softmax uses exp2.
-    running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    running_sum = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    # Whole tiles run without masks (plain vector loads, nothing to select); at most one partial
-    # tile at the end of the split is masked.
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
     for block_start in range(start, full_end, BLOCK_N):
         acc, running_max, running_sum = _attend_tile(
-            q, acc, running_max, running_sum, k_head, v_head, pos_head, block_start + offs_n, end, offs_d,
+            q, acc, running_max, running_sum, k_head, v_head, pos_head, block_start + offs_n, end, offs_g, offs_d,
             stride_ks, stride_kd, stride_vs, stride_vd, stride_pn, qk_scale_log2,
-            SPARSE=SPARSE, MASKED=False, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+            logits_head, stride_lg, stride_ls, logits_end, GROUP=GROUP, SPARSE=SPARSE, MASKED=False,
+            WRITE_LOGITS=WRITE_LOGITS, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
     if full_end < end:
         acc, running_max, running_sum = _attend_tile(
-            q, acc, running_max, running_sum, k_head, v_head, pos_head, full_end + offs_n, end, offs_d,
+            q, acc, running_max, running_sum, k_head, v_head, pos_head, full_end + offs_n, end, offs_g, offs_d,
             stride_ks, stride_kd, stride_vs, stride_vd, stride_pn, qk_scale_log2,
-            SPARSE=SPARSE, MASKED=True, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+            logits_head, stride_lg, stride_ls, logits_end, GROUP=GROUP, SPARSE=SPARSE, MASKED=True,
+            WRITE_LOGITS=WRITE_LOGITS, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+    return acc, running_max, running_sum
 
-    # An empty split (start >= n_keys) stores max -inf, sum 0, output 0: neutral in the merge.
+
+@triton.jit
+def _load_group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd,
+                        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        DOT_IN_FP32: tl.constexpr):
+    """The G query rows of one KV head as a [BLOCK_G, D] tile, padding rows zero."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_heads = kv_head * GROUP + offs_g
+    q = tl.load(q_ptr + seq * stride_qb + q_heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=(offs_g < GROUP)[:, None], other=0.0)
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+    return q
+
+
+@triton.jit
+def _split_range(n_keys, split, num_splits, BLOCK_N: tl.constexpr):
+    """Keys [start, end) of this split: every split gets the same whole number of tiles at any length."""
+    split_len = tl.cdiv(tl.cdiv(n_keys, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    return start, tl.minimum(start + split_len, n_keys)
+
+
+@triton.jit
+def _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
+                  stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
+                  GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                  MERGE_IN_KERNEL: tl.constexpr):
+    """Store this split's partials; with MERGE_IN_KERNEL the last split of the KV head to finish merges.
+
+    An empty split (no keys) stores max -inf, sum 0, output 0: neutral in the merge.
+    """
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_heads_total = tl.num_programs(1) * GROUP
+    q_heads = kv_head * GROUP + offs_g
+    is_real_head = offs_g < GROUP
     rows = (seq * q_heads_total + q_heads) * num_splits + split
     tl.store(part_max_ptr + rows, running_max, mask=is_real_head)
     tl.store(part_sum_ptr + rows, running_sum, mask=is_real_head)
@@ -201,6 +223,44 @@ def _decode_split_kernel(
             _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
                           seq, kv_head * GROUP, q_heads_total, num_splits, GROUP, HEAD_DIM, BLOCK_S)
             tl.store(counter, 0)  # zero again for the next launch or graph replay
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr,
+    stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od, num_splits, qk_scale_log2,
+    k_ptr, v_ptr, bound_ptr, pos_ptr,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_bound_b, stride_bound_h, stride_pb, stride_ph, stride_pn, n_slots,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    SPARSE: tl.constexpr,
+):
+    split = tl.program_id(0)
+    kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
+    seq = tl.program_id(2).to(tl.int64)
+
+    # Read on the device so a replayed CUDA graph sees the current length; clamped so a bad length
+    # can never read outside the cache.
+    n_keys = tl.load(bound_ptr + seq * stride_bound_b + kv_head * stride_bound_h).to(tl.int32)
+    start, end = _split_range(tl.minimum(n_keys, n_slots), split, num_splits, BLOCK_N)
+
+    q = _load_group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, GROUP, BLOCK_G, HEAD_DIM,
+                            DOT_IN_FP32)
+    # Scores live in the log2 domain (scale folded with log2(e)) so the softmax uses exp2.
+    running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    running_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    acc, running_max, running_sum = _attend_range(
+        q, acc, running_max, running_sum, k_ptr + seq * stride_kb + kv_head * stride_kh,
+        v_ptr + seq * stride_vb + kv_head * stride_vh, pos_ptr + seq * stride_pb + kv_head * stride_ph, start, end,
+        stride_ks, stride_kd, stride_vs, stride_vd, stride_pn, qk_scale_log2, out_ptr, 0, 0, 0,
+        GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=SPARSE, WRITE_LOGITS=False,
+        DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+    _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
+                  stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
+                  GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL)
 
 
 @triton.jit
@@ -269,25 +329,34 @@ def _done_counters(device: torch.device, size: int) -> torch.Tensor:
     return torch.zeros(size, dtype=torch.int32, device=device)
 
 
-def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, config, out):
-    """Shared launcher; `positions` None means dense (slot i is the i-th key)."""
+def _check_inputs(q, k, v, num_splits, device_tensors):
+    """The checks every launcher shares; `device_tensors` maps names to the index tensors the kernel reads."""
     batch, q_heads, head_dim = q.shape
-    kv_heads = k.shape[1]
-    if k.shape != v.shape or k.shape[0] != batch or k.shape[3] != head_dim:
+    if k.shape != v.shape or k.dim() != 4 or k.shape[0] != batch or k.shape[3] != head_dim:
         raise ValueError(f"q {tuple(q.shape)} needs k and v [B, H_kv, S, D] of one shape, got "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}")
     if not q.dtype == k.dtype == v.dtype:
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if bounds.device != q.device:
-        raise ValueError(f"lengths/counts must live on {q.device} (the kernel reads them), got {bounds.device}")
-    if q_heads % kv_heads:
-        raise ValueError(f"query heads ({q_heads}) must be a multiple of KV heads ({kv_heads})")
+    for name, tensor in device_tensors.items():
+        if tensor.device != q.device:
+            raise ValueError(f"{name} must live on {q.device} (the kernel reads them), got {tensor.device}")
+    if q_heads % k.shape[1]:
+        raise ValueError(f"query heads ({q_heads}) must be a multiple of KV heads ({k.shape[1]})")
     if head_dim not in (16, 32, 64, 128, 256):
         raise ValueError(f"head_dim must be a power of two in [16, 256], got {head_dim}")
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1 (or None for the default), got {num_splits}")
-    group = q_heads // kv_heads
-    config = config or default_config(head_dim, k.dtype, _shared_memory(q.device))
+
+
+def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, *kernel_args, **constexprs):
+    """Launch `kernel` on the (split, KV head, sequence) grid and merge its partials into `out`.
+
+    Every split kernel takes the same leading arguments (queries, output, partials, counters, their
+    strides, split count, scale) and compile-time shape options; `kernel_args` and `constexprs` are the
+    rest. The split count comes from the static shapes (`n_slots` keys at most per row), never from lengths.
+    """
+    batch, q_heads, head_dim = q.shape
+    config = config or default_config(head_dim, q.dtype, _shared_memory(q.device))
     num_splits = num_splits if num_splits else default_num_splits(batch, kv_heads, n_slots, _sm_count(q.device))
     if out is None:
         out = torch.empty(batch, q_heads, head_dim, device=q.device, dtype=q.dtype)
@@ -300,22 +369,30 @@ def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, conf
     done = _done_counters(q.device, batch * kv_heads)
     merge_in_kernel = num_splits <= MAX_SPLITS_MERGED_IN_KERNEL
     block_s = min(16, triton.next_power_of_2(num_splits))
-    _decode_split_kernel[(num_splits, kv_heads, batch)](
-        q, k, v, bounds, bounds if positions is None else positions, part_acc, part_max, part_sum, done, out,
-        *q.stride(), *out.stride(), *k.stride(), *v.stride(), *bound_strides,
-        *((0, 0, 0) if positions is None else positions.stride()),
-        n_slots, num_splits, math.log2(math.e) / math.sqrt(head_dim),
+    group = q_heads // kv_heads
+    kernel[(num_splits, kv_heads, batch)](
+        q, out, part_acc, part_max, part_sum, done, *q.stride(), *out.stride(), num_splits,
+        math.log2(math.e) / math.sqrt(head_dim), *kernel_args,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_N=config.block_n, BLOCK_S=block_s, MERGE_IN_KERNEL=merge_in_kernel, SPARSE=positions is not None,
+        BLOCK_N=config.block_n, BLOCK_S=block_s, MERGE_IN_KERNEL=merge_in_kernel,
         # Only float32 operands heed the precision: keep them exact instead of rounding to tf32.
-        DOT_PRECISION="ieee" if k.dtype == torch.float32 or _INTERPRETED else "tf32",
-        DOT_IN_FP32=_INTERPRETED and k.dtype == torch.bfloat16,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 or _INTERPRETED else "tf32",
+        DOT_IN_FP32=_INTERPRETED and q.dtype == torch.bfloat16,
+        num_warps=config.num_warps, num_stages=config.num_stages, **constexprs,
     )
     if not merge_in_kernel:
         _combine_splits_kernel[(q_heads, batch)](part_acc, part_max, part_sum, out, *out.stride(), num_splits,
                                                  HEAD_DIM=head_dim, BLOCK_S=block_s, num_warps=4)
     return out
+
+
+def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, config, out):
+    """Shared launcher of dense and sparse decode; `positions` None means dense (slot i is the i-th key)."""
+    _check_inputs(q, k, v, num_splits, {"lengths/counts": bounds})
+    return _launch_split_kernel(
+        _decode_split_kernel, q, out, k.shape[1], n_slots, num_splits, config,
+        k, v, bounds, bounds if positions is None else positions, *k.stride(), *v.stride(), *bound_strides,
+        *((0, 0, 0) if positions is None else positions.stride()), n_slots, SPARSE=positions is not None)
 
 
 def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,

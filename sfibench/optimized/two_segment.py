@@ -1,0 +1,179 @@
+"""SFI's fast-step attention in one kernel: a compact copy of the selected rows plus the cache's tail.
+
+A fast step attends over sinks, the selected tokens and the recent window (SPEC section 2). Sinks and
+selected tokens are scattered over the cache, so after each refresh they are copied once into a
+contiguous compact buffer; the recent window is already contiguous in the cache and keeps growing
+with every token, so it is read in place from `tail_start` to the current length. Reading both as
+plain contiguous rows avoids a gather of positions at every step, and one softmax runs over their
+union.
+
+The index space of a (sequence, KV head) is the compact rows followed by the tail,
+[0, count + tail_len), and it is cut into splits exactly as in decode_attention.py: the grid and the
+split count come from static shapes, the counts and lengths are read on the device, and the same
+tile, merge and launch code is used. So one CUDA graph serves every step however the lengths grow.
+
+The compact buffer is double-buffered (`P` = 2): a refresh writes the idle copy on a side stream while
+steps keep reading the published one, and publishing is a device write to `row_buffer`. A negative
+`row_buffer` makes a row dense (the whole cache is its tail), so slow steps and rows without a
+selection yet run through the same kernel and graph. A dense pass can also write the raw logits of
+the slots it reads (`evidence`), which the Selector needs, without a second pass over K.
+
+decode_reference.two_segment_decode_reference is the float64 oracle tests/test_two_segment.py checks
+this kernel against.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sfibench.optimized.decode_attention import (
+    KernelConfig,
+    _attend_range,
+    _check_inputs,
+    _finish_split,
+    _launch_split_kernel,
+    _load_group_queries,
+    _split_range,
+)
+
+
+@triton.jit
+def _two_segment_split_kernel(
+    q_ptr, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr,
+    stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od, num_splits, qk_scale_log2,
+    compact_k_ptr, compact_v_ptr, count_ptr, k_ptr, v_ptr, tail_start_ptr, length_ptr, buffer_ptr,
+    evidence_ptr, evidence_rows_ptr,
+    stride_ckp, stride_ckb, stride_ckh, stride_ckn, stride_ckd,
+    stride_cvp, stride_cvb, stride_cvh, stride_cvn, stride_cvd,
+    stride_count_p, stride_count_b, stride_count_h,
+    stride_kb, stride_kh, stride_ks, stride_kd,
+    stride_vb, stride_vh, stride_vs, stride_vd,
+    stride_tail_p, stride_tail_b, stride_length, stride_buffer,
+    stride_eb, stride_eh, stride_es, stride_evidence_rows,
+    n_buffers, n_compact, n_slots, n_evidence,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr,
+):
+    split = tl.program_id(0)
+    kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
+    seq = tl.program_id(2).to(tl.int64)
+
+    # Everything below is read on the device, so a replayed graph follows the current step. Values
+    # are clamped to the buffers' shapes: a bad index can give a wrong answer, never a stray read.
+    # Every buffer's count and tail start is loaded alongside row_buffer rather than after it: one
+    # round trip to memory before the first K tile instead of two.
+    offs_p = tl.arange(0, BLOCK_P)
+    is_buffer = offs_p < n_buffers
+    counts = tl.load(count_ptr + offs_p * stride_count_p + seq * stride_count_b + kv_head * stride_count_h,
+                     mask=is_buffer, other=0)
+    tail_starts = tl.load(tail_start_ptr + offs_p * stride_tail_p + seq * stride_tail_b, mask=is_buffer, other=0)
+    buffer = tl.load(buffer_ptr + seq * stride_buffer).to(tl.int64)
+    is_dense = buffer < 0
+    buffer = tl.minimum(tl.maximum(buffer, 0), n_buffers - 1)
+    count = tl.sum(tl.where(offs_p == buffer, counts, 0), 0).to(tl.int32)
+    count = tl.where(is_dense, 0, tl.minimum(tl.maximum(count, 0), n_compact))
+    tail_start = tl.sum(tl.where(offs_p == buffer, tail_starts, 0), 0).to(tl.int32)
+    tail_start = tl.where(is_dense, 0, tl.maximum(tail_start, 0))
+    n_cache = tl.minimum(tl.load(length_ptr + seq * stride_length).to(tl.int32), n_slots)
+    tail_len = tl.maximum(n_cache - tail_start, 0)
+    start, end = _split_range(count + tail_len, split, num_splits, BLOCK_N)
+
+    q = _load_group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, GROUP, BLOCK_G, HEAD_DIM,
+                            DOT_IN_FP32)
+    running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    running_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+
+    # Compact rows: indices [start, min(end, count)) of this split are rows of the compact buffer.
+    acc, running_max, running_sum = _attend_range(
+        q, acc, running_max, running_sum,
+        compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh,
+        compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh, q_ptr,
+        start, tl.minimum(end, count), stride_ckn, stride_ckd, stride_cvn, stride_cvd, 0, qk_scale_log2,
+        evidence_ptr, 0, 0, 0, GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=False,
+        WRITE_LOGITS=False, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+
+    # Tail: index i >= count is cache slot i - count + tail_start. Iterating over slots runs the tail
+    # through the dense tile code unchanged, and the slot is where its evidence goes.
+    to_slot = tail_start - count
+    if EVIDENCE:
+        writes = tl.load(evidence_rows_ptr + seq * stride_evidence_rows) != 0
+        evidence_end = tl.where(writes, n_evidence, 0)  # no slot is below 0: nothing written
+    else:
+        evidence_end = 0
+    acc, running_max, running_sum = _attend_range(
+        q, acc, running_max, running_sum, k_ptr + seq * stride_kb + kv_head * stride_kh,
+        v_ptr + seq * stride_vb + kv_head * stride_vh, q_ptr,
+        tl.maximum(start, count) + to_slot, end + to_slot, stride_ks, stride_kd, stride_vs, stride_vd, 0,
+        qk_scale_log2, evidence_ptr + seq * stride_eb + kv_head * GROUP * stride_eh, stride_eh, stride_es,
+        evidence_end, GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=False,
+        WRITE_LOGITS=EVIDENCE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+
+    _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
+                  stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
+                  GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL)
+
+
+def _check_index(name: str, tensor: torch.Tensor, shape: tuple) -> None:
+    if tensor.shape != shape:
+        raise ValueError(f"{name} must be {list(shape)}, got {list(tensor.shape)}")
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+        raise ValueError(f"{name} must be an integer tensor, got {tensor.dtype}")
+
+
+def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torch.Tensor,
+                       compact_counts: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tail_start: torch.Tensor,
+                       lengths: torch.Tensor, row_buffer: torch.Tensor, evidence: torch.Tensor | None = None,
+                       evidence_rows: torch.Tensor | None = None, num_splits: int | None = None, *,
+                       config: KernelConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q `[B, H_q, D]` over compact rows plus a cache tail, one softmax per query head; -> `[B, H_q, D]`.
+
+    Row b reads buffer p = row_buffer[b] and attends over compact rows [0, compact_counts[p, b, h]) of
+    compact_k/v `[P, B, H_kv, N, D]` and cache slots [tail_start[p, b], lengths[b]) of k/v
+    `[B, H_kv, S, D]`; a negative row_buffer[b] means cache slots [0, lengths[b]) only. The caller keeps
+    the two segments disjoint. Index tensors (any integer dtype, any strides) live on q's device and
+    are read by the kernel, never synchronised.
+
+    evidence float32 `[B, H_q, S_e]` with evidence_rows `[B]`: rows with evidence_rows[b] != 0 get
+    q.k/sqrt(D) of every tail slot < S_e written at evidence[b, head, slot]; nothing else is written.
+    """
+    batch, q_heads, head_dim = q.shape
+    kv_heads, n_slots = k.shape[1], k.shape[2]
+    if compact_k.dim() != 5 or compact_k.shape != compact_v.shape or compact_k.shape[1:3] != k.shape[:2] \
+            or compact_k.shape[4] != head_dim:
+        raise ValueError(f"compact_k and compact_v must be [P, B, H_kv, N, D] of one shape with [B, H_kv, D] = "
+                         f"{[batch, kv_heads, head_dim]}, got {tuple(compact_k.shape)} and {tuple(compact_v.shape)}")
+    if not compact_k.dtype == compact_v.dtype == q.dtype:
+        raise ValueError(f"compact_k/v must have q's dtype {q.dtype}, got {compact_k.dtype}, {compact_v.dtype}")
+    n_buffers, n_compact = compact_k.shape[0], compact_k.shape[3]
+    _check_index("compact_counts", compact_counts, (n_buffers, batch, kv_heads))
+    _check_index("tail_start", tail_start, (n_buffers, batch))
+    _check_index("lengths", lengths, (batch,))
+    _check_index("row_buffer", row_buffer, (batch,))
+    write_evidence = evidence is not None
+    if write_evidence != (evidence_rows is not None):
+        raise ValueError("pass evidence and evidence_rows together (or neither)")
+    if write_evidence:
+        if evidence.dtype != torch.float32 or evidence.dim() != 3 or evidence.shape[:2] != (batch, q_heads):
+            raise ValueError(f"evidence must be float32 [B, H_q, S_e] with [B, H_q] = {[batch, q_heads]}, "
+                             f"got {evidence.dtype} {tuple(evidence.shape)}")
+        if evidence_rows.shape != (batch,):
+            raise ValueError(f"evidence_rows must be [B] = [{batch}], got {tuple(evidence_rows.shape)}")
+        if evidence_rows.dtype == torch.bool:
+            evidence_rows = evidence_rows.view(torch.uint8)  # same bytes, a type every Triton version loads
+        evidence_strides, n_evidence = (*evidence.stride(), evidence_rows.stride(0)), evidence.shape[2]
+    else:  # the pointers still need a tensor: q, never touched with EVIDENCE off
+        evidence, evidence_rows, evidence_strides, n_evidence = q, q, (0, 0, 0, 0), 0
+    _check_inputs(q, k, v, num_splits, {
+        "compact_k/v": compact_k, "compact_counts": compact_counts, "tail_start": tail_start, "lengths": lengths,
+        "row_buffer": row_buffer, "evidence": evidence, "evidence_rows": evidence_rows})
+    return _launch_split_kernel(
+        _two_segment_split_kernel, q, out, kv_heads, n_compact + n_slots, num_splits, config,
+        compact_k, compact_v, compact_counts, k, v, tail_start, lengths, row_buffer, evidence, evidence_rows,
+        *compact_k.stride(), *compact_v.stride(), *compact_counts.stride(), *k.stride(), *v.stride(),
+        *tail_start.stride(), lengths.stride(0), row_buffer.stride(0), *evidence_strides,
+        n_buffers, n_compact, n_slots, n_evidence,
+        BLOCK_P=max(2, triton.next_power_of_2(n_buffers)), EVIDENCE=write_evidence)
