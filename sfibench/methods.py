@@ -130,4 +130,6 @@ def _import_builtin_methods() -> None:
     import sfibench.baselines.snapkv
     import sfibench.baselines.streaming_llm
     import sfibench.optimized.full_kv
+    import sfibench.optimized.sfi
+    import sfibench.optimized.sparse_baselines
     import sfibench.reference.sfi  # noqa: F401

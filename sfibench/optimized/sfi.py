@@ -1,0 +1,100 @@
+"""Slow-Fast Inference, optimized path: one Triton kernel per layer and step, the Selector off the critical path.
+
+A fast row reads two segments in one launch (optimized/two_segment.py): the compact copy of its sinks'
+and selected tokens' K/V, contiguous, and the recent window in place in the cache. A slow row is the
+same launch with an empty compact segment and a tail starting at 0, i.e. dense attention, and the
+kernel also writes that row's logits q.k/sqrt(d) to an evidence buffer, so the Selector needs no
+second pass over K. Which rows are slow is device data (`row_buffer`, `refresh_rows`), so a step is
+one CUDA graph whatever the mix of slow and fast rows; the plan only says whether evidence is written.
+
+After a slow step the Selector (sfi/selector.py) and the compact rebuild (sfi/state.py) run on the
+evidence. With `publish = next_step` they run on the main stream right after the step (synchronous:
+the slow step pays for them, and the result matches the reference path). With `when_ready` they are
+enqueued on a second CUDA stream and publish their buffer when done; until then the rows keep their
+previous selection (or, right after prefill, read densely: the bridge of the authors' pipeline).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sfibench.engine.cache import KVCache
+from sfibench.engine.context import StepContext
+from sfibench.methods import StepPlan, register
+from sfibench.optimized.full_kv import require_triton_device
+from sfibench.optimized.two_segment import two_segment_decode
+from sfibench.sfi.method import SFIMethod
+
+
+@dataclass(frozen=True)
+class OptimizedSFIPlan(StepPlan):
+    evidence: bool = False  # some row refreshes after this step: the kernel writes its logits
+
+
+@register("sfi", "optimized")
+class OptimizedSFI(SFIMethod):
+    compact = True
+
+    def start(self, cache: KVCache, prefilled) -> None:
+        device, mc = cache.k.device, self.model_config
+        require_triton_device(device)
+        layers, batch = mc.num_layers, cache.batch
+        self.state("row_buffer", (layers, batch), torch.int32, device)  # compact buffer per row, -1 = dense
+        # Dense logits of every query head at every slot, written only for refreshing rows.
+        self.state("evidence", (layers, batch, mc.num_heads, cache.max_seq), torch.float32, device)
+        async_refresh = self.cfg.publish == "when_ready" and device.type == "cuda"
+        self.side = torch.cuda.Stream(device) if async_refresh else None
+        self.pending: dict[int, torch.cuda.Event] = {}  # row -> its refresh still in flight
+        self._on_refresh_stream(lambda: super(OptimizedSFI, self).start(cache, prefilled), range(batch))
+
+    def path_plan(self, ctx: StepContext) -> OptimizedSFIPlan:
+        # A row about to refresh again must not overwrite evidence or buffers its last refresh still reads.
+        for row in self.refresh_host.any(dim=0).nonzero().flatten().tolist():
+            if row in self.pending:
+                torch.cuda.current_stream().wait_event(self.pending.pop(row))
+        return OptimizedSFIPlan(evidence=bool(self.refresh_host.any()))
+
+    def begin_step(self, ctx: StepContext, plan: OptimizedSFIPlan) -> None:
+        sel = self.sel
+        sel.begin_step()
+        self.row_buffer.copy_(torch.where(self.dense_rows, -1, sel.live))
+        # Tokens read per (layer, row, KV head), all layers at once: compact rows + the tail, or L if dense.
+        buffer = sel.live.clamp(min=0)
+        counts = sel.compact_counts.gather(0, buffer[None, :, :, None].expand(1, -1, -1, sel.counts.shape[-1]))[0]
+        tail = sel.tail_start.gather(0, buffer[None])[0]
+        lengths = ctx.kv_lengths[None, :]
+        sparse = counts + (lengths - tail).clamp(min=0)[..., None]
+        ctx.tokens_read.copy_(torch.where((self.row_buffer < 0)[..., None], lengths[..., None], sparse))
+
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan: OptimizedSFIPlan) -> torch.Tensor:
+        layer, sel = ctx.layer, self.sel
+        out = two_segment_decode(
+            q[:, :, 0], sel.compact_k[:, layer], sel.compact_v[:, layer], sel.compact_counts[:, layer],
+            cache.k[layer], cache.v[layer], sel.tail_start[:, layer], ctx.kv_lengths, self.row_buffer[layer],
+            **({"evidence": self.evidence[layer], "evidence_rows": self.refresh_rows[layer]} if plan.evidence else {}))
+        return out[:, :, None]
+
+    def after_step(self, ctx: StepContext, plan: OptimizedSFIPlan) -> None:
+        if plan.evidence:
+            rows = self.refresh_host.any(dim=0).nonzero().flatten().tolist()
+            self._on_refresh_stream(lambda: super(OptimizedSFI, self).after_step(ctx, plan), rows)
+
+    def _on_refresh_stream(self, work, rows) -> None:
+        """Run `work` (Selector + rebuild + publish) on the side stream, after what the main stream queued."""
+        if self.side is None:
+            work()
+            return
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            work()
+        event = torch.cuda.Event()
+        event.record(self.side)
+        for row in rows:
+            self.pending[row] = event
+
+    def decode_evidence(self, row: int, layers: list[int], lo: int, hi: int) -> torch.Tensor:
+        group = self.model_config.group_size
+        logits = self.evidence[layers, row, :, lo:hi]  # [n, H_q, n_c]: the slow step wrote it
+        return logits.view(len(layers), -1, group, hi - lo)

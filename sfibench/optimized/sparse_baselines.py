@@ -1,0 +1,84 @@
+"""StreamingLLM and SnapKV on the optimized path: fixed selections through the same two-segment kernel.
+
+Both read "a fixed set + a contiguous tail", the shape the optimized SFI fast step reads, so they run
+through the same Triton kernel and every speed comparison is between equally optimized methods.
+StreamingLLM's fixed set is the sinks, which already lie contiguous at the start of the cache (the
+kernel reads them in place through a view), and its tail the sliding window. SnapKV's fixed set is
+the kept prompt tokens, copied once after prefill into a compact buffer, and its tail everything
+from the end of the prompt's compressed prefix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sfibench.baselines.snapkv import SnapKV
+from sfibench.baselines.streaming_llm import StreamingLLM
+from sfibench.engine.cache import KVCache
+from sfibench.engine.context import StepContext
+from sfibench.methods import register
+from sfibench.optimized.full_kv import require_triton_device
+from sfibench.optimized.two_segment import two_segment_decode
+
+
+class _TwoSegment:
+    """Shared attend: per layer one launch over compact[layer] + the cache tail [tail_start, L)."""
+
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan) -> torch.Tensor:
+        layer = ctx.layer
+        out = two_segment_decode(q[:, :, 0], *self.compact(cache, layer), self.counts[:, layer],
+                                 cache.k[layer], cache.v[layer], self.tail, ctx.kv_lengths, self.row_buffer)
+        return out[:, :, None]
+
+    def count_reads(self, ctx: StepContext) -> None:
+        """Tokens read by every (layer, row, KV head): compact rows + the tail."""
+        tail = (ctx.kv_lengths - self.tail[0]).clamp(min=0)
+        ctx.tokens_read.copy_(self.counts[0] + tail[None, :, None])
+
+
+@register("streaming_llm", "optimized")
+class OptimizedStreamingLLM(_TwoSegment, StreamingLLM):
+    def start(self, cache: KVCache, prefilled) -> None:
+        require_triton_device(cache.k.device)
+        mc, device = self.model_config, cache.k.device
+        self.state("counts", (1, mc.num_layers, cache.batch, mc.num_kv_heads), torch.int32, device)
+        self.state("tail", (1, cache.batch), torch.int32, device)
+        self.state("row_buffer", (cache.batch,), torch.int32, device)
+
+    def compact(self, cache: KVCache, layer: int):
+        sinks = slice(0, self.cfg.n_sink)  # a view: the sinks already sit contiguous in the cache
+        return cache.k[layer, :, :, sinks][None], cache.v[layer, :, :, sinks][None]
+
+    def begin_step(self, ctx: StepContext, plan) -> None:
+        sinks = ctx.kv_lengths.clamp(max=self.cfg.n_sink)
+        self.counts.copy_(sinks[None, None, :, None].expand_as(self.counts))
+        window = self.cfg.budget - self.cfg.n_sink
+        self.tail.copy_(torch.maximum(ctx.kv_lengths - window, sinks)[None])
+        self.count_reads(ctx)
+
+
+@register("snapkv", "optimized")
+class OptimizedSnapKV(_TwoSegment, SnapKV):
+    def start(self, cache: KVCache, prefilled) -> None:
+        require_triton_device(cache.k.device)
+        super().start(cache, prefilled)  # chooses self.kept, self.kept_count and self.tail_start
+        mc, device, keep = self.model_config, cache.k.device, self.kept.shape[-1]
+        shape = (1, mc.num_layers, cache.batch, mc.num_kv_heads, keep, mc.head_dim)
+        self.state("compact_k", shape, cache.k.dtype, device)
+        self.state("compact_v", shape, cache.k.dtype, device)
+        index = self.kept[..., None].expand(-1, -1, -1, -1, mc.head_dim)  # [L, B, H_kv, keep, D]
+        self.compact_k[0] = cache.k.gather(3, index)
+        self.compact_v[0] = cache.v.gather(3, index)
+        self.state("counts", (1, mc.num_layers, cache.batch, mc.num_kv_heads), torch.int32, device)
+        self.counts.copy_(self.kept_count[None, None, :, None].expand_as(self.counts))
+        self.state("tail", (1, cache.batch), torch.int32, device).copy_(self.tail_start[None])
+        self.state("row_buffer", (cache.batch,), torch.int32, device)
+
+    def plan(self, ctx: StepContext):
+        return super(SnapKV, self).plan(ctx)  # no static sizes: the kernel reads every length on the device
+
+    def compact(self, cache: KVCache, layer: int):
+        return self.compact_k[:, layer], self.compact_v[:, layer]
+
+    def begin_step(self, ctx: StepContext, plan) -> None:
+        self.count_reads(ctx)
