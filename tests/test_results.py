@@ -13,6 +13,7 @@ import torch
 
 from sfibench.metrics.device import DeviceUnavailableError, device_info, resolve_device
 from sfibench.reporting import results as results_module
+from sfibench.reporting import run_dir as run_dir_module
 from sfibench.reporting.results import (
     SCHEMA_VERSION,
     InvalidResultsError,
@@ -222,7 +223,7 @@ def test_default_run_dir_is_timestamped_and_suffixed_on_collision(tmp_path, monk
         def now(cls, tz=None):
             return datetime(2026, 3, 4, 5, 6, 7, tzinfo=tz)
 
-    monkeypatch.setattr(results_module, "datetime", _FrozenClock)
+    monkeypatch.setattr(run_dir_module, "datetime", _FrozenClock)
     first = make_run_dir(None, "bench")
     second = make_run_dir(None, "bench")
     third = make_run_dir(None, "bench")

@@ -44,13 +44,14 @@ class StabilityConfig:
     prefix: int = 512  # prompt tokens prefilled first, so candidates exist from the first step
     topk_frac: float = 0.02  # support size as a fraction of the context
     mass: float = 0.9  # the second support: smallest candidate set holding this share of their mass
-    k_head: str = "0.1"  # selected tokens per KV head: tokens ("300") or a fraction of L at t0 ("0.1")
+    k_head: str = "10%"  # selected tokens per KV head: tokens ("300") or a percentage of L at t0 ("10%")
     max_offset: int = 64  # drift is binned by t - t0 up to this; later offsets share the last bin
     temperature: float = 0.7  # --generate only: greedy decoding of a 135M model loops
     top_p: float = 0.95
     seed: int = 0
     device: str = "auto"
     dtype: str = "auto"
+    path: str = "reference"  # the path of the Full-KV method the dense probe stands for
     sfi: SFIConfig = field(default_factory=SFIConfig)  # sinks, recent window, page and Selector
 
 

@@ -32,6 +32,8 @@ from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
 from sfibench.workloads.replay import load_replay, take
 
+PROFILE_MARGIN = 8  # cache positions beyond the profiled steps: two warm-up steps and slack
+
 # label -> (component name, the component it runs inside). A component's row is its own time: the
 # time of the components nested in it is subtracted, so the rows add up to the step.
 LABELS = {
@@ -67,7 +69,7 @@ def _times(event, cuda: bool) -> float:
 def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) -> dict:
     cfg, device = session.loaded.config, session.device
     stream, tokenizer = load_replay(cfg.vocab_size, session.loaded.tokenizer)
-    cache = KVCache(cfg, 1, context + steps + 8, device, session.dtype)
+    cache = KVCache(cfg, 1, context + steps + PROFILE_MARGIN, device, session.dtype)
     if device.type == "cuda":
         prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
     else:

@@ -44,7 +44,10 @@ def plot_accuracy(cells: list[dict], path: Path) -> Path | None:
                 if series:
                     x = [c["measured_retention"] for c in series]
                     y = [c["accuracy"] for c in series]
-                    err = [[c["accuracy"] - c["ci_low"] for c in series], [c["ci_high"] - c["accuracy"] for c in series]]
+                    # clamped: a Wilson bound at accuracy 0 or 1 can miss it by a rounding error, and
+                    # matplotlib refuses a negative error bar
+                    err = [[max(c["accuracy"] - c["ci_low"], 0.0) for c in series],
+                           [max(c["ci_high"] - c["accuracy"], 0.0) for c in series]]
                     ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3, color=COLORS.get(method), label=method)
             ax.set_title(f"{task} @ {context} tokens", fontsize=9)
             ax.set_ylim(-0.05, 1.05)

@@ -39,7 +39,12 @@ class Condition:
 
     @property
     def label(self) -> str:
-        return self.method if self.retention is None else f"{self.method}@{self.retention:g}"
+        return condition_label(self.method, self.retention)
+
+
+def condition_label(method: str, retention: float | None) -> str:
+    """'full_kv', 'sfi@0.15': how reports, progress lines and a resumed run's records name a condition."""
+    return method if retention is None else f"{method}@{retention:g}"
 
 
 def recent_for_budget(budget: int, page: int = 16) -> int:
@@ -78,10 +83,11 @@ def make_condition(method: str, retention: float | None, context: int, path: str
 
 
 def conditions(methods: list[str], retentions: list[float], context: int,
-               sfi_variant: dict | None = None) -> list[Condition]:
-    """Full-KV first (every other method is compared with it), then each sparse method x retention."""
-    out = [make_condition("full_kv", None, context)]
-    out += [make_condition(m, r, context, sfi_variant=sfi_variant) for m in methods if m != "full_kv"
+               sfi_variant: dict | None = None, path: str = "reference") -> list[Condition]:
+    """Full-KV first (every other method is compared with it), then each sparse method x retention,
+    every one on `path`."""
+    out = [make_condition("full_kv", None, context, path)]
+    out += [make_condition(m, r, context, path, sfi_variant) for m in methods if m != "full_kv"
             for r in retentions]
     return out
 
@@ -99,8 +105,13 @@ def _decode(session: Session, condition: Condition, prefilled, scripts, teacher,
 
 
 def evaluate_batch(session: Session, samples: list[Sample], conds: list[Condition], on_decode=None,
-                   on_step=None) -> list[dict]:
-    """One record per (sample, condition); `on_decode(label)` is called before each decode pass."""
+                   on_step=None, on_records=None, done: frozenset[str] = frozenset()) -> list[dict]:
+    """One record per (sample, condition) not in `done` (labels of conditions a resumed run already has).
+
+    `on_decode(label)` is called before each decode pass, `on_records(records)` with each condition's
+    records as soon as they exist (so they can be saved). Full-KV is decoded even when done: every
+    other condition is compared with its logits.
+    """
     tokenizer = session.loaded.tokenizer
     stop = frozenset({tokenizer.eos_token_id} - {None})
     scripts = [Script(s.max_answer_tokens, s.follow_ups, stop) for s in samples]
@@ -109,6 +120,8 @@ def evaluate_batch(session: Session, samples: list[Sample], conds: list[Conditio
     records = []
     full = None
     for condition in conds:
+        if full is not None and condition.label in done:
+            continue
         if on_decode:
             on_decode(condition.label)
         if full is None:  # Full-KV: free run (or the given continuation), logits kept as the reference
@@ -122,8 +135,13 @@ def evaluate_batch(session: Session, samples: list[Sample], conds: list[Conditio
                     on_decode(condition.label + " (free)")
                 free = _decode(session, condition, prefilled, scripts, None, False, on_step)
             runs = (taught, free)
-        for row, sample in enumerate(samples):
-            records.append(_record(tokenizer, sample, condition, full[row], runs[0][row], runs[1][row], stop))
+        if condition.label in done:
+            continue
+        new = [_record(tokenizer, sample, condition, full[row], runs[0][row], runs[1][row], stop)
+               for row, sample in enumerate(samples)]
+        if on_records:
+            on_records(new)
+        records += new
     return records
 
 

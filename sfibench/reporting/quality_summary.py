@@ -80,6 +80,15 @@ def _fmt(value, digits=3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
+def _partial_note(results: dict) -> list[str]:
+    """A stopped run's report says so first; runs written before runs could stop record no flag."""
+    if results.get("complete", True):
+        return []
+    progress = results["progress"]
+    return [f"**Partial run**: stopped after {progress['results']} of {progress['planned']} planned sample "
+            "results; the tables cover those only (continue it with `--resume`).", ""]
+
+
 def markdown(results: dict, plots: list[str]) -> str:
     cfg, cells = results["config"], results["results"]["cells"]
     prov = results["provenance"]
@@ -90,12 +99,13 @@ def markdown(results: dict, plots: list[str]) -> str:
              f"{' (dirty)' if prov.get('git_dirty') else ''}, wall time {results['results']['wall_s'] / 60:.1f} min"
              + "".join(f"; resumed after a session at commit {str(p.get('git_commit'))[:10]} ({p.get('timestamp_utc')})"
                        for p in prov.get("resumed_from", [])) + "."), "",
+             *_partial_note(results["results"]),
              "## What ran", "",
              (f"- tasks: {', '.join(cfg['tasks'])}; contexts (prompt tokens, model's own tokenizer): "
              f"{', '.join(map(str, cfg['contexts']))}; samples per cell: {', '.join(map(str, cfg['samples']))}"),
              *([(f"- **SFI ablation**: SFI ran with {', '.join(f'{k}={v}' for k, v in cfg['sfi_variant'].items())} "
                  "instead of SPEC's defaults; every other method as usual")] if cfg.get("sfi_variant") else []),
-             (f"- methods: full_kv, {', '.join(methods)} (reference path); retention: "
+             (f"- methods: full_kv, {', '.join(methods)} ({cfg.get('path', 'reference')} path); retention: "
              f"{', '.join(f'{r:g}' for r in cfg['retentions'])}; greedy decoding; "
              f"{'chat template + answer prefix' if cfg['chat'] else 'plain prompts + answer prefix'} "
              "(ppl: plain prose, no template)"),

@@ -6,7 +6,7 @@ Plots, report.md and `sfibench check` are all derived from this file, so it must
 
 - strict JSON (NaN/inf become null; tensors and numpy values become plain numbers and lists),
 - never half-written (temp file + os.replace), and
-- never silently overwritten (a run directory that already holds results is refused).
+- never silently overwritten (a run directory that already holds results is refused: run_dir.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from importlib import metadata
 from pathlib import Path, PurePath
 from typing import Any
 
+from sfibench.errors import UsageError
 from sfibench.metrics.device import cpu_model, gpu_driver_version
+from sfibench.reporting.run_dir import RunDirExistsError, make_run_dir  # kept importable from here
 
 __all__ = [
     "RESULTS_FILENAME",
@@ -39,6 +41,7 @@ __all__ = [
     "read_results",
     "to_jsonable",
     "write_results",
+    "write_text_atomically",
 ]
 
 # Bump when a reader of the old layout would misread the new one; read_results refuses newer files.
@@ -47,11 +50,7 @@ RESULTS_FILENAME = "results.json"
 _RESERVED_KEYS = ("schema_version", "command", "config", "provenance", "results")
 
 
-class RunDirExistsError(FileExistsError):
-    """The run directory already holds a results.json and overwriting was not requested."""
-
-
-class InvalidResultsError(ValueError):
+class InvalidResultsError(UsageError):
     """A results.json exists but cannot be used (not JSON, or not shaped like a results file)."""
 
 
@@ -151,48 +150,6 @@ def _cuda_version() -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------
-# Run directories
-
-
-def make_run_dir(out: Path | str | None, command: str, overwrite: bool = False) -> Path:
-    """Create (or reuse) the directory a run writes into, and return it.
-
-    With `out` None the directory is `runs/<command>-<UTC timestamp>`, suffixed `-2`, `-3`, ... when
-    two runs start in the same second. An explicit `out` that already holds a results.json is
-    refused unless `overwrite` is set, so an earlier result is never lost by accident.
-    """
-    if out is None:
-        return _fresh_default_dir(command)
-
-    run_dir = Path(out)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise NotADirectoryError(f"--out {run_dir} exists and is not a directory; choose another --out")
-    if (run_dir / RESULTS_FILENAME).exists() and not overwrite:
-        raise RunDirExistsError(
-            f"run directory {run_dir} already contains {RESULTS_FILENAME} from an earlier run; "
-            f"pass --overwrite to replace it, or choose another --out"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
-
-
-def _fresh_default_dir(command: str) -> Path:
-    # Compact timestamp: sortable, and free of ':' which some filesystems reject.
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    base = Path("runs") / f"{command}-{stamp}"
-    base.parent.mkdir(parents=True, exist_ok=True)
-    suffix = 1
-    while True:
-        candidate = base if suffix == 1 else base.with_name(f"{base.name}-{suffix}")
-        try:
-            # mkdir without exist_ok claims the name atomically, so concurrent runs cannot share it.
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            suffix += 1
-
-
-# --------------------------------------------------------------------------------------------------
 # Writing and reading
 
 
@@ -232,13 +189,13 @@ def write_results(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     target = run_dir / RESULTS_FILENAME
-    _atomic_write_text(target, text)
+    write_text_atomically(target, text)
     return target
 
 
-def _atomic_write_text(target: Path, text: str) -> None:
-    # The temp file lives beside the target so os.replace stays a same-filesystem atomic rename:
-    # readers see either the old complete file or the new complete file, never a mixture.
+def write_text_atomically(target: Path, text: str) -> None:
+    """Readers (and a Ctrl-C) see either the old complete file or the new one, never a mixture."""
+    # The temp file lives beside the target so os.replace stays a same-filesystem atomic rename.
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

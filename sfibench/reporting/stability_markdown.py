@@ -51,7 +51,8 @@ def summary_sentences(results: dict) -> str:
 
 def _setup(cfg: dict, results: dict) -> list[str]:
     context, timing, sentences = results["context"], results["timing"], results["sentences"]
-    k_head = cfg["k_head"] + (" x L at t0" if "." in str(cfg["k_head"]) else " tokens")
+    k_head = str(cfg["k_head"])  # "10%" now; runs written before the budget syntax say "0.1"
+    k_head += " of L at t0" if k_head.endswith("%") else " x L at t0" if "." in k_head else " tokens"
     rows = {
         "text": f"`{results['text']}`, {results['mode']}",
         "decode steps": (f"{results['steps']} after a {results['prefix_tokens']}-token prefix "

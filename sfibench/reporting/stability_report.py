@@ -31,17 +31,14 @@ from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import Prefilled
 from sfibench.engine.sampling import Sampler
 from sfibench.engine.session import Session
-from sfibench.methods import AttentionMethod
+from sfibench.errors import RunInterrupted
+from sfibench.methods import AttentionMethod, check_method
 from sfibench.metrics.stability import StabilityConfig, StabilityInputError, StabilityReducer, check_config
+from sfibench.models.presets import PRESETS
 from sfibench.reference.attention import dense_attention
 from sfibench.sfi.triggers import SlowStepScheduler, token_classes
-from sfibench.reporting.results import (
-    RESULTS_FILENAME,
-    RunDirExistsError,
-    make_run_dir,
-    read_results,
-    write_results,
-)
+from sfibench.reporting.results import read_results, write_results
+from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.reporting.stability_markdown import write_report
 from sfibench.reporting.stability_plots import write_plots
 
@@ -82,8 +79,11 @@ def load_text(text_file: str | None) -> tuple[str, str]:
         return resource.read_text(encoding="utf-8"), f"sfibench/workloads/data/{SHIPPED_TEXT}"
     path = Path(text_file)
     if not path.is_file():
-        raise FileNotFoundError(f"--text-file {path} does not exist or is not a file")
-    text = path.read_text(encoding="utf-8")
+        raise StabilityInputError(f"--text-file {path} does not exist or is not a file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise StabilityInputError(f"--text-file {path} is not UTF-8 text; give a plain-text file") from None
     if not text.strip():
         raise StabilityInputError(f"--text-file {path} is empty; give a file of natural-language text")
     return text, str(path)
@@ -96,6 +96,10 @@ def check_lengths(cfg: StabilityConfig, tokens: int, max_context: int, model: st
         what = f"a {cfg.prefix}-token prefix" + ("" if cfg.generate else f" + {cfg.steps} teacher-forced steps")
         raise StabilityInputError(f"the text has {tokens} tokens but {what} need {needed}; give a longer "
                                   "--text-file, fewer --steps or a shorter --prefix")
+    check_context(cfg, max_context, model)
+
+
+def check_context(cfg: StabilityConfig, max_context: int, model: str) -> None:
     if cfg.prefix + cfg.steps > max_context:
         raise StabilityInputError(
             f"{model} has a context of {max_context} tokens, but a {cfg.prefix}-token prefix + {cfg.steps} steps "
@@ -104,23 +108,37 @@ def check_lengths(cfg: StabilityConfig, tokens: int, max_context: int, model: st
 
 def run_stability(cfg: StabilityConfig, out: Path | str | None = None, overwrite: bool = False,
                   show_progress: bool = True) -> Path:
-    """Run the analysis of `cfg` and return the run directory (results.json, plots, report.md)."""
+    """Run the analysis of `cfg` and return the run directory (results.json, plots, report.md).
+
+    Every setting, the text and the run directory are checked before the model loads. The analysis
+    is one pass saved at its end, so Ctrl-C keeps nothing and says so (RunInterrupted).
+    """
     check_config(cfg)
-    if out is not None and (Path(out) / RESULTS_FILENAME).exists() and not overwrite:  # fail before the work
-        raise RunDirExistsError(f"{out} already contains {RESULTS_FILENAME}; pass --overwrite or another --out")
+    check_method("full_kv", cfg.path)
     text, source = load_text(cfg.text_file)
+    if cfg.model in PRESETS:
+        check_context(cfg, PRESETS[cfg.model].max_context, cfg.model)
+    with claimed_run_dir(out, "stability", overwrite=overwrite) as run_dir:
+        try:
+            _analyse(cfg, text, source, run_dir, show_progress)
+        except KeyboardInterrupt:
+            raise RunInterrupted("a stability run is reduced in one pass and saved at its end, so nothing was "
+                                 "kept; a smaller --steps finishes sooner") from None
+    return run_dir
+
+
+def _analyse(cfg: StabilityConfig, text: str, source: str, run_dir: Path, show_progress: bool) -> None:
     began = time.perf_counter()
     session = Session.open(cfg.model, cfg.device, cfg.dtype, cfg.seed)
     loaded, mc = session.loaded, session.loaded.config
     ids = loaded.tokenizer.encode(text)
     check_lengths(cfg, len(ids), mc.max_context, mc.name)
-    run_dir = make_run_dir(out, "stability", overwrite)
     load_s = time.perf_counter() - began
 
     began = time.perf_counter()
     prefilled = session.prefill([ids[:cfg.prefix]], cfg.steps)
     prefill_s = time.perf_counter() - began
-    probe = DenseProbe(MethodSpec(name="full_kv"), mc, loaded.tokenizer)
+    probe = DenseProbe(MethodSpec(name="full_kv", path=cfg.path), mc, loaded.tokenizer)
     reducer = StabilityReducer(cfg, mc.num_layers, mc.num_kv_heads)
     stream, nll, decode_s = _decode(session, probe, reducer, cfg, ids, prefilled, show_progress)
 
@@ -141,7 +159,6 @@ def run_stability(cfg: StabilityConfig, out: Path | str | None = None, overwrite
     document = read_results(run_dir)  # plots and report come from the saved file, as `report` would
     write_plots(run_dir, document["results"])
     write_report(run_dir, document)
-    return run_dir
 
 
 def _decode(session: Session, probe: DenseProbe, reducer: StabilityReducer, cfg: StabilityConfig,

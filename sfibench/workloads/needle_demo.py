@@ -17,6 +17,7 @@ from sfibench.models.tokenizer import Tokenizer
 WORDS = ("apple", "river", "candle", "tiger", "silver", "garden", "rocket", "violin", "pepper", "castle",
          "anchor", "falcon", "marble", "cotton", "jacket", "helmet", "pencil", "button", "ladder", "mirror")
 KEYS = ("harbor", "lantern", "orchard", "meadow", "compass")
+DEMO_METHODS = ("full_kv", "sfi", "streaming_llm")  # README quotes this run's output, one line per method
 INTRO = ("Some special magic words are hidden within the following text. Make sure to memorize it. "
          "I will quiz you about the words afterwards.")
 
@@ -61,6 +62,5 @@ if __name__ == "__main__":  # python -m sfibench.workloads.needle_demo
     session = Session.open("smollm2-135m", "cpu")
     prompt, word = needle_prompt(session.loaded.tokenizer, 3900, seed=23, depth=0.6)
     print(f"{len(prompt)}-token prompt, needle word {word!r} at 60% depth; budget 15% of the prompt")
-    for method, (text, retention) in answers_at_retention(session, prompt, ["full_kv", "sfi", "streaming_llm"],
-                                                          0.15).items():
+    for method, (text, retention) in answers_at_retention(session, prompt, list(DEMO_METHODS), 0.15).items():
         print(f"{method:>14}  retention {retention:.3f}  answer {text.split('<|im_end|>')[0]!r}")

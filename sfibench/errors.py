@@ -1,0 +1,21 @@
+"""The two ways a command ends early on purpose: input the user can fix, and the user stopping it.
+
+Everything else that goes wrong is a bug or an environment failure and keeps its traceback, so the
+CLI catches only these (and the few older, equally specific error classes other modules raise).
+"""
+
+from __future__ import annotations
+
+
+class UsageError(ValueError):
+    """Input a user can fix. The message names the option and the fix; the CLI prints it and exits 2.
+
+    A ValueError, so callers that already guard a parse with `except ValueError` keep working.
+    """
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C, after the command saved what it had: the message says what was kept and how to continue.
+
+    A KeyboardInterrupt, so it unwinds like one and nothing on the way mistakes it for a failure.
+    """

@@ -1,0 +1,133 @@
+"""Command-line values checked before any expensive work, each error naming its option and the fix.
+
+Typer already checks types and simple ranges (`min=`); these cover what it cannot: comma-separated
+lists, token counts such as `8k`, text files, and names that must exist here (model,
+device, dtype, trigger policy). All raise UsageError, which the CLI prints as one line with exit 2.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sfibench.errors import UsageError
+
+_TOKEN_COUNT = re.compile(r"([0-9]+)(k?)")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def split_list(text: str, option: str) -> list[str]:
+    """'a, b,c' -> ['a', 'b', 'c']; an empty list is an error, never a silent default."""
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    if not items:
+        raise UsageError(f"{option} is empty; give a comma-separated list, or leave the option out for its default")
+    return items
+
+
+def parse_tokens(text: str, option: str, allow_max: bool = False) -> int | str:
+    """'3000' -> 3000, '8k' -> 8192 (k = 1,024 tokens), 'max' -> 'max' where the command allows it."""
+    spelled = str(text).strip().lower()
+    if allow_max and spelled == "max":
+        return "max"
+    match = _TOKEN_COUNT.fullmatch(spelled)
+    tokens = int(match[1]) * (1024 if match[2] else 1) if match else 0
+    if tokens < 1:
+        spellings = "3000 or 8k" + (" or max" if allow_max else "")
+        raise UsageError(f"{option} {text!r} is not a token count; write a positive whole number of tokens "
+                         f"such as {spellings}")
+    return tokens
+
+
+def parse_token_list(text: str, option: str, allow_max: bool = True) -> list[int | str]:
+    return [parse_tokens(item, option, allow_max) for item in split_list(text, option)]
+
+
+def parse_counts(text: str, option: str, allow_max: bool = False) -> list[int | str]:
+    """'1,4' -> [1, 4]; each a whole number >= 1 (or 'max' where the command allows it)."""
+    counts: list[int | str] = []
+    for item in split_list(text, option):
+        if allow_max and item.lower() == "max":
+            counts.append("max")
+        elif item.isdigit() and int(item) >= 1:
+            counts.append(int(item))
+        else:
+            raise UsageError(f"{option} {item!r} is not a whole number >= 1"
+                             + (" or max" if allow_max else ""))
+    return counts
+
+
+def check_choice(value: str, choices, option: str) -> str:
+    if value not in choices:
+        raise UsageError(f"{option} {value!r} is not one of: {', '.join(choices)}")
+    return value
+
+
+def read_text_file(path: Path | str, option: str) -> str:
+    """The file's text; missing, a directory, unreadable, not UTF-8 or blank are each named."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{option} {path} does not exist; give the path of a text file")
+    if not path.is_file():
+        raise UsageError(f"{option} {path} is not a file (a directory?); give the path of a text file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except PermissionError:
+        raise UsageError(f"{option} {path} cannot be read (permission denied)") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{option} {path} is not UTF-8 text; give a plain-text file") from None
+    if not text.strip():
+        raise UsageError(f"{option} {path} is empty; give a file with some text")
+    return text
+
+
+def check_model(model: str) -> None:
+    """A preset name, a Hugging Face checkpoint directory or a .gguf file that exists (no loading)."""
+    from sfibench.models.presets import PRESETS
+
+    if model in PRESETS:
+        return
+    path = Path(model)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise UsageError(f"--model {path}: no such .gguf file")
+        return
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"--model {path} is a directory without config.json; give a Hugging Face "
+                             "checkpoint directory (config.json + *.safetensors)")
+        return
+    raise UsageError(f"--model {model!r} is not a preset, a checkpoint directory or a .gguf file; valid presets: "
+                     f"{', '.join(PRESETS)} (`sfibench models` says which have weights here)")
+
+
+def check_device(device: str):
+    """The torch.device `--device` names, if this machine has it."""
+    from sfibench.metrics.device import resolve_device
+
+    try:
+        return resolve_device(device)  # DeviceUnavailableError (a user error too) when CUDA is not here
+    except ValueError as error:  # only a malformed name raises this
+        raise UsageError(f"--device: {error}") from None
+
+
+def check_dtype(dtype: str) -> str:
+    return check_choice(dtype, DTYPES, "--dtype")
+
+
+def check_trigger(policy: str) -> str:
+    from sfibench.sfi.triggers import POLICIES
+
+    return check_choice(policy, POLICIES, "--trigger")
+
+
+def check_session_options(model: str, device: str, dtype: str):
+    """The three options every model-loading command shares; returns the resolved torch.device."""
+    check_model(model)
+    check_dtype(dtype)
+    return check_device(device)
+
+
+def check_top_p(top_p: float) -> None:
+    """Typer bounds --top-p to [0, 1]; 0 would keep no token at all."""
+    if top_p <= 0:
+        raise UsageError("--top-p must be above 0; 1 keeps the whole distribution")
