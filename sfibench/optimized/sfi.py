@@ -45,9 +45,15 @@ class OptimizedSFI(SFIMethod):
         # Dense logits of every query head at every slot, written only for refreshing rows.
         self.state("evidence", (layers, batch, mc.num_heads, cache.max_seq), torch.float32, device)
         async_refresh = self.cfg.publish == "when_ready" and device.type == "cuda"
+        if getattr(self, "side", None) is not None:  # the last batch's refresh may still be publishing
+            torch.cuda.current_stream().wait_stream(self.side)
         self.side = torch.cuda.Stream(device) if async_refresh else None
         self.pending: dict[int, torch.cuda.Event] = {}  # row -> its refresh still in flight
-        self._on_refresh_stream(lambda: super(OptimizedSFI, self).start(cache, prefilled), range(batch))
+        super().start(cache, prefilled)
+
+    def bootstrap(self, cache: KVCache, prefilled) -> None:
+        # Asynchronously, rows read densely until their bootstrap selection is published (the bridge).
+        self._on_refresh_stream(lambda: super(OptimizedSFI, self).bootstrap(cache, prefilled), range(cache.batch))
 
     def path_plan(self, ctx: StepContext) -> OptimizedSFIPlan:
         # A row about to refresh again must not overwrite evidence or buffers its last refresh still reads.

@@ -11,8 +11,26 @@ import matplotlib.pyplot as plt
 
 from sfibench.metrics.nvml import best_energy
 
-COLUMNS = ("method", "path", "ctx", "batch", "tok/s", "spread", "ms fast/dense", "ms slow", "tokens read",
-           "GB/s", "% roofline", "speedup", "roofline speedup")
+COLUMNS = ("method", "path", "ctx", "batch", "tok/s", "spread", "ms fast/dense", "ms slow", "floor ms",
+           "x floor", "tokens read", "GB/s", "% roofline", "speedup", "roofline speedup")
+
+
+def method_label(row: dict) -> str:
+    """SFI's optimized rows say how refreshes are published: sync (Selector in the slow step) or async."""
+    if row["method"] == "sfi" and row["path"] == "optimized":
+        return "sfi async" if row.get("publish") == "when_ready" else "sfi sync"
+    return row["method"]
+
+
+def _floor(row: dict, column: str) -> str:
+    """The main step kind's floor (weights floor + K/V bytes at copy bandwidth) and the step's ratio to it."""
+    floors = row.get("floor_ms") or {}
+    kind = next((k for k in ("fast", "dense", "sparse") if k in floors), None)
+    if kind is None:
+        return "-"
+    if column == "floor ms":
+        return f"{floors[kind]:.2f}"
+    return f"{row['ms_per_step'][kind]['p50'] / floors[kind]:.2f}x"
 
 
 def dense_kernel_verdicts(rows: list[dict]) -> list[tuple[int, int, dict, dict]]:
@@ -43,10 +61,13 @@ def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
     for r in rows:
         speedup = r.get("speedup_vs_full_kv")
         roof = r.get("roofline_speedup")
+        if speedup and not r.get("speedup_supported", True):
+            speedup = None  # equal tokens read, or a spread that swamps the difference: no claim
         out.append((
-            r["method"], r["path"], f"{r['context']:,}", str(r["batch"]), f"{r['tokens_per_s']:,.1f}",
+            method_label(r), r["path"], f"{r['context']:,}", str(r["batch"]), f"{r['tokens_per_s']:,.1f}",
             f"±{100 * r['tokens_per_s_spread']['rel_spread'] / 2:.1f}%", _ms(r, ("fast", "dense", "sparse")),
-            _ms(r, ("slow",)), f"{r['tokens_read_mean']:,.0f}", f"{r['achieved_gb_s']:,.0f}",
+            _ms(r, ("slow",)), _floor(r, "floor ms"), _floor(r, "x floor"), f"{r['tokens_read_mean']:,.0f}",
+            f"{r['achieved_gb_s']:,.0f}",
             f"{100 * r['roofline_efficiency']:.0f}%" if "roofline_efficiency" in r else "-",
             f"{speedup:.2f}x" if speedup else "-", f"{roof:.2f}x" if roof else "-",
         ))
@@ -65,7 +86,7 @@ def latency_energy_rows(rows: list[dict]) -> list[tuple[str, ...]]:
         tail = (f"{peak / 2**30:.1f}" if peak else "-", f"{power:.0f}" if power else "-",
                 f"{joules:.3f}" if joules else "-")
         for i, (kind, ms) in enumerate(r["ms_per_step"].items()):
-            out.append((r["method"], r["path"], f"{r['context']:,}", str(r["batch"]), kind, str(ms["n"]),
+            out.append((method_label(r), r["path"], f"{r['context']:,}", str(r["batch"]), kind, str(ms["n"]),
                         *(f"{ms[q]:.2f}" for q in ("p50", "p90", "p99", "max")),
                         *(tail if i == 0 else ("", "", ""))))
     return out
@@ -76,7 +97,7 @@ def plot(rows: list[dict], run_dir: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     series: dict[tuple, list[dict]] = {}
     for r in rows:
-        series.setdefault((r["method"], r["path"], r["batch"]), []).append(r)
+        series.setdefault((method_label(r), r["path"], r["batch"]), []).append(r)
     for (method, path, batch), points in sorted(series.items()):
         points.sort(key=lambda r: r["context"])
         label = f"{method}/{path} B={batch}"

@@ -54,8 +54,12 @@ class SFIMethod(AttentionMethod):
         self.state("dense_rows", shape, torch.bool, device)  # ... and which read their whole history
         self.slow_steps_taken = torch.zeros(batch, dtype=torch.long)  # picks the layer group to refresh
         self.scheduler = SlowStepScheduler(self.cfg.trigger, self.is_ender, self.is_blank, batch, self.token_bytes)
-        for row in range(batch):
-            self.refresh(cache, row, list(range(mc.num_layers)), int(prefilled.lengths[row]),
+        self.bootstrap(cache, prefilled)
+
+    def bootstrap(self, cache: KVCache, prefilled: Prefilled) -> None:
+        """The first selection of every row, from its prompt (the optimized path may run it on a side stream)."""
+        for row in range(cache.batch):
+            self.refresh(cache, row, list(range(self.model_config.num_layers)), int(prefilled.lengths[row]),
                          lambda lo, hi, layers, row=row: self.bootstrap_evidence(cache, prefilled, row, layers, lo, hi))
 
     def bootstrap_evidence(self, cache: KVCache, prefilled: Prefilled, row: int, layers: list[int], lo: int,
