@@ -1,9 +1,19 @@
 """One minimal decoder for the Llama family: Llama, Qwen2 (qkv bias) and Qwen3 (q/k RMSNorm).
 
-RMSNorm, RoPE, grouped-query attention and a SwiGLU MLP. Parameter names mirror Hugging Face's, so a
-checkpoint's state dict loads as is. The decoder knows nothing about caches or attention methods:
-each layer hands its post-RoPE q, k, v to an `attend(layer, q, k, v)` callable the engine supplies,
-which stores k/v and returns the attention output.
+RMSNorm, RoPE, grouped-query attention and a SwiGLU MLP. The decoder knows nothing about caches or
+attention methods: each layer hands its post-RoPE q, k, v to an `attend(layer, q, k, v)` callable the
+engine supplies, which stores k/v and returns the attention output.
+
+Laid out for few kernels per decode step, where launches, not bytes, cost: q/k/v and gate/up are each
+one GEMM over stacked weights (the state dict still uses Hugging Face's names, so checkpoints and
+transformers load and compare as is), and each residual add is folded into the RMSNorm after it (the
+MLP's into the next layer's input norm, the last layer's into the final norm). With fusion on
+(models/fused.py) a layer's decode step is 9 launches plus attention: add+norm, qkv GEMM, q/k
+norm+RoPE, cache append, o_proj, add+norm, gate_up GEMM, silu*mul, down_proj. It was 20: norm,
+3 GEMMs, 2 q/k norms, 2 RoPEs, 5 for the cache append (3 scatters, a cast, a norm), o_proj,
+add+norm, 2 GEMMs, silu*mul, down_proj and the residual add. Counted with torch.profiler on the
+CPU, each `fused.ops` call as one launch: a Qwen3 step is 9 L + 14 launches now, 20 L + 14 before
+(the 14: embedding, the RoPE cos/sin table, final norm, LM head, cast of the logits).
 """
 
 from __future__ import annotations
@@ -31,14 +41,39 @@ class RMSNorm(nn.Module):
         return fused.ops["rms_norm"](x, self.weight, self.eps)
 
 
+def hf_names_for_stacked(module: nn.Module, stacked: str, parts: dict[str, int]) -> None:
+    """Keep the Hugging Face names for a projection stored stacked, e.g. `qkv_proj` for q/k/v_proj.
+
+    One GEMM over weights stacked by output rows replaces several over the same input. Hooks stack
+    the separate `parts` (name -> output rows) of a state dict on load and split them again (as
+    views, no copy) on save, so checkpoints and transformers see the usual layout.
+    """
+
+    def stack(_module, state, prefix, *_):
+        for suffix in ("weight", "bias"):
+            keys = [f"{prefix}{name}.{suffix}" for name in parts]
+            if all(key in state for key in keys):
+                state[f"{prefix}{stacked}.{suffix}"] = torch.cat([state.pop(key) for key in keys])
+
+    def split(_module, state, prefix, _metadata):
+        for suffix in ("weight", "bias"):
+            key = f"{prefix}{stacked}.{suffix}"
+            if key in state:
+                for name, rows in zip(parts, state.pop(key).split(list(parts.values()))):
+                    state[f"{prefix}{name}.{suffix}"] = rows
+
+    module.register_load_state_dict_pre_hook(stack)
+    module.register_state_dict_post_hook(split)
+
+
 class SelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, d
-        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=cfg.qkv_bias)
+        parts = {"q_proj": cfg.num_heads * d, "k_proj": cfg.num_kv_heads * d, "v_proj": cfg.num_kv_heads * d}
+        self.qkv_proj = nn.Linear(h, sum(parts.values()), bias=cfg.qkv_bias)
+        hf_names_for_stacked(self, "qkv_proj", parts)
         self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
         if cfg.qk_norm:  # Qwen3 normalises each head's q and k before RoPE
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -48,13 +83,10 @@ class SelfAttention(nn.Module):
     def forward(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
         batch, seq, _ = x.shape
         with label("sfibench.projections"):  # a label for `sfibench profile`
-            q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
-            k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
-            v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = fused.ops["apply_rope"](q.transpose(1, 2), cos, sin)
-        k = fused.ops["apply_rope"](k.transpose(1, 2), cos, sin)
+            qkv = self.qkv_proj(x)
+        norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
+        q, k = fused.ops["qk_norm_rope"](qkv, *norms, cos, sin, self.num_heads, self.num_kv_heads)
+        v = qkv.view(batch, seq, -1, self.head_dim)[:, :, self.num_heads + self.num_kv_heads:]
         out = attend(layer, q, k, v.transpose(1, 2))  # [B, H_q, T, D]
         with label("sfibench.projections"):
             return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
@@ -63,13 +95,14 @@ class SelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        parts = {"gate_proj": cfg.intermediate_size, "up_proj": cfg.intermediate_size}
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        hf_names_for_stacked(self, "gate_up_proj", parts)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with label("sfibench.mlp"):  # a label for `sfibench profile`
-            return self.down_proj(fused.ops["silu_mul"](self.gate_proj(x), self.up_proj(x)))
+            return self.down_proj(fused.ops["silu_mul"](self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -80,11 +113,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
-        attended = self.self_attn(self.input_layernorm(x), cos, sin, layer, attend)
+    def forward(self, x, residual, cos, sin, layer: int, attend: Attend):
+        """`x` is the previous layer's MLP output, not yet added to the residual stream `residual`
+        (the first layer gets the embeddings and None): the add is folded into this layer's input
+        norm. Returns this layer's MLP output and the residual stream, for the next one to add."""
+        norm = self.input_layernorm
+        if residual is None:
+            residual, normed = x, norm(x)
+        else:
+            residual, normed = fused.ops["add_rms_norm"](x, residual, norm.weight, norm.eps)
+        attended = self.self_attn(normed, cos, sin, layer, attend)
         norm = self.post_attention_layernorm
-        x, normed = fused.ops["add_rms_norm"](attended, x, norm.weight, norm.eps)
-        return x + self.mlp(normed)
+        residual, normed = fused.ops["add_rms_norm"](attended, residual, norm.weight, norm.eps)
+        return self.mlp(normed), residual
 
 
 class Backbone(nn.Module):
@@ -116,8 +157,10 @@ class Decoder(nn.Module):
         """tokens and positions `[B, T]` -> logits `[B, T, V]` (or `[B, 1, V]` with last_only)."""
         x = self.model.embed_tokens(tokens)
         cos, sin = rope_cos_sin(self.inv_freq, self.rope_amplitude, positions, x.dtype)
+        residual = None
         for index, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, index, attend)
+            x, residual = layer(x, residual, cos, sin, index, attend)
         if last_only:
-            x = x[:, -1:]
-        return self.lm_head(self.model.norm(x)).float()
+            x, residual = x[:, -1:], residual[:, -1:]
+        norm = self.model.norm
+        return self.lm_head(fused.ops["add_rms_norm"](x, residual, norm.weight, norm.eps)[1]).float()

@@ -1,10 +1,12 @@
-"""The decoder's elementwise chains, optionally fused by torch.compile for GPU decode.
+"""The small ops of a decode step, in plain torch, and their fused versions for GPU decode.
 
 At decode each op touches a few kilobytes, so a step is launch-bound: measured on an H200 with the
 qwen3-0.6b shape at 8K, a CUDA-graph replay of the unfused step ran ~1,500 kernels in 4.7 ms against a
-0.57 ms byte roofline. Each function here is pure (weights are arguments), so torch.compile fuses it
-into one or two kernels once and every layer reuses that compilation. Eager by default (CPU, tests);
-`enable_fusion()` switches GPU runs over, and a GPU test checks both give the same logits.
+0.57 ms byte roofline. Every function here is pure (weights and caches are arguments) and is the
+reference its fused version is checked against. `ops` is what the decoder and the cache call: plain
+torch by default (CPU, tests); `enable_fusion()` switches GPU runs to one kernel per op, the
+normalisations and SwiGLU compiled by torch.compile (one compilation serves every layer), the q/k
+post-processing and the cache append as the Triton kernels of optimized/layer_kernels.py.
 """
 
 from __future__ import annotations
@@ -34,24 +36,58 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                 cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int):
+    """q `[B, H_q, T, D]` and k `[B, H_kv, T, D]` from the stacked projection `qkv [B, T, (H_q + 2 H_kv) D]`:
+    each head RMS-normalised when weights are given (Qwen3), then rotated by cos/sin `[B, T, D]`."""
+    batch, seq, _ = qkv.shape
+    heads = qkv.view(batch, seq, -1, cos.shape[-1])
+    q, k = heads[:, :, :num_heads], heads[:, :, num_heads:num_heads + num_kv_heads]
+    if q_weight is not None:
+        q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)
+    return apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's activation on the stacked projection `[..., 2 I]`: silu(gate) * up."""
+    gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
-EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "apply_rope": apply_rope, "silu_mul": silu_mul}
+def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Tensor, positions: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor) -> None:
+    """Write k, v `[B, H_kv, D]` at slot `positions[b]` of one layer's cache `[B, H_kv, S, D]`, and the
+    float32 L2 norm of each key to `key_norms [B, H_kv, S]`."""
+    index = positions.view(-1, 1, 1, 1).expand(-1, k.shape[1], 1, k.shape[2])
+    k_cache.scatter_(2, index, k.unsqueeze(2))
+    v_cache.scatter_(2, index, v.unsqueeze(2))
+    key_norms.scatter_(2, index[..., 0], k.float().norm(dim=-1).unsqueeze(2))
+
+
+EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope, "silu_mul": silu_mul,
+         "append_kv": append_kv}
+COMPILED = ("rms_norm", "add_rms_norm", "silu_mul")
 ops = dict(EAGER)
 
 
 def enable_fusion(enabled: bool = True) -> None:
-    """Route the decoder's elementwise chains through torch.compile'd versions (or back to eager).
+    """Route the step's small ops through their fused versions (or back to plain torch).
 
-    Compiled per static shape (best kernels): a run meets a few dozen shapes (prefill chunks, q/k
-    heads, each batch size), more than dynamo's default of 8 recompilations, so the limit is raised.
+    For CUDA tensors (or the Triton interpreter): the Triton kernels do not run on plain CPU tensors.
+    Compiled per static shape (best kernels): a run meets a few dozen shapes (prefill chunks, each
+    batch size), more than dynamo's default of 8 recompilations, so the limit is raised.
     """
+    ops.update(EAGER)
+    if not enabled:
+        return
     import torch._dynamo
+
+    from sfibench.optimized import layer_kernels
 
     for limit in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 128))
-    for name, fn in EAGER.items():
-        ops[name] = torch.compile(fn, fullgraph=True, dynamic=False) if enabled else fn
+    for name in COMPILED:
+        ops[name] = torch.compile(EAGER[name], fullgraph=True, dynamic=False)
+    ops["qk_norm_rope"] = layer_kernels.qk_norm_rope
+    ops["append_kv"] = layer_kernels.append_kv

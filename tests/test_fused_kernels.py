@@ -1,0 +1,193 @@
+"""The fused decode path: Triton layer kernels against their torch references, the stacked projections'
+Hugging Face names, and (on a GPU) fused against plain-torch logits and greedy tokens.
+
+Without CUDA the kernels run under the Triton interpreter on CPU tensors (conftest.py chooses it
+before any sfibench import). The interpreter truncates float32 to bfloat16 where the GPU rounds to
+nearest, hence the loose bf16 tolerance. Caches start NaN-poisoned so a stray or missing write shows
+up as a mismatch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sfibench.engine.cache import KVCache
+from sfibench.models import fused
+from sfibench.models.decoder import Decoder
+from sfibench.models.loading import _place, load_model, random_weights
+from sfibench.models.presets import get_preset
+from sfibench.models.rope import inverse_frequencies, rope_cos_sin
+from sfibench.optimized import layer_kernels
+
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+QK_CASES = [  # batch, seq, heads, kv_heads, head_dim, qk_norm, dtype, padded (qkv a slice of a wider tensor)
+    (1, 1, 4, 2, 16, True, torch.float32, False),
+    (3, 1, 8, 2, 128, True, torch.float32, True),
+    (2, 5, 4, 4, 64, False, torch.float32, False),
+    (2, 3, 6, 2, 80, True, torch.float32, True),  # half of head_dim not a power of two: masked lanes
+    (3, 1, 8, 2, 128, True, torch.bfloat16, False),
+    (1, 4, 4, 1, 64, False, torch.bfloat16, True),
+]
+
+
+@pytest.mark.parametrize("batch,seq,heads,kv_heads,head_dim,qk_norm,dtype,padded", QK_CASES)
+def test_qk_norm_rope_matches_reference(batch, seq, heads, kv_heads, head_dim, qk_norm, dtype, padded):
+    gen = torch.Generator().manual_seed(head_dim + seq)
+    width = (heads + 2 * kv_heads) * head_dim
+    qkv = torch.randn(batch, seq, width + (48 if padded else 0), generator=gen)[..., :width]
+    weights = [1 + 0.1 * torch.randn(head_dim, generator=gen) for _ in range(2)] if qk_norm else [None, None]
+    positions = torch.randint(0, 10_000, (batch, seq), generator=gen)
+    inv_freq, _ = inverse_frequencies(head_dim, 1e6, None)
+    cos, sin = rope_cos_sin(inv_freq, 1.0, positions, dtype)
+    qkv, cos, sin = (t.to(DEVICE) for t in (qkv.to(dtype), cos, sin))
+    weights = [w.to(DEVICE, dtype) if w is not None else None for w in weights]
+    expected = fused.qk_norm_rope(qkv, *weights, 1e-6, cos, sin, heads, kv_heads)
+    got = layer_kernels.qk_norm_rope(qkv, *weights, 1e-6, cos, sin, heads, kv_heads)
+    for out, ref in zip(got, expected):
+        assert out.shape == ref.shape and out.dtype == dtype and out.is_contiguous()
+        torch.testing.assert_close(out.float(), ref.float(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+APPEND_CASES = [  # batch, kv_heads, head_dim, slots, positions, dtype
+    (1, 1, 16, 8, [0], torch.float32),
+    (3, 2, 128, 40, [39, 0, 17], torch.float32),
+    (2, 4, 64, 33, [5, 32], torch.bfloat16),
+    (2, 3, 80, 16, [15, 3], torch.bfloat16),
+]
+
+
+def poisoned_cache(batch, kv_heads, head_dim, slots, dtype):
+    k_cache = torch.full((batch, kv_heads, slots, head_dim), float("nan"), dtype=dtype, device=DEVICE)
+    norms = torch.full((batch, kv_heads, slots), float("nan"), device=DEVICE)
+    return k_cache, k_cache.clone(), norms
+
+
+@pytest.mark.parametrize("batch,kv_heads,head_dim,slots,positions,dtype", APPEND_CASES)
+def test_append_kv_matches_reference(batch, kv_heads, head_dim, slots, positions, dtype):
+    gen = torch.Generator().manual_seed(slots)
+    # Strided like the decoder's: k sliced from [B, H, 1, D], v from inside the qkv projection.
+    k = torch.randn(batch, kv_heads, 1, head_dim, generator=gen).to(DEVICE, dtype)[:, :, 0]
+    v = torch.randn(batch, 1, 3 * kv_heads, head_dim, generator=gen).to(DEVICE, dtype)[:, 0, kv_heads:2 * kv_heads]
+    positions = torch.tensor(positions, device=DEVICE)
+    expected = poisoned_cache(batch, kv_heads, head_dim, slots, dtype)
+    got = poisoned_cache(batch, kv_heads, head_dim, slots, dtype)
+    fused.append_kv(*expected, positions, k, v)
+    layer_kernels.append_kv(*got, positions, k, v)
+    for out, ref in zip(got, expected):
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+def test_append_kv_never_writes_outside_the_cache():
+    k_cache, v_cache, norms = poisoned_cache(2, 2, 16, 8, torch.float32)
+    k = v = torch.ones(2, 2, 16, device=DEVICE)
+    layer_kernels.append_kv(k_cache, v_cache, norms, torch.tensor([8, -1], device=DEVICE), k, v)
+    assert k_cache.isnan().all() and v_cache.isnan().all() and norms.isnan().all()
+
+
+@torch.no_grad()
+def decode(model: Decoder, tokens: torch.Tensor, greedy_steps: int = 0):
+    """Feed `tokens [B, N]` one position at a time through a KV cache, then `greedy_steps` greedy
+    tokens; returns all tokens `[B, N + greedy_steps]` and the logits after each fed token."""
+    batch, total = tokens.shape[0], tokens.shape[1] + greedy_steps
+    param = model.lm_head.weight
+    cache = KVCache(model.config, batch, total, param.device, param.dtype)
+    logits = []
+    for step in range(total):
+        if step == tokens.shape[1]:
+            tokens = torch.cat([tokens, logits[-1].argmax(-1, keepdim=True)], dim=1)
+        positions = torch.full((batch,), step, device=param.device)
+
+        def attend(layer, q, k, v, positions=positions, step=step):
+            cache.write_step(layer, positions, k[:, :, 0], v[:, :, 0])
+            keys, values = cache.k[layer, :, :, :step + 1], cache.v[layer, :, :, :step + 1]
+            return F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
+
+        logits.append(model(tokens[:, step:step + 1], positions[:, None], attend)[:, -1])
+    return tokens, torch.stack(logits, dim=1)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_decoder_with_triton_layer_kernels_matches_torch(monkeypatch, name):
+    model = load_model(name, device=DEVICE).model
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    _, expected = decode(model, tokens)
+    monkeypatch.setitem(fused.ops, "qk_norm_rope", layer_kernels.qk_norm_rope)
+    monkeypatch.setitem(fused.ops, "append_kv", layer_kernels.append_kv)
+    _, got = decode(model, tokens)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_stacked_projections_load_and_save_under_hugging_face_names(tiny_models):
+    model = tiny_models["tiny-qwen2"].model
+    state = model.state_dict()
+    names = {key.split(".")[-2] for key in state if ".layers.0." in key}
+    assert {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"} <= names
+    assert not names & {"qkv_proj", "gate_up_proj"}
+    stacked_bias = torch.cat([state[f"model.layers.0.self_attn.{part}_proj.bias"] for part in "qkv"])
+    assert torch.equal(model.model.layers[0].self_attn.qkv_proj.bias, stacked_bias)
+    reloaded = Decoder(model.config)
+    reloaded.load_state_dict(state)
+    for key, value in reloaded.state_dict().items():
+        assert torch.equal(value, state[key]), key
+    # a checkpoint missing one part is reported, not silently loaded
+    del state["model.layers.0.self_attn.v_proj.weight"]
+    missing, unexpected = Decoder(model.config).load_state_dict(state, strict=False)
+    assert missing == ["model.layers.0.self_attn.qkv_proj.weight"]
+    assert unexpected == ["model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"]
+
+
+def small_qwen3(device, dtype) -> Decoder:
+    """Qwen3-0.6B's layer shapes (head_dim 128, 16 q / 8 kv heads), 4 layers, a small vocabulary."""
+    cfg = replace(get_preset("qwen3-0.6b"), name="small-qwen3", num_layers=4, vocab_size=1024)
+    with torch.device("meta"):
+        model = Decoder(cfg)
+    model = model.to_empty(device=device)
+    model.tie_weights()
+    random_weights(model, seed=0)
+    return _place(model, device, dtype)
+
+
+@pytest.fixture
+def fusion_off_afterwards():
+    """Whatever the test switches on, the op table is plain torch again for the next one."""
+    yield
+    fused.enable_fusion(False)
+
+
+@pytest.mark.gpu
+@cuda
+def test_fused_bfloat16_logits_are_as_accurate_as_eager(fusion_off_afterwards):
+    """bf16 logits of the fused path (compiled elementwise ops, Triton layer kernels) land as close
+    to the float32 logits as plain torch's bf16 logits do: rounding differs, accuracy must not."""
+    tokens = torch.randint(0, 1024, (2, 24), generator=torch.Generator().manual_seed(0)).cuda()
+    fused.enable_fusion(False)
+    reference = decode(small_qwen3("cuda", torch.float32), tokens)[1]
+    model = small_qwen3("cuda", torch.bfloat16)
+    eager_error = (decode(model, tokens)[1].float() - reference).abs()
+    fused.enable_fusion(True)
+    fused_error = (decode(model, tokens)[1].float() - reference).abs()
+    assert fused_error.mean() <= 1.5 * eager_error.mean()
+    assert fused_error.max() <= 2 * eager_error.max()
+
+
+@pytest.mark.gpu
+@cuda
+def test_fused_greedy_tokens_match_eager(fusion_off_afterwards):
+    """16 greedy steps, fused against plain torch. In float32: with random weights the top-2 logit gap
+    is often within bf16 rounding, so a bf16 greedy comparison could flip on a legitimate rounding."""
+    model = small_qwen3("cuda", torch.float32)
+    prompt = torch.randint(0, 1024, (2, 8), generator=torch.Generator().manual_seed(1)).cuda()
+    fused.enable_fusion(False)
+    eager_tokens, eager_logits = decode(model, prompt, greedy_steps=16)
+    fused.enable_fusion(True)
+    fused_tokens, fused_logits = decode(model, prompt, greedy_steps=16)
+    assert torch.equal(fused_tokens, eager_tokens)
+    torch.testing.assert_close(fused_logits, eager_logits, rtol=1e-3, atol=1e-3)
