@@ -1,0 +1,116 @@
+"""Every kind of bad input a new user types: exit status 2, one line naming the option and the fix,
+before any expensive work (the model never loads), and nothing written in the working directory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from sfibench.cli import app
+from sfibench.engine.session import Session
+
+
+class ModelLoaded(Exception):
+    """Raised instead of loading a model: a bad input must be refused before this point."""
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """An empty working directory (where the default runs/ would go) in which no model can load."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(Session, "open", classmethod(lambda cls, *args, **kwargs: (_ for _ in ()).throw(
+        ModelLoaded(args))))
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00 not text")
+    (tmp_path / "notes").mkdir()
+    return tmp_path
+
+
+def refused(args: list[str], workdir) -> str:
+    """Run the command; check it exits 2 with a one-line error and leaves the directory as it was."""
+    before = sorted(p.name for p in workdir.iterdir())
+    result = CliRunner().invoke(app, args)
+    assert not isinstance(result.exception, ModelLoaded), f"{args}: the model loaded before the input was checked"
+    assert result.exit_code == 2, (args, result.output)
+    assert sorted(p.name for p in workdir.iterdir()) == before, f"{args} left something behind"
+    assert "Traceback" not in result.output
+    return " ".join(result.output.split())
+
+
+BAD_INPUT = {
+    # token counts: zero, negative, empty (no silent default), fractional, and past the model's limit
+    "ctx zero": (["throughput", "--ctx", "0"], "--ctx '0' is not a token count"),
+    "ctx negative": (["throughput", "--ctx", "-5"], "write a positive whole number of tokens"),
+    "ctx empty": (["throughput", "--ctx", ""], "--ctx is empty"),
+    "ctx fractional": (["quality", "--ctx", "1.5k"], "--ctx '1.5k' is not a token count"),
+    "profile ctx zero": (["profile", "--ctx", "0"], "--ctx '0' is not a token count"),
+    "throughput ctx too long": (["throughput", "--ctx", "5000"], "the longest --ctx that fits with this --steps is 4,064"),
+    "profile ctx too long": (["profile", "--ctx", "9000"], "exceeds tiny-llama's limit of 4,096 tokens"),
+    "quality ctx too long": (["quality", "--ctx", "9000"], "exceeds smollm2-135m's limit of 8192 tokens"),
+    "stability too many steps": (["stability", "--steps", "9000"], "has a context of 8192 tokens"),
+    # counts and lists
+    "batch zero": (["throughput", "--batch", "0"], "--batch '0' is not a whole number >= 1"),
+    "batch word": (["throughput", "--batch", "abc"], "--batch 'abc' is not a whole number >= 1"),
+    "samples word": (["quality", "--samples", "abc"], "--samples 'abc' is not a whole number >= 1"),
+    "samples per context": (["quality", "--samples", "1,2,3"], "3 counts for 1 contexts"),
+    "methods empty": (["quality", "--methods", ""], "--methods is empty"),
+    "paths empty": (["throughput", "--paths", ""], "--paths is empty"),
+    # names that must exist
+    "unknown method": (["throughput", "--methods", "h2o"], "unknown method 'h2o'; valid methods"),
+    "unknown path": (["throughput", "--paths", "fast"], "--paths 'fast' is not one of: reference, optimized"),
+    "quality unknown path": (["quality", "--path", "fast"], "no 'fast' path"),
+    "stability unknown path": (["stability", "--path", "fast"], "no 'fast' path"),
+    "profile unknown path": (["profile", "--path", "fast"], "no 'fast' path"),
+    "unknown task": (["quality", "--tasks", "niah_triple"], "unknown task 'niah_triple'"),
+    "unknown model": (["generate", "--model", "nope"], "valid presets: tiny-llama"),
+    "model dir without config": (["generate", "--model", "notes"], "directory without config.json"),
+    "missing gguf": (["generate", "--model", "weights.gguf"], "no such .gguf file"),
+    "unknown device": (["throughput", "--device", "gpu"], "--device: unknown device 'gpu'"),
+    "unknown dtype": (["quality", "--dtype", "fp8"], "--dtype 'fp8' is not one of"),
+    "unknown trigger": (["generate", "--trigger", "sometimes"], "--trigger 'sometimes' is not one of"),
+    "unknown prefill mode": (["throughput", "--prefill", "maybe"], "--prefill 'maybe' is not one of"),
+    "graphs on a cpu": (["throughput", "--graphs"], "--graphs needs a CUDA device"),
+    # budgets: one spelling per meaning
+    "budget with decimals": (["generate", "--budget", "300.9"], "tokens are whole numbers, e.g. 300"),
+    "budget 1.5": (["generate", "--budget", "1.5"], "tokens are whole numbers, e.g. 1"),
+    "budget as a fraction": (["generate", "--budget", "0.15"], "0.15 is written 15%"),
+    "budget word": (["generate", "--budget", "abc"], "is not a whole number of tokens (300) or a percentage"),
+    "budget percentage too big": (["generate", "--budget", "150%"], "not a percentage in (0%, 100%]"),
+    "k-head as a fraction": (["stability", "--k-head", "0.1"], "0.1 is written 10%"),
+    "retention word": (["quality", "--retention", "abc"], "--retention 'abc' is not a number"),
+    "retention as a percentage": (["quality", "--retention", "15%"], "--retention '15%' is not a number"),
+    "retention outside (0, 1]": (["quality", "--retention", "1.5"], "outside (0, 1]"),
+    "retention too small": (["quality", "--model", "tiny-llama", "--ctx", "600", "--retention", "0.01"],
+                            "too few for 4 sinks"),
+    # files
+    "prompt file is a directory": (["generate", "--prompt-file", "notes"], "--prompt-file notes is not a file"),
+    "prompt file missing": (["generate", "--prompt-file", "gone.txt"], "--prompt-file gone.txt does not exist"),
+    "prompt file not text": (["generate", "--prompt-file", "binary.txt"], "is not UTF-8 text"),
+    "prompt and prompt file": (["generate", "--prompt", "x", "--prompt-file", "binary.txt"], "not both"),
+    "empty prompt": (["generate", "--prompt", " "], "--prompt is empty"),
+    "text file is a directory": (["stability", "--text-file", "notes"], "--text-file notes does not exist or is not a file"),
+    "longbench missing": (["quality", "--longbench", "gone"], "--longbench gone does not exist"),
+    # ranges typer cannot express
+    "top-p zero": (["generate", "--top-p", "0"], "--top-p must be above 0"),
+    "topk-frac outside (0, 1)": (["stability", "--topk-frac", "1.5"], "--topk-frac must lie strictly between 0 and 1"),
+    # --resume and --overwrite
+    "resume without out": (["quality", "--resume"], "--resume needs --out DIR"),
+    "resume and overwrite": (["quality", "--resume", "--overwrite", "--out", "x"], "not both"),
+    "resume a missing run": (["quality", "--resume", "--out", "gone"], "--resume: gone does not exist"),
+    "resume a folder without a run": (["quality", "--resume", "--out", "notes"], "holds no results.json"),
+}
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_input_is_refused_before_any_work(workdir, args, message):
+    assert message in refused(args, workdir)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_asking_for_a_gpu_that_is_not_there(workdir):
+    assert "no CUDA device is visible" in refused(["quality", "--device", "cuda"], workdir)
+
+
+def test_typer_refuses_out_of_range_integers(workdir):
+    for args in (["quality", "--batch", "0"], ["stability", "--steps", "1"], ["generate", "--layer-groups", "3"]):
+        refused(args, workdir)
