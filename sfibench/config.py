@@ -179,6 +179,12 @@ def apply_budget(spec: MethodSpec, budget: int) -> None:
     if spec.name == "sfi" and k_head <= 0:
         raise BudgetError(f"a budget of {budget} tokens leaves no room for selected tokens beside "
                           f"{sfi.n_sink} sinks and {sfi.n_recent} recent ones; raise it or lower --n-recent")
+    if spec.name == "streaming_llm" and budget <= spec.streaming.n_sink:
+        raise BudgetError(f"a budget of {budget} tokens leaves StreamingLLM no window beside its "
+                          f"{spec.streaming.n_sink} sinks; raise it")
+    if spec.name == "snapkv" and budget <= spec.snapkv.window:
+        raise BudgetError(f"a budget of {budget} tokens is not more than SnapKV's {spec.snapkv.window}-token "
+                          "observation window, which it always keeps; raise it")
     sfi.k_head = max(k_head, 1)
     spec.streaming.budget = budget
     spec.snapkv.budget = budget

@@ -92,12 +92,31 @@ def check_model(model: str) -> None:
             raise UsageError(f"--model {path}: no such .gguf file")
         return
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UsageError(f"--model {path} is a directory without config.json; give a Hugging Face "
-                             "checkpoint directory (config.json + *.safetensors)")
+        _check_checkpoint_dir(path)
         return
     raise UsageError(f"--model {model!r} is not a preset, a checkpoint directory or a .gguf file; valid presets: "
                      f"{', '.join(PRESETS)} (`sfibench models` says which have weights here)")
+
+
+def _check_checkpoint_dir(path: Path) -> None:
+    """config.json naming an architecture the decoder implements, and safetensors weights beside it."""
+    import json
+
+    from sfibench.models.loading import ARCHS
+
+    if not (path / "config.json").is_file():
+        raise UsageError(f"--model {path} is a directory without config.json; give a Hugging Face "
+                         "checkpoint directory (config.json + *.safetensors)")
+    try:
+        model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (ValueError, AttributeError):
+        raise UsageError(f"--model {path}: config.json is not a JSON object; is this a checkpoint directory?") from None
+    if model_type not in ARCHS:
+        raise UsageError(f"--model {path}: model_type {model_type!r} is not supported; sfibench runs "
+                         f"{', '.join(ARCHS)} checkpoints")
+    if not any(path.glob("*.safetensors")):
+        raise UsageError(f"--model {path} has no *.safetensors weights; download the checkpoint's safetensors "
+                         "files into it")
 
 
 def check_device(device: str):

@@ -23,6 +23,9 @@ def workdir(tmp_path, monkeypatch):
         ModelLoaded(args))))
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00 not text")
     (tmp_path / "notes").mkdir()
+    for name, model_type in (("mistral", "mistral"), ("no-weights", "llama")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(f'{{"model_type": "{model_type}"}}')
     return tmp_path
 
 
@@ -65,6 +68,8 @@ BAD_INPUT = {
     "unknown model": (["generate", "--model", "nope"], "valid presets: tiny-llama"),
     "model dir without config": (["generate", "--model", "notes"], "directory without config.json"),
     "missing gguf": (["generate", "--model", "weights.gguf"], "no such .gguf file"),
+    "checkpoint of another architecture": (["quality", "--model", "mistral"], "model_type 'mistral' is not supported"),
+    "checkpoint without weights": (["stability", "--model", "no-weights"], "has no *.safetensors weights"),
     "unknown device": (["throughput", "--device", "gpu"], "--device: unknown device 'gpu'"),
     "unknown dtype": (["quality", "--dtype", "fp8"], "--dtype 'fp8' is not one of"),
     "unknown trigger": (["generate", "--trigger", "sometimes"], "--trigger 'sometimes' is not one of"),

@@ -36,8 +36,23 @@ def test_bad_input_exits_non_zero_with_the_fix():
         (["generate", "--model", "tiny-llama", "--prompt", "hello", "--budget", "900"], "larger than"),
         (["generate", "--model", "tiny-llama", "--prompt", "hello", "--path", "fast", "--method", "sfi"],
          "no 'fast' path"),
+        (["generate", "--model", "tiny-llama", "--prompt", "x" * 400, "--method", "snapkv", "--budget", "50"],
+         "SnapKV's 64-token observation window"),
+        (["generate", "--model", "tiny-llama", "--prompt", "x" * 400, "--method", "streaming_llm", "--budget", "3"],
+         "no window beside its 4 sinks"),
+        (["generate", "--model", "tiny-llama", "--prompt", "x" * 400, "--method", "sfi", "--budget", "2%"],
+         "no room for selected tokens"),
     ]
     for args, message in cases:
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
+
+
+def test_generate_without_a_prompt_continues_the_shipped_essays_sparsely():
+    result = runner.invoke(app, ["generate", "--model", "tiny-llama", "--max-new-tokens", "4", "--budget", "15%",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["prompt_tokens"] == 2560  # past 2,308 tokens, where SFI at its default k_head stops being dense
+    assert all(step["tokens_read_mean"] <= 0.16 * step["kv_length"] for step in out["steps"] if step["kind"] == "fast")
