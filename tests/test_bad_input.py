@@ -23,6 +23,7 @@ def workdir(tmp_path, monkeypatch):
         ModelLoaded(args))))
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00 not text")
     (tmp_path / "notes").mkdir()
+    (tmp_path / "short.txt").write_text("Too short. !")
     for name, model_type in (("mistral", "mistral"), ("no-weights", "llama")):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(f'{{"model_type": "{model_type}"}}')
@@ -93,6 +94,7 @@ BAD_INPUT = {
     "prompt file not text": (["generate", "--prompt-file", "binary.txt"], "is not UTF-8 text"),
     "prompt and prompt file": (["generate", "--prompt", "x", "--prompt-file", "binary.txt"], "not both"),
     "empty prompt": (["generate", "--prompt", " "], "--prompt is empty"),
+    "text too short for the steps": (["stability", "--text-file", "short.txt"], "the text has at most 13 tokens"),
     "text file is a directory": (["stability", "--text-file", "notes"], "--text-file notes does not exist or is not a file"),
     "longbench missing": (["quality", "--longbench", "gone"], "--longbench gone does not exist"),
     # ranges typer cannot express

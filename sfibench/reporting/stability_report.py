@@ -91,12 +91,17 @@ def load_text(text_file: str | None) -> tuple[str, str]:
 
 def check_lengths(cfg: StabilityConfig, tokens: int, max_context: int, model: str) -> None:
     """The text must cover the prefix (and, teacher-forced, every step); the model must hold it all."""
+    check_text_length(cfg, tokens)
+    check_context(cfg, max_context, model)
+
+
+def check_text_length(cfg: StabilityConfig, tokens: int, exact: bool = True) -> None:
     needed = cfg.prefix + (0 if cfg.generate else cfg.steps)
     if tokens < needed:
         what = f"a {cfg.prefix}-token prefix" + ("" if cfg.generate else f" + {cfg.steps} teacher-forced steps")
-        raise StabilityInputError(f"the text has {tokens} tokens but {what} need {needed}; give a longer "
+        has = f"{tokens}" if exact else f"at most {tokens}"
+        raise StabilityInputError(f"the text has {has} tokens but {what} need {needed}; give a longer "
                                   "--text-file, fewer --steps or a shorter --prefix")
-    check_context(cfg, max_context, model)
 
 
 def check_context(cfg: StabilityConfig, max_context: int, model: str) -> None:
@@ -116,6 +121,9 @@ def run_stability(cfg: StabilityConfig, out: Path | str | None = None, overwrite
     check_config(cfg)
     check_method("full_kv", cfg.path)
     text, source = load_text(cfg.text_file)
+    # No tokenizer spends fewer than one byte per token (beyond a start token), so a text this short
+    # is refused before the model loads; the exact count is checked once the tokenizer is there.
+    check_text_length(cfg, len(text.encode("utf-8")) + 1, exact=False)
     if cfg.model in PRESETS:
         check_context(cfg, PRESETS[cfg.model].max_context, cfg.model)
     with claimed_run_dir(out, "stability", overwrite=overwrite) as run_dir:
