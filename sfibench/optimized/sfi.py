@@ -26,6 +26,7 @@ from sfibench.methods import StepPlan, register
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.two_segment import two_segment_decode
 from sfibench.sfi.method import SFIMethod
+from sfibench.sfi.transfer import device_index
 
 
 @dataclass(frozen=True)
@@ -102,5 +103,6 @@ class OptimizedSFI(SFIMethod):
 
     def decode_evidence(self, row: int, layers: list[int], lo: int, hi: int) -> torch.Tensor:
         group = self.model_config.group_size
-        logits = self.evidence[layers, row, :, lo:hi]  # [n, H_q, n_c]: the slow step wrote it
+        index = device_index(layers, self.evidence.device)
+        logits = self.evidence[index, row, :, lo:hi]  # [n, H_q, n_c]: the slow step wrote it
         return logits.view(len(layers), -1, group, hi - lo)

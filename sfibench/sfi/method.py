@@ -19,6 +19,7 @@ from sfibench.metrics.labels import label
 from sfibench.sfi import geometry
 from sfibench.sfi.selector import select
 from sfibench.sfi.state import POLICIES, SelectionState
+from sfibench.sfi.transfer import device_index, pinned
 from sfibench.sfi.triggers import SlowStepScheduler, token_byte_table, token_classes
 
 EVIDENCE_CHUNK_BYTES = 1 << 30  # float32 evidence the Selector takes at once (layers are chunked to fit)
@@ -59,8 +60,10 @@ class SFIMethod(AttentionMethod):
     def bootstrap(self, cache: KVCache, prefilled: Prefilled) -> None:
         """The first selection of every row, from its prompt (the optimized path may run it on a side stream)."""
         for row in range(cache.batch):
+            rows = min(self.cfg.w_prefill, int(prefilled.query_counts[row]))
             self.refresh(cache, row, list(range(self.model_config.num_layers)), int(prefilled.lengths[row]),
-                         lambda lo, hi, layers, row=row: self.bootstrap_evidence(cache, prefilled, row, layers, lo, hi))
+                         lambda lo, hi, layers, row=row: self.bootstrap_evidence(cache, prefilled, row, layers, lo, hi),
+                         query_rows=rows)
 
     def bootstrap_evidence(self, cache: KVCache, prefilled: Prefilled, row: int, layers: list[int], lo: int,
                            hi: int) -> torch.Tensor:
@@ -91,8 +94,10 @@ class SFIMethod(AttentionMethod):
             refresh &= group[None, :] == torch.arange(refresh.shape[0])[:, None] % 2
         dense = refresh | (ctx.step <= self.cfg.bridge_steps)
         self.refresh_host, self.dense_host = refresh, dense
-        self.refresh_rows.copy_(refresh, non_blocking=True)
-        self.dense_rows.copy_(dense, non_blocking=True)
+        # Through pinned memory: a copy from pageable memory would wait for the stream to drain, so the
+        # host could never queue the next step ahead of the GPU.
+        self.refresh_rows.copy_(pinned(refresh), non_blocking=True)
+        self.dense_rows.copy_(pinned(dense), non_blocking=True)
         return self.path_plan(ctx)
 
     def path_plan(self, ctx: StepContext) -> StepPlan:
@@ -107,13 +112,15 @@ class SFIMethod(AttentionMethod):
             self.refresh(self.cache, row, layers, int(ctx.kv_lengths_host[row]),
                          lambda lo, hi, layers, row=row: self.decode_evidence(row, layers, lo, hi))
 
-    def refresh(self, cache: KVCache, row: int, layers: list[int], length: int, evidence) -> None:
-        """Select anew for `layers` of `row` at KV length `length`; `evidence(lo, hi, layers)` gives the logits.
+    def refresh(self, cache: KVCache, row: int, layers: list[int], length: int, evidence, query_rows: int = 1) -> None:
+        """Select anew for `layers` of `row` at KV length `length`; `evidence(lo, hi, layers)` gives the logits
+        of `query_rows` queries per query head (1 at decode, up to w_prefill at the bootstrap).
 
-        Layers are taken in chunks so the float32 evidence stays under EVIDENCE_CHUNK_BYTES."""
+        Layers are taken in chunks so the float32 evidence stays under EVIDENCE_CHUNK_BYTES. `layers` reach
+        the device through pinned memory, never as a Python list index (which syncs the stream)."""
         lo, hi = geometry.candidate_range(length, self.cfg)
         heads = self.model_config.num_kv_heads
-        rows_per_layer = heads * self.model_config.group_size * max(self.cfg.w_prefill, 1)
+        rows_per_layer = heads * self.model_config.group_size * query_rows
         chunk = max(1, EVIDENCE_CHUNK_BYTES // (rows_per_layer * max(hi - lo, 1) * 4))
         for first in range(0, len(layers), chunk):
             part = layers[first:first + chunk]
@@ -123,7 +130,8 @@ class SFIMethod(AttentionMethod):
                 else:
                     with label("sfibench.selector.logits"):
                         logits = evidence(lo, hi, part)
-                    picks = select(logits, cache.key_norms[part, row, :, lo:hi], lo, self.cfg.k_head,
+                    norms = cache.key_norms[device_index(part, cache.k.device), row, :, lo:hi]
+                    picks = select(logits, norms, lo, self.cfg.k_head,
                                    self.cfg.selector)
             with label("sfibench.rebuild"):
                 self.sel.publish(part, row, self.sel.write(part, row, picks, length, cache))

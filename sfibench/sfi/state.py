@@ -20,6 +20,7 @@ import torch
 
 from sfibench.config import SFIConfig
 from sfibench.sfi import geometry
+from sfibench.sfi.transfer import device_index
 
 POLICIES = ("next_step", "when_ready")
 
@@ -77,19 +78,23 @@ class SelectionState:
         self.tail_start_host[layers, row] = max(anchor, sinks)
         for buffer, chosen, target in self._groups(layers, buffers, picks.device):
             self.positions[buffer, target, row, :, :count] = picks[chosen]
-            self.counts[buffer, target, row] = count
-            self.anchor[buffer, target, row] = anchor
-            self.sinks[buffer, target, row] = sinks
+            # index_fill_ takes the value as a kernel argument (no host-to-device copy of a scalar)
+            self.counts[buffer, :, row].index_fill_(0, target, count)
+            self.anchor[buffer, :, row].index_fill_(0, target, anchor)
+            self.sinks[buffer, :, row].index_fill_(0, target, sinks)
             if self.compact_k is not None:
                 self._rebuild_compact(buffer, target, row, picks[chosen], sinks, anchor, cache)
         return buffers
 
     @staticmethod
     def _groups(layers: list[int], buffers: list[int], device):
-        """(buffer, indices into `layers`, those layers as a device index) for each buffer written."""
+        """(buffer, indices into `layers`, those layers as a device index) for each buffer written.
+
+        The index goes through pinned memory: a Python list used as an index, or copied from pageable
+        memory, would make the host wait for the stream to drain (and on a side stream, for the Selector)."""
         for buffer in sorted(set(buffers)):
             chosen = [i for i, b in enumerate(buffers) if b == buffer]
-            yield buffer, chosen, torch.tensor([layers[i] for i in chosen], device=device)
+            yield buffer, chosen, device_index([layers[i] for i in chosen], device)
 
     def _rebuild_compact(self, buffer: int, target: torch.Tensor, row: int, picks: torch.Tensor, sinks: int,
                          anchor: int, cache) -> None:
@@ -109,11 +114,11 @@ class SelectionState:
         shape = (*rows.shape, dim)
         self.compact_k[buffer, target, row, :, :width] = cache.k.view(-1, dim).index_select(0, flat.flatten()).view(shape)
         self.compact_v[buffer, target, row, :, :width] = cache.v.view(-1, dim).index_select(0, flat.flatten()).view(shape)
-        self.compact_counts[buffer, target, row] = width
-        self.tail_start[buffer, target, row] = max(anchor, sinks)
+        self.compact_counts[buffer, :, row].index_fill_(0, target, width)
+        self.tail_start[buffer, :, row].index_fill_(0, target, max(anchor, sinks))
 
     def publish(self, layers: list[int], row: int, buffers: list[int]) -> None:
         """Make the written buffers the ones the next step reads (a device write, in stream order)."""
         self.published_host[layers, row] = torch.tensor(buffers)
         for buffer, _, target in self._groups(layers, buffers, self.published.device):
-            self.published[target, row] = buffer
+            self.published[:, row].index_fill_(0, target, buffer)
