@@ -17,7 +17,7 @@ check)
 4b|0.6b)
     run=$OUT/throughput-qwen3-$1-h200
     python -m sfibench throughput --model "qwen3-$1" --ctx 8k,32k,130944 --batch 1,max \
-        --methods full_kv/optimized,sfi,streaming_llm,snapkv --paths reference,optimized --out "$run" > "$OUT/run.log" 2>&1
+        --methods full_kv/optimized,sfi,streaming_llm,snapkv --paths reference,optimized --steps 96 --out "$run" > "$OUT/run.log" 2>&1
     cp "$OUT/run.log" "$run/run.log" 2>/dev/null
     tail -40 "$OUT/run.log"
     ;;
