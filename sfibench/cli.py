@@ -28,6 +28,7 @@ from sfibench.config import (
 from sfibench.errors import RunInterrupted, UsageError
 from sfibench.options import (
     check_choice,
+    check_device,
     check_dtype,
     check_model,
     check_session_options,
@@ -87,7 +88,6 @@ def env(device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N")):
 
     from sfibench.metrics.device import device_info
     from sfibench.metrics.timing import measure_copy_bandwidth
-    from sfibench.options import check_device
     from sfibench.reporting.results import provenance
 
     with user_errors():
@@ -377,7 +377,6 @@ def throughput(
     """Decode speed of every method: tok/s, ms/step by kind, GB/s against the measured roofline."""
     from sfibench.engine.session import Session
     from sfibench.models.presets import PRESETS
-    from sfibench.options import check_device
     from sfibench.reporting.run_dir import claimed_run_dir
     from sfibench.reporting.throughput_cli import PREFILL_MODES, resolve_methods, run_and_save
 
@@ -400,12 +399,12 @@ def throughput(
         check_trigger(trigger)
         if graphs and not gpu:
             raise UsageError("--graphs needs a CUDA device; leave it out on a CPU")
-        _check_context_limit(PRESETS.get(model), [c for c in contexts if c != "max"], steps, "--steps")
+        _check_context_limit(PRESETS.get(model), [c for c in contexts if c != "max"], steps)
         sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head,
                         trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap))
         with claimed_run_dir(out, "throughput", overwrite=overwrite) as run_dir:
             session = Session.open(model, device, dtype)
-            _check_context_limit(session.loaded.config, [c for c in contexts if c != "max"], steps, "--steps")
+            _check_context_limit(session.loaded.config, [c for c in contexts if c != "max"], steps)
             contexts = [session.max_tokens - steps if c == "max" else c for c in contexts]
             run_and_save(session, contexts, batches, method_list, path_list, steps, repeats, prefill,
                          gpu if graphs is None else graphs, length_bucket, dense_kernels and gpu, sfi, run_dir,
@@ -429,7 +428,6 @@ def profile(
     from sfibench.engine.session import Session
     from sfibench.methods import check_method
     from sfibench.models.presets import PRESETS
-    from sfibench.options import check_device
     from sfibench.reporting.profile_run import PROFILE_MARGIN, chart, profile_steps
     from sfibench.reporting.results import write_results
     from sfibench.reporting.run_dir import claimed_run_dir
@@ -441,10 +439,10 @@ def profile(
         check_model(model)
         check_method(method, path)
         context = parse_tokens(ctx if ctx is not None else ("32k" if gpu else "3k"), "--ctx")
-        _check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN, "--steps")
+        _check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)
         with claimed_run_dir(out, "profile", overwrite=overwrite) as run_dir:
             session = Session.open(model, device, dtype)
-            _check_context_limit(session.loaded.config, [context], steps + PROFILE_MARGIN, "--steps")
+            _check_context_limit(session.loaded.config, [context], steps + PROFILE_MARGIN)
             spec = MethodSpec(name=method, path=path)
             result = profile_steps(session, spec, context, steps)
             write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": context,
@@ -461,7 +459,7 @@ def profile(
     console.print(f"[green]wrote[/] {run_dir}/results.json and profile.png")
 
 
-def _check_context_limit(config, contexts: list[int], decode: int, option: str) -> None:
+def _check_context_limit(config, contexts: list[int], decode: int) -> None:
     """Each context plus `decode` tokens must fit the model. Called with the preset's config before
     loading, and with the loaded config after (checkpoint directories and GGUF files say their limit
     only then); None skips the check."""
@@ -470,7 +468,7 @@ def _check_context_limit(config, contexts: list[int], decode: int, option: str) 
     for context in contexts:
         if context + decode > config.max_context:
             raise UsageError(f"--ctx {context:,} plus {decode} decode tokens exceeds {config.name}'s limit of "
-                             f"{config.max_context:,} tokens; the longest --ctx that fits with this {option} is "
+                             f"{config.max_context:,} tokens; the longest --ctx that fits with this --steps is "
                              f"{config.max_context - decode:,}")
 
 

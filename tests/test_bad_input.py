@@ -5,22 +5,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from no_model import ModelLoaded, forbid_model_loading
 from typer.testing import CliRunner
 
 from sfibench.cli import app
-from sfibench.engine.session import Session
-
-
-class ModelLoaded(Exception):
-    """Raised instead of loading a model: a bad input must be refused before this point."""
 
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
     """An empty working directory (where the default runs/ would go) in which no model can load."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Session, "open", classmethod(lambda cls, *args, **kwargs: (_ for _ in ()).throw(
-        ModelLoaded(args))))
+    forbid_model_loading(monkeypatch)
     (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00 not text")
     (tmp_path / "notes").mkdir()
     (tmp_path / "short.txt").write_text("Too short. !")
@@ -46,6 +41,7 @@ BAD_INPUT = {
     "ctx zero": (["throughput", "--ctx", "0"], "--ctx '0' is not a token count"),
     "ctx negative": (["throughput", "--ctx", "-5"], "write a positive whole number of tokens"),
     "ctx empty": (["throughput", "--ctx", ""], "--ctx is empty"),
+    "ctx repeated": (["quality", "--ctx", "2k,2048"], "--ctx gives 2048 more than once"),
     "ctx fractional": (["quality", "--ctx", "1.5k"], "--ctx '1.5k' is not a token count"),
     "profile ctx zero": (["profile", "--ctx", "0"], "--ctx '0' is not a token count"),
     "throughput ctx too long": (["throughput", "--ctx", "5000"], "the longest --ctx that fits with this --steps is 4,064"),

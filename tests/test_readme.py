@@ -7,11 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
+from no_model import ModelLoaded, forbid_model_loading
 from typer.main import get_command
 from typer.testing import CliRunner
 
 from sfibench.cli import app
-from sfibench.engine.session import Session
 from sfibench.workloads.needle_demo import DEMO_METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,9 +37,6 @@ def test_the_needle_demo_runs_the_methods_readme_names():
     assert f"decodes it with {named}" in " ".join(demo.split())
 
 
-class ModelLoaded(Exception):
-    """Where a no-argument run has passed every check: what follows is the run itself."""
-
 
 def no_argument_commands() -> list[str]:
     sentence = re.search(r"((?:`\w+`(?:, | and ))+`\w+`) run with no arguments", " ".join(README.split()))
@@ -49,8 +46,7 @@ def no_argument_commands() -> list[str]:
 @pytest.mark.parametrize("command", no_argument_commands())
 def test_commands_readme_says_run_with_no_arguments_get_past_every_check(command, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Session, "open", classmethod(lambda cls, *args, **kwargs: (_ for _ in ()).throw(
-        ModelLoaded(args))))
+    forbid_model_loading(monkeypatch)
     result = CliRunner().invoke(app, [command])
     assert result.exit_code == 0 or isinstance(result.exception, ModelLoaded), result.output
     assert list(tmp_path.iterdir()) == []  # the run directory claimed before the load went away again

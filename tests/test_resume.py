@@ -13,8 +13,8 @@ from sfibench.reporting.quality_report import run_quality
 from sfibench.reporting.results import read_results
 
 # Two tasks x two batches (3 samples, batch 2) x three conditions: an interrupt can land mid-task and mid-batch.
-RUN = dict(model="tiny-llama", methods=["sfi", "streaming_llm"], tasks=["niah_single", "ppl"], contexts=["600"],
-           retentions=["0.5"], samples=["3"], device="cpu", chat=False, batch=2)
+RUN = {"model": "tiny-llama", "methods": ["sfi", "streaming_llm"], "tasks": ["niah_single", "ppl"],
+       "contexts": ["600"], "retentions": ["0.5"], "samples": ["3"], "device": "cpu", "chat": False, "batch": 2}
 CLI_RUN = ["quality", "--model", "tiny-llama", "--methods", "sfi,streaming_llm", "--tasks", "niah_single,ppl",
            "--ctx", "600", "--retention", "0.5", "--samples", "3", "--no-chat", "--batch", "2", "--device", "cpu"]
 

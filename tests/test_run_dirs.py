@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from no_model import ModelLoaded, forbid_model_loading
 from typer.testing import CliRunner
 
 from sfibench.cli import app
@@ -18,15 +19,11 @@ QUALITY = ["quality", "--model", "tiny-llama", "--ctx", "600", "--samples", "1",
            "--methods", "sfi", "--retention", "0.5", "--no-chat", "--device", "cpu"]
 
 
-class ModelLoaded(Exception):
-    """Raised instead of loading a model: a refused run must be refused before this point."""
-
 
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(Session, "open", classmethod(lambda cls, *args, **kwargs: (_ for _ in ()).throw(
-        ModelLoaded(args))))
+    forbid_model_loading(monkeypatch)
     return tmp_path
 
 

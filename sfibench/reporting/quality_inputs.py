@@ -61,6 +61,13 @@ def parse_samples(values, contexts: int) -> list[int]:
     return counts * contexts if len(counts) == 1 else counts
 
 
+def check_distinct(contexts: list) -> None:
+    """Each context once: a cell is (task, context, method, retention), so a repeat would merge two."""
+    repeated = sorted({str(c) for c in contexts if contexts.count(c) > 1})
+    if repeated:
+        raise UsageError(f"--ctx gives {', '.join(repeated)} more than once; list each length once")
+
+
 def largest_context(limit: int, reserve: int) -> int:
     """The longest prompt that leaves `reserve` answer tokens and the margin: what --ctx max gives."""
     return limit - reserve - MAX_MARGIN
@@ -112,6 +119,7 @@ def check_inputs(model: str, methods, tasks, contexts, retentions, samples, batc
     if not contexts:
         raise UsageError("--ctx is empty; give prompt lengths such as 2k,4k or max")
     contexts = [parse_context(c) for c in contexts]
+    check_distinct(contexts)
     samples = parse_samples(samples, len(contexts))
     if batch < 1:
         raise UsageError(f"--batch must be at least 1, got {batch}")

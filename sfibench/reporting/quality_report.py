@@ -23,6 +23,7 @@ from sfibench.options import check_session_options
 from sfibench.reporting.quality_inputs import (
     SAME_ON_RESUME,
     QualityInputs,
+    check_distinct,
     check_fits,
     check_inputs,
     check_resume,
@@ -86,7 +87,7 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
             info["resumed_from"] = [*earlier["provenance"].pop("resumed_from", []), earlier["provenance"]]
         ledger = QualityLedger(run_dir, config, [c.label for c in plan[contexts[0]]], info, earlier, started)
         try:
-            _run_cells(session, fmt, inputs, plan, ledger, console, batch, seed)
+            _run_cells(session, fmt, inputs, contexts, plan, ledger, console, batch, seed)
         except KeyboardInterrupt:
             if not ledger.records:
                 raise  # nothing finished: the claimed directory is removed on the way out
@@ -108,18 +109,19 @@ def _fit_contexts(session: Session, fmt: PromptFormat, inputs: QualityInputs, se
     contexts = [largest_context(limit, reserve) if c == "max" else c for c in inputs.contexts]
     for context in contexts:
         check_fits(context, limit, name, reserve)
+    check_distinct(contexts)  # `max` may land on a length also given as a number
     return contexts
 
 
-def _run_cells(session: Session, fmt: PromptFormat, inputs: QualityInputs, plan: dict, ledger: QualityLedger,
-               console: Console, batch: int, seed: int) -> None:
+def _run_cells(session: Session, fmt: PromptFormat, inputs: QualityInputs, contexts: list[int], plan: dict,
+               ledger: QualityLedger, console: Console, batch: int, seed: int) -> None:
     """Every (context, task, batch, condition) the ledger does not hold yet, saving as each finishes."""
     labels = ledger.labels
     total = sum(-(-n // batch) for n in inputs.samples) * len(inputs.tasks) * len(labels)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
         bar = progress.add_task("quality", total=total)
-        for context, count in zip(plan, inputs.samples):
+        for context, count in zip(contexts, inputs.samples):
             for task in inputs.tasks:
                 starts = range(0, count, batch)
                 if all(ledger.has(task, context, range(s, min(s + batch, count)), label)

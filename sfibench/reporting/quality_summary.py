@@ -85,8 +85,8 @@ def _partial_note(results: dict) -> list[str]:
     if results.get("complete", True):
         return []
     progress = results["progress"]
-    return [f"**Partial run**: stopped after {progress['results']} of {progress['planned']} planned sample "
-            "results; the tables cover those only (continue it with `--resume`).", ""]
+    return [(f"**Partial run**: stopped after {progress['results']} of {progress['planned']} planned sample "
+             "results; the tables cover those only (continue it with `--resume`)."), ""]
 
 
 def markdown(results: dict, plots: list[str]) -> str:

@@ -116,7 +116,11 @@ def _claim_default(command: str) -> tuple[Path, list[Path]]:
 def _check_existing(run_dir: Path, command: str, overwrite: bool, resume: bool) -> None:
     """An existing --out may be empty, or hold an earlier run of this command that --overwrite or
     --resume asks for; anything else is refused, so no user file is ever overwritten or mixed in."""
-    from sfibench.reporting.results import RESULTS_FILENAME, InvalidResultsError, read_results  # it imports us
+    from sfibench.reporting.results import (  # it imports us
+        RESULTS_FILENAME,
+        InvalidResultsError,
+        read_results,
+    )
 
     if not (run_dir / RESULTS_FILENAME).exists():
         if resume:

@@ -23,10 +23,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from sfibench.baselines.full_kv import DensePlan
 from sfibench.config import MethodSpec, SamplingConfig, TriggerConfig
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
-from sfibench.baselines.full_kv import DensePlan
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import Prefilled
 from sfibench.engine.sampling import Sampler
@@ -36,11 +36,11 @@ from sfibench.methods import AttentionMethod, check_method
 from sfibench.metrics.stability import StabilityConfig, StabilityInputError, StabilityReducer, check_config
 from sfibench.models.presets import PRESETS
 from sfibench.reference.attention import dense_attention
-from sfibench.sfi.triggers import SlowStepScheduler, token_classes
 from sfibench.reporting.results import read_results, write_results
 from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.reporting.stability_markdown import write_report
 from sfibench.reporting.stability_plots import write_plots
+from sfibench.sfi.triggers import SlowStepScheduler, token_classes
 
 SHIPPED_TEXT = "essays_en.txt"
 
