@@ -18,6 +18,7 @@ A position that no evidence row may attend to gets f = 0, i.e. log f = -inf. Eve
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,10 @@ from sfibench.config import SelectorConfig
 from sfibench.metrics.labels import label
 
 NEG_INF = float("-inf")
+# Test hook for the regression gate (tests/test_check.py): when this environment variable holds a seed,
+# select() ignores the evidence and picks K candidates at random, a deliberately degraded Selector that
+# `sfibench check` must catch. Nothing in sfibench sets it.
+DEBUG_RANDOM_SELECTION_ENV = "SFIBENCH_DEBUG_RANDOM_SELECTION"
 
 
 def pool_evidence(logits: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -172,6 +177,8 @@ def select(
     num_rows, num_positions = logits.shape[-2], logits.shape[-1]
     if num_positions == 0:
         return torch.empty(logits.shape[:-2] + (0,), dtype=torch.long, device=logits.device)
+    if DEBUG_RANDOM_SELECTION_ENV in os.environ:
+        return _debug_random_positions(logits.shape[:-2] + (num_positions,), k, lo, logits.device)
     # Each stage carries a label so `sfibench profile` can split the Selector's time.
     with label("sfibench.selector.pool"):
         log_s = pool_evidence(logits, cfg.alpha)
@@ -188,3 +195,9 @@ def select(
             log_s = cross_head_exclusivity(log_s, cfg.cross_temperature, cfg.cross_alpha, cfg.eps)
     with label("sfibench.selector.top_k"):
         return top_k_positions(log_s, k, lo)
+
+
+def _debug_random_positions(shape: torch.Size, k: int, lo: int, device: torch.device) -> torch.Tensor:
+    """Seeded random candidates in place of the Selector's choice (see DEBUG_RANDOM_SELECTION_ENV)."""
+    generator = torch.Generator().manual_seed(int(os.environ[DEBUG_RANDOM_SELECTION_ENV]))
+    return top_k_positions(torch.rand(shape, generator=generator).to(device), k, lo)
