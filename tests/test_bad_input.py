@@ -9,6 +9,7 @@ from no_model import ModelLoaded, forbid_model_loading
 from typer.testing import CliRunner
 
 from sfibench.cli import app
+from sfibench.engine.session import Session
 
 
 @pytest.fixture
@@ -117,3 +118,20 @@ def test_asking_for_a_gpu_that_is_not_there(workdir):
 def test_typer_refuses_out_of_range_integers(workdir):
     for args in (["quality", "--batch", "0"], ["stability", "--steps", "1"], ["generate", "--layer-groups", "3"]):
         refused(args, workdir)
+
+
+def test_the_context_limit_hint_is_the_length_ctx_max_gives(tmp_path):
+    """One number in every hint: the longest prompt a refused --ctx is told about is what `max` picks."""
+    import re
+
+    from sfibench.reporting.quality_inputs import check_inputs
+    from sfibench.reporting.quality_report import _fit_contexts
+    from sfibench.workloads.base import PromptFormat
+
+    result = CliRunner().invoke(app, ["quality", "--model", "tiny-llama", "--tasks", "niah_multiturn", "--ctx", "4000",
+                                      "--no-chat", "--device", "cpu", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2 and not (tmp_path / "run").exists()
+    hinted = re.search(r"the longest prompt that fits is (\d+), which --ctx max gives", " ".join(result.output.split()))
+    session = Session.open("tiny-llama", "cpu")
+    inputs = check_inputs("tiny-llama", ["sfi"], ["niah_multiturn"], ["max"], [0.5], [1], 1, None, "reference", None)
+    assert _fit_contexts(session, PromptFormat(session.loaded.tokenizer, False), inputs, 0) == [int(hinted[1])]

@@ -81,7 +81,7 @@ def check_fits(context: int, limit: int, model: str, reserve: int | None = None)
                                    "for an answer; --ctx max gives the longest prompt that fits")
     elif context > largest_context(limit, reserve):
         raise ContextSizeError(f"a {context}-token context exceeds {model}'s limit of {limit} tokens once "
-                               f"{reserve} answer tokens and a {MAX_MARGIN}-token margin are added; the longest "
+                               f"{reserve} answer tokens and a margin of {MAX_MARGIN} are added; the longest "
                                f"prompt that fits is {largest_context(limit, reserve)}, which --ctx max gives")
 
 
