@@ -77,13 +77,16 @@ class SelectionState:
         count = picks.shape[-1]
         self.tail_start_host[layers, row] = max(anchor, sinks)
         for buffer, chosen, target in self._groups(layers, buffers, picks.device):
-            self.positions[buffer, target, row, :, :count] = picks[chosen]
+            part = picks  # usually every layer shares one buffer, and no index is needed
+            if len(chosen) < len(layers):
+                part = picks.index_select(0, device_index(chosen, picks.device))
+            self.positions[buffer, target, row, :, :count] = part
             # index_fill_ takes the value as a kernel argument (no host-to-device copy of a scalar)
             self.counts[buffer, :, row].index_fill_(0, target, count)
             self.anchor[buffer, :, row].index_fill_(0, target, anchor)
             self.sinks[buffer, :, row].index_fill_(0, target, sinks)
             if self.compact_k is not None:
-                self._rebuild_compact(buffer, target, row, picks[chosen], sinks, anchor, cache)
+                self._rebuild_compact(buffer, target, row, part, sinks, anchor, cache)
         return buffers
 
     @staticmethod
