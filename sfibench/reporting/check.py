@@ -1,0 +1,151 @@
+"""`sfibench check`: judge current runs against a baseline, print the verdicts, say pass or fail.
+
+With no current runs given, the baseline's recorded commands are rerun at their recorded settings
+(command line and environment from baseline.json) into a fresh temporary folder, each in its own
+process through the public CLI, so the gate depends on the commands and results.json only. Every
+input is checked before any rerun: the baseline's manifest and runs, the --current runs, and with
+--update that the baseline can be written. The rerun folder is kept and printed, so a result is never
+lost and can be blessed later with --current.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from sfibench.reporting.baseline import Baseline, BaselineError, load
+from sfibench.reporting.gate import Verdict, check_comparable, compare
+from sfibench.reporting.results import RESULTS_FILENAME
+from sfibench.reporting.run_files import load_run
+from sfibench.reporting.run_metrics import Metric, device_identity
+
+STYLES = {"ok": "green", "improved": "cyan", "regressed": "bold red", "changed": "bold red", "missing": "bold red",
+          "skipped": "yellow", "untracked": "dim", "new": "dim"}
+
+
+class RerunError(Exception):
+    """A recorded command did not finish; `code` is 2 when it refused its input, else 1 (a regression)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
+def run_check(baseline_dir: Path, current_dir: Path | None, update: bool, reason: str | None,
+              console: Console) -> int:
+    """Exit status: 0 pass (or blessed with --update), 1 any regression."""
+    if update and not (reason and reason.strip()):
+        raise BaselineError("--update needs --reason TEXT saying why the new numbers are the right ones")
+    if reason and not update:
+        raise BaselineError("--reason only goes with --update (it is recorded when a baseline is replaced)")
+    baseline = load(baseline_dir)
+    baseline_docs = {name: baseline.document(name) for name in baseline.runs}
+    if update:
+        baseline.check_writable()
+    if current_dir is not None:
+        current = _locate(Path(current_dir), baseline)
+        current_docs = {name: load_run(path, f"--current run {name!r}") for name, path in current.items()}
+        for name, document in current_docs.items():
+            check_comparable(name, baseline_docs[name], document)
+    else:
+        current = rerun(baseline, Path(tempfile.mkdtemp(prefix="sfibench-check-")), console)
+        current_docs = {name: load_run(path, f"rerun {name!r}") for name, path in current.items()}
+    verdicts = [v for name in baseline.runs for v in compare(name, baseline_docs[name], current_docs[name], baseline)]
+    _header(baseline_docs, current_docs, console)
+    console.print(table(verdicts))
+    failed = [v for v in verdicts if v.failed]
+    counts = {state: sum(v.verdict == state for v in verdicts) for state in STYLES}
+    console.print(", ".join(f"{n} {state}" for state, n in counts.items() if n), highlight=False)
+    if update:
+        first = next(iter(current_docs.values()))["provenance"]
+        replaced = next(iter(baseline_docs.values()))["provenance"].get("git_commit")
+        baseline.bless(current, reason.strip(), first.get("git_commit"), replaced)
+        console.print(f"[green]blessed:[/] {baseline.directory} now holds these runs; reason recorded in "
+                      f"{baseline.directory / 'baseline.json'}")
+        return 0
+    if current_dir is None:
+        console.print(f"current runs kept in {next(iter(current.values())).parent}")
+    if failed:
+        console.print(f"[bold red]FAIL:[/] {len(failed)} of {len(verdicts)} metrics regressed, changed or went "
+                      "missing. If the change is intended, bless it: sfibench check --baseline "
+                      f"{baseline.directory} --current DIR --update --reason TEXT")
+        return 1
+    console.print("[green]PASS[/]")
+    return 0
+
+
+def rerun(baseline: Baseline, workdir: Path, console: Console) -> dict[str, Path]:
+    """Run each recorded command into workdir/<name>; returns the run directories."""
+    runs = {}
+    for name, recipe in baseline.runs.items():
+        out = workdir / name
+        argv = [*recipe["argv"], "--out", str(out)]
+        console.print(f"rerunning {name}: sfibench {' '.join(argv)}", highlight=False)
+        began = time.perf_counter()
+        completed = subprocess.run([sys.executable, "-m", "sfibench", *argv], check=False, capture_output=True, text=True,
+                                   env={**os.environ, **recipe.get("env", {})}, stdin=subprocess.DEVNULL)
+        if completed.returncode != 0:
+            tail = "\n".join(completed.stderr.strip().splitlines()[-15:])
+            raise RerunError(f"rerunning {name!r} failed with exit status {completed.returncode}:\n{tail}",
+                             2 if completed.returncode == 2 else 1)
+        console.print(f"  {name}: {time.perf_counter() - began:.0f} s", highlight=False)
+        runs[name] = out
+    return runs
+
+
+def _locate(current_dir: Path, baseline: Baseline) -> dict[str, Path]:
+    """--current is laid out like the baseline (a folder per run), or is the run itself for a one-run baseline."""
+    names = list(baseline.runs)
+    if (current_dir / RESULTS_FILENAME).is_file():
+        if len(names) > 1:
+            raise BaselineError(f"--current {current_dir} is one run, but the baseline has {len(names)} "
+                                f"({', '.join(names)}); give a folder holding one subfolder per run")
+        return {names[0]: current_dir}
+    if not current_dir.is_dir():
+        raise BaselineError(f"--current {current_dir} is not a directory")
+    return {name: current_dir / name for name in names}
+
+
+def _header(baseline_docs: dict, current_docs: dict, console: Console) -> None:
+    for label, docs in (("baseline", baseline_docs), ("current", current_docs)):
+        prov = next(iter(docs.values()))["provenance"]
+        commit = (prov.get("git_commit") or "unknown")[:10] + (" (dirty)" if prov.get("git_dirty") else "")
+        console.print(f"{label}: commit {commit}, {prov.get('timestamp_utc')}, {device_identity(prov)}",
+                      highlight=False)
+
+
+def table(verdicts: list[Verdict]) -> Table:
+    grid = Table(title="sfibench check")
+    for column, justify in (("metric", "left"), ("baseline", "right"), ("current", "right"), ("delta", "right"),
+                            ("tolerance", "right"), ("verdict", "left")):
+        grid.add_column(column, justify=justify)
+    for v in verdicts:
+        delta = "" if v.baseline is None or v.current is None else _delta(v.baseline, v.current)
+        verdict = f"[{STYLES[v.verdict]}]{v.verdict}[/]" + (f" ({v.note})" if v.note else "")
+        grid.add_row(v.key, format_metric(v.baseline), format_metric(v.current), delta,
+                     v.tolerance.describe() if v.tolerance else "", verdict)
+    return grid
+
+
+def format_metric(metric: Metric | None) -> str:
+    if metric is None:
+        return "-"
+    if metric.value is None:
+        return "n/a"
+    text = f"{metric.value:.4g}"
+    if metric.low is not None and metric.high is not None:
+        text += f" [{metric.low:.3g}, {metric.high:.3g}]"
+    return text
+
+
+def _delta(baseline: Metric, current: Metric) -> str:
+    if baseline.value is None or current.value is None:
+        return ""
+    return f"{current.value - baseline.value:+.4g}"

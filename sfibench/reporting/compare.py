@@ -1,0 +1,157 @@
+"""Several runs of one command side by side (two commits, two GPUs, two models): table, plots, deltas.
+
+`compare_runs` reads each run's results.json, flattens them into metrics (run_metrics.py) and saves
+the comparison as a results.json of its own (command "report"), so `sfibench report` regenerates it
+like any other run. Deltas are against the first run given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+from sfibench.reporting.baseline import BaselineError
+from sfibench.reporting.run_files import load_run
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from sfibench.reporting.plot_style import context_axis, context_label, legend_below, save, yerr
+from sfibench.reporting.results import read_results, write_results, write_text_atomically
+from sfibench.reporting.run_dir import claimed_run_dir
+from sfibench.reporting.run_metrics import device_identity, extract
+
+PANELS_PER_ROW = 4
+
+
+def compare_runs(run_dirs: list[Path], out: Path | None, overwrite: bool) -> Path:
+    documents = [load_run(Path(d), f"run {d}") for d in run_dirs]
+    commands = sorted({d["command"] for d in documents})
+    if len(commands) > 1:
+        raise BaselineError(f"these runs come from different commands ({', '.join(commands)}); side by side only "
+                            "compares runs of one command")
+    runs = [_describe(Path(d), doc) for d, doc in zip(run_dirs, documents)]
+    metrics = [{m.key: m for m in extract(doc)} for doc in documents]
+    keys = list(dict.fromkeys(key for run in metrics for key in run))
+    rows = []
+    for key in keys:
+        present = next(run[key] for run in metrics if key in run)
+        rows.append({"key": key, "series": present.series, "context": present.context, "name": present.name,
+                     "unit": present.unit, "values": [_point(run.get(key)) for run in metrics]})
+    with claimed_run_dir(out, "report", overwrite=overwrite) as run_dir:
+        write_results(run_dir, "report", {"runs": [str(d) for d in run_dirs], "compared_command": commands[0]},
+                      {"runs": runs, "rows": rows})
+        render_comparison(run_dir)
+    return run_dir
+
+
+def render_comparison(run_dir: Path) -> Path:
+    """comparison plots (one per metric) and report.md from a comparison's results.json."""
+    document = read_results(run_dir)
+    runs, rows = document["results"]["runs"], document["results"]["rows"]
+    plots = [_plot_metric(name, [r for r in rows if r["name"] == name], runs, run_dir)
+             for name in dict.fromkeys(r["name"] for r in rows)]
+    report = run_dir / "report.md"
+    write_text_atomically(report, markdown(document, plots))
+    return report
+
+
+def markdown(document: dict, plots: list[str]) -> str:
+    runs, rows = document["results"]["runs"], document["results"]["rows"]
+    lines = [f"# sfibench report: {len(runs)} `{document['config']['compared_command']}` runs side by side", "",
+             ("Deltas are against run 1. Values in brackets are the 95% interval (quality) or the range over the "
+              "timed passes (throughput)."), "", "| run | directory | model | commit | device | date |",
+             "|---|---|---|---|---|---|"]
+    lines += [f"| {i + 1} | {r['dir']} | {r['model']} | {r['commit']} | {r['device']} | {r['date']} |"
+              for i, r in enumerate(runs)]
+    lines += ["", "| metric | unit | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " |",
+              "|---|---|" + "---|" * len(runs)]
+    for row in rows:
+        first = row["values"][0]["value"]
+        cells = [_cell(point, first if i else None) for i, point in enumerate(row["values"])]
+        lines.append(f"| {row['key']} | {row['unit']} | " + " | ".join(cells) + " |")
+    lines += [""] + [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def _describe(run_dir: Path, document: dict) -> dict:
+    prov = document["provenance"]
+    commit = (prov.get("git_commit") or "unknown")[:10] + (" (dirty)" if prov.get("git_dirty") else "")
+    return {"dir": str(run_dir), "model": document["config"].get("model"), "commit": commit,
+            "device": device_identity(prov), "date": prov.get("timestamp_utc")}
+
+
+def _point(metric) -> dict:
+    if metric is None:
+        return {"value": None, "low": None, "high": None}
+    return {"value": metric.value, "low": metric.low, "high": metric.high}
+
+
+def _cell(point: dict, first: float | None) -> str:
+    if point["value"] is None:
+        return "-"
+    text = f"{point['value']:.4g}"
+    if point["low"] is not None:
+        text += f" [{point['low']:.3g}, {point['high']:.3g}]"
+    if first is not None:
+        text += f" ({point['value'] - first:+.3g}" + (f", {100 * (point['value'] / first - 1):+.1f}%)" if first else ")")
+    return text
+
+
+def _plot_metric(name: str, rows: list[dict], runs: list[dict], run_dir: Path) -> str:
+    """Values with their intervals per run, and under each panel the change against run 1.
+
+    Series measured at several contexts get a panel each with a context axis (four panels a row);
+    otherwise all series sit side by side in one panel.
+    """
+    series = list(dict.fromkeys(r["series"] for r in rows))
+    by_context = all(r["context"] is not None for r in rows) and len({r["context"] for r in rows}) > 1
+    panels = [[r for r in rows if r["series"] == s] for s in series] if by_context else [rows]
+    columns = min(PANELS_PER_ROW, len(panels))
+    blocks = -(-len(panels) // columns)
+    width = 3.8 * columns if by_context else max(5.0, 0.5 * len(rows) * len(runs) + 2)
+    fig, axes = plt.subplots(2 * blocks, columns, squeeze=False, layout="constrained", figsize=(width, 4.4 * blocks + 0.8),
+                             gridspec_kw={"height_ratios": [2, 1] * blocks})
+    unit = rows[0]["unit"]
+    for index in range(blocks * columns):
+        top, bottom = axes[2 * (index // columns)][index % columns], axes[2 * (index // columns) + 1][index % columns]
+        if index >= len(panels):
+            top.set_visible(False)
+            bottom.set_visible(False)
+            continue
+        panel_rows = panels[index]
+        xs = [r["context"] for r in panel_rows] if by_context else list(range(len(panel_rows)))
+        for i, run in enumerate(runs):
+            offset = i - (len(runs) - 1) / 2  # runs side by side, so their bars do not hide each other
+            shifted = [x * 2 ** (0.04 * offset) if by_context else x + 0.12 * offset for x in xs]
+            points = [r["values"][i] for r in panel_rows]
+            values = [p["value"] for p in points]
+            top.errorbar(shifted, [float("nan") if v is None else v for v in values],
+                         yerr=yerr(values, [p["low"] for p in points], [p["high"] for p in points]),
+                         marker="o", ms=4, capsize=3, ls="none", color=f"C{i}",
+                         label=f"run {i + 1}: {run['commit']}, {run['device']}, {run['model']}")
+            if i:
+                first = [r["values"][0]["value"] for r in panel_rows]
+                delta = [float("nan") if v is None or f is None else v - f for v, f in zip(values, first)]
+                bottom.plot(shifted, delta, marker="s", ms=4, ls="none", color=f"C{i}")
+        bottom.axhline(0.0, color="grey", lw=0.8)
+        top.set_ylabel(f"{name} ({unit})" if unit else name, fontsize=8)
+        bottom.set_ylabel("change vs run 1", fontsize=8)
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+        if by_context:
+            top.set_title(series[index], fontsize=9)
+            context_axis(top, xs, label="")
+            context_axis(bottom, xs)
+        else:
+            labels = [r["series"] + ("" if r["context"] is None else f" @ {context_label(r['context'])}")
+                      for r in panel_rows]
+            top.set_xticks(xs, [])
+            top.set_xlim(-0.6, len(xs) - 0.4)
+            bottom.set_xlim(-0.6, len(xs) - 0.4)
+            bottom.set_xticks(xs, labels, rotation=30, ha="right", fontsize=7)
+    legend_below(fig, [axes[0][0]], columns=2)
+    path = f"compare_{name.replace(' ', '_').replace('/', '_').replace('.', '_')}.png"
+    save(fig, run_dir / path)
+    return path

@@ -1,0 +1,82 @@
+"""The regression gate's verdicts: one baseline metric against the current run's, within its tolerance.
+
+Pure functions of two results.json documents and the baseline's tolerance rules, so they are tested
+on fabricated documents. Verdicts:
+
+- ok: within tolerance; improved: better by more than the tolerance (passes; bless it with --update);
+- regressed: worse by more than the tolerance; changed: a metric that must not move (accounting,
+  trigger counts) moved; missing: the current run no longer measures it. These three fail the gate.
+- skipped: a speed figure from another device; untracked: no tolerance rule covers it; new: only the
+  current run has it. These are shown and pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sfibench.reporting.baseline import Baseline, BaselineError, Tolerance
+from sfibench.reporting.run_metrics import HIGHER, INFO, LOWER, Metric, device_identity, extract
+
+FAILING = ("regressed", "changed", "missing")
+_EXACT_SLACK = 1e-9  # relative: what survives a float's round trip through JSON is not a change
+
+
+@dataclass(frozen=True)
+class Verdict:
+    key: str
+    baseline: Metric | None
+    current: Metric | None
+    tolerance: Tolerance | None
+    verdict: str
+    note: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in FAILING
+
+
+def check_comparable(name: str, baseline: dict, current: dict) -> None:
+    """A baseline only says something about a run of the same command on the same model."""
+    for field, what in (("command", "command"), ("model", "model")):
+        had = baseline["command"] if field == "command" else baseline["config"].get("model")
+        got = current["command"] if field == "command" else current["config"].get("model")
+        if had != got:
+            raise BaselineError(f"run {name!r}: the baseline is a `{baseline['command']}` run of "
+                                f"{baseline['config'].get('model')}, the current one a `{current['command']}` run "
+                                f"of {current['config'].get('model')}; compare runs of the same {what}")
+
+
+def compare(name: str, baseline_doc: dict, current_doc: dict, baseline: Baseline) -> list[Verdict]:
+    check_comparable(name, baseline_doc, current_doc)
+    same_device = device_identity(baseline_doc["provenance"]) == device_identity(current_doc["provenance"])
+    current = {m.key: m for m in extract(current_doc) if m.better != INFO}
+    verdicts = []
+    for metric in extract(baseline_doc):
+        if metric.better == INFO:
+            continue
+        tolerance = baseline.tolerance(metric.key)
+        now = current.pop(metric.key, None)
+        if metric.device_bound and not same_device:
+            note = (f"measured on {device_identity(baseline_doc['provenance'])}, now "
+                    f"{device_identity(current_doc['provenance'])}")
+            verdicts.append(Verdict(metric.key, metric, now, tolerance, "skipped", note))
+        elif now is None:
+            verdicts.append(Verdict(metric.key, metric, None, tolerance, "missing"))
+        elif tolerance is None:
+            verdicts.append(Verdict(metric.key, metric, now, None, "untracked", "no tolerance rule matches"))
+        else:
+            verdicts.append(Verdict(metric.key, metric, now, tolerance, judge(metric, now, tolerance)))
+    verdicts += [Verdict(key, None, metric, None, "new") for key, metric in current.items()]
+    return verdicts
+
+
+def judge(baseline: Metric, current: Metric, tolerance: Tolerance) -> str:
+    if baseline.value is None or current.value is None:
+        return "ok" if baseline.value is None and current.value is None else "changed"
+    allowed = tolerance.allowed(baseline.value) + _EXACT_SLACK * max(1.0, abs(baseline.value))
+    delta = current.value - baseline.value
+    if baseline.better == HIGHER:
+        return "regressed" if delta < -allowed else "improved" if delta > allowed else "ok"
+    if baseline.better == LOWER:
+        return "regressed" if delta > allowed else "improved" if delta < -allowed else "ok"
+    return "changed" if abs(delta) > allowed else "ok"

@@ -1,0 +1,66 @@
+"""Conventions every sfibench plot follows, written once so no figure can skip them.
+
+- a measured spread or interval on every point (`yerr`: asymmetric bars, never negative);
+- contexts on a log2 axis with a tick, labelled, at every context that was measured and no others;
+- one legend per figure, below the panels, so it never covers data.
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never needs a display
+import matplotlib.pyplot as plt
+from matplotlib.ticker import NullLocator
+
+
+def yerr(values: list[float | None], lows: list[float | None], highs: list[float | None]) -> list[list[float]]:
+    """Asymmetric error bars for matplotlib: distances below and above each value, 0 where none was measured.
+
+    Clamped at 0: an interval bound can miss its own estimate by a rounding error (Wilson at 0 or 1),
+    and matplotlib refuses a negative bar.
+    """
+    below = [0.0 if v is None or lo is None else max(v - lo, 0.0) for v, lo in zip(values, lows)]
+    above = [0.0 if v is None or hi is None else max(hi - v, 0.0) for v, hi in zip(values, highs)]
+    return [below, above]
+
+
+def context_label(tokens: int) -> str:
+    """1024 -> '1K', 130944 -> '127.9K', 1000 -> '1,000': the K (1,024) spelling the CLI accepts."""
+    if tokens >= 1024 and tokens % 1024 == 0:
+        return f"{tokens // 1024}K"
+    if tokens >= 10 * 1024:
+        return f"{tokens / 1024:.1f}K"
+    return f"{tokens:,}"
+
+
+def context_axis(ax, contexts: list[int], label: str = "context (tokens)") -> None:
+    """Log2 x axis ticked and labelled at exactly the measured contexts."""
+    measured = sorted(set(contexts))
+    if len(measured) > 1:
+        ax.set_xscale("log", base=2)
+        span = math.log2(measured[-1] / measured[0])
+        pad = 2 ** (0.08 * max(span, 1.0))
+        ax.set_xlim(measured[0] / pad, measured[-1] * pad)
+    ax.set_xticks(measured, [context_label(c) for c in measured])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel(label)
+
+
+def legend_below(fig, axes, columns: int = 4) -> None:
+    """One legend for the whole figure, outside and under its panels (the figure must use
+    layout="constrained", which makes room for it); a label used in several panels appears once."""
+    handles = {}
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(text, handle)
+    if handles:
+        fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=max(1, min(columns, len(handles))),
+                   fontsize=8, frameon=False)
+
+
+def save(fig, path) -> None:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

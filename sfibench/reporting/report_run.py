@@ -1,0 +1,66 @@
+"""`sfibench report RUN_DIR`: redraw a run's plots and report.md from its results.json alone.
+
+Each command kind keeps its own renderer beside its runner; this module only picks the one a
+results.json names. The directory is checked writable first, so a read-only run is refused before
+any file is touched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sfibench.errors import UsageError
+from sfibench.reporting.run_files import load_run, require_writable
+
+
+def render(run_dir: Path) -> list[Path]:
+    """Regenerate everything derived from `run_dir/results.json`; returns the files written."""
+    document = load_run(run_dir, f"sfibench report {run_dir}")
+    command = document["command"]
+    if command not in RENDERERS:
+        raise UsageError(f"{run_dir} holds a `{command}` run, which has no renderer; "
+                         f"known: {', '.join(RENDERERS)}")
+    require_writable(run_dir, f"sfibench report {run_dir}")
+    return RENDERERS[command](run_dir, document)
+
+
+def _throughput(run_dir: Path, document: dict) -> list[Path]:
+    from sfibench.reporting.results import write_text_atomically
+    from sfibench.reporting.throughput_report import markdown, plot
+
+    plots = plot(document["results"]["rows"], run_dir)
+    write_text_atomically(run_dir / "report.md", markdown(document))
+    return [*plots, run_dir / "report.md"]
+
+
+def _quality(run_dir: Path, document: dict) -> list[Path]:
+    from sfibench.reporting.quality_report import write_report
+
+    report = write_report(run_dir)
+    return [*sorted(run_dir.glob("*.png")), report]
+
+
+def _stability(run_dir: Path, document: dict) -> list[Path]:
+    from sfibench.reporting.stability_markdown import write_report
+    from sfibench.reporting.stability_plots import write_plots
+
+    plots = write_plots(run_dir, document["results"])
+    write_report(run_dir, document)
+    return [*plots, run_dir / "report.md"]
+
+
+def _profile(run_dir: Path, document: dict) -> list[Path]:
+    from sfibench.reporting.profile_run import chart
+
+    return [chart(document["results"], run_dir / "profile.png")]
+
+
+def _comparison(run_dir: Path, document: dict) -> list[Path]:
+    from sfibench.reporting.compare import render_comparison
+
+    report = render_comparison(run_dir)
+    return [*sorted(run_dir.glob("compare_*.png")), report]
+
+
+RENDERERS = {"throughput": _throughput, "quality": _quality, "stability": _stability, "profile": _profile,
+             "report": _comparison}
