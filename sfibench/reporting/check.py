@@ -28,6 +28,7 @@ from sfibench.reporting.run_metrics import Metric, device_identity
 
 STYLES = {"ok": "green", "improved": "cyan", "regressed": "bold red", "changed": "bold red", "missing": "bold red",
           "skipped": "yellow", "untracked": "dim", "new": "dim"}
+LOG_WIDTH = 180
 
 
 class RerunError(Exception):
@@ -58,9 +59,15 @@ def run_check(baseline_dir: Path, current_dir: Path | None, update: bool, reason
         current = rerun(baseline, Path(tempfile.mkdtemp(prefix="sfibench-check-")), console)
         current_docs = {name: load_run(path, f"rerun {name!r}") for name, path in current.items()}
     verdicts = [v for name in baseline.runs for v in compare(name, baseline_docs[name], current_docs[name], baseline)]
+    if not console.is_terminal:  # a CI log: wide enough that no metric name is cut
+        console.width = max(console.width, LOG_WIDTH)
     _header(baseline_docs, current_docs, console)
     console.print(table(verdicts))
     failed = [v for v in verdicts if v.failed]
+    for v in failed:  # repeated under the table, one line each, so a long log ends with what failed
+        console.print(f"[{STYLES[v.verdict]}]{v.verdict}[/]: {v.key}: {format_metric(v.baseline)} -> "
+                      f"{format_metric(v.current)} (tolerance {v.tolerance.describe() if v.tolerance else 'none'})",
+                      highlight=False, soft_wrap=True)
     counts = {state: sum(v.verdict == state for v in verdicts) for state in STYLES}
     console.print(", ".join(f"{n} {state}" for state, n in counts.items() if n), highlight=False)
     if update:

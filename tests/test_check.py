@@ -1,0 +1,242 @@
+"""`sfibench check` can fail: each kind of regression makes it exit 1, an unchanged run passes, and bad
+input is one error line with exit 2 that leaves the baseline as it was.
+
+Most tests judge a copy of the committed H200 throughput run (a results.json of the real shape) edited
+the way a regression would change it; the slow ones rerun a small stability baseline on smollm2-135m
+with the Selector replaced by a seeded random choice (sfibench.sfi.selector's test hook).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sfibench.cli import app
+from sfibench.reporting.baseline import MANIFEST
+from sfibench.sfi.selector import DEBUG_RANDOM_SELECTION_ENV
+
+H200_RUN = Path(__file__).resolve().parents[1] / "reports" / "throughput-qwen3-4b-h200" / "results.json"
+RULES = [
+    {"match": "throughput/*/tokens_read*", "abs": 0.0, "how": "deterministic"},
+    {"match": "throughput/*/slow_steps", "abs": 0.0, "how": "deterministic"},
+    {"match": "throughput/*/mean_slow_interval", "abs": 0.0, "how": "deterministic"},
+    {"match": "throughput/*/speedup_vs_full_kv", "rel": 0.10, "how": "test value"},
+]
+
+
+def make_run(directory: Path, edit=None) -> Path:
+    document = json.loads(H200_RUN.read_text())
+    if edit:
+        edit(document)
+    directory.mkdir(parents=True)
+    (directory / "results.json").write_text(json.dumps(document))
+    return directory
+
+
+@pytest.fixture
+def baseline(tmp_path) -> Path:
+    folder = tmp_path / "baseline"
+    make_run(folder / "throughput")
+    manifest = {"format": 1, "runs": {"throughput": {"argv": ["throughput", "--model", "qwen3-4b"]}},
+                "tolerances": RULES, "history": []}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return folder
+
+
+def check(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["check", *map(str, args)])
+    assert "Traceback" not in result.output, result.output
+    return result.exit_code, " ".join(result.output.split())
+
+
+def sfi_rows(document: dict) -> list[dict]:
+    return [row for row in document["results"]["rows"] if row["method"] == "sfi"]
+
+
+def slower_sfi(document: dict) -> None:
+    """SFI's steps take 25% longer: its tokens/s and its ratio to Full-KV drop by a fifth."""
+    for row in sfi_rows(document):
+        for key in ("median", "min", "max"):
+            row["tokens_per_s_spread"][key] *= 0.8
+        row["tokens_per_s"] *= 0.8
+        row["speedup_vs_full_kv"] *= 0.8
+
+
+def test_an_unchanged_run_passes(baseline, tmp_path):
+    status, output = check("--baseline", baseline, "--current", make_run(tmp_path / "now"))
+    assert status == 0, output
+    assert "PASS" in output and "regressed" not in output
+
+
+def test_an_inflated_tokens_read_count_fails(baseline, tmp_path):
+    def inflate(document):
+        sfi_rows(document)[0]["tokens_read_mean"] += 1
+
+    status, output = check("--baseline", baseline, "--current", make_run(tmp_path / "now", inflate))
+    assert status == 1, output
+    assert "tokens_read_mean" in output and "changed" in output and "FAIL" in output
+
+
+def test_a_slower_step_on_the_same_device_fails(baseline, tmp_path):
+    status, output = check("--baseline", baseline, "--current", make_run(tmp_path / "now", slower_sfi))
+    assert status == 1, output
+    assert "speedup_vs_full_kv" in output and "regressed" in output
+
+
+def test_a_slower_step_on_another_device_is_skipped_not_judged(baseline, tmp_path):
+    def elsewhere(document):
+        slower_sfi(document)
+        document["provenance"]["device"] = "NVIDIA A100-SXM4-80GB"
+
+    status, output = check("--baseline", baseline, "--current", make_run(tmp_path / "now", elsewhere))
+    assert status == 0, output
+    assert "skipped" in output and "regressed" not in output
+
+
+def test_update_blesses_the_current_run_and_records_why(baseline, tmp_path):
+    current = make_run(tmp_path / "now", slower_sfi)
+    status, output = check("--baseline", baseline, "--current", current, "--update", "--reason", "new driver")
+    assert status == 0, output
+    assert (baseline / "throughput" / "results.json").read_text() == (current / "results.json").read_text()
+    history = json.loads((baseline / MANIFEST).read_text())["history"]
+    assert history[-1]["reason"] == "new driver" and history[-1]["date"]
+    assert check("--baseline", baseline, "--current", current)[0] == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# bad input: exit 2, one line, the baseline untouched
+
+
+def truncated(folder: Path) -> Path:
+    run = make_run(folder)
+    text = (run / "results.json").read_text()
+    (run / "results.json").write_text(text[: len(text) // 2])
+    return run
+
+
+def future_schema(folder: Path) -> Path:
+    return make_run(folder, lambda document: document.update(schema_version=99))
+
+
+def other_command(folder: Path) -> Path:
+    return make_run(folder, lambda document: document.update(command="stability"))
+
+
+def other_model(folder: Path) -> Path:
+    return make_run(folder, lambda document: document["config"].update(model="qwen3-0.6b"))
+
+
+def empty(folder: Path) -> Path:
+    folder.mkdir()
+    return folder
+
+
+@pytest.mark.parametrize("current, message", [
+    (empty, "holds no results.json"),
+    (truncated, "is not valid JSON"),
+    (future_schema, "schema version 99"),
+    (other_command, "the baseline is a `throughput` run of qwen3-4b, the current one a `stability` run"),
+    (other_model, "the current one a `throughput` run of qwen3-0.6b"),
+])
+def test_an_unusable_current_run_is_one_error(baseline, tmp_path, current, message):
+    before = snapshot(baseline)
+    status, output = check("--baseline", baseline, "--current", current(tmp_path / "now"))
+    assert status == 2, output
+    assert message in output and output.startswith("error:")
+    assert snapshot(baseline) == before
+
+
+def without_manifest(folder: Path) -> None:
+    (folder / MANIFEST).unlink()
+
+
+def without_results(folder: Path) -> None:
+    (folder / "throughput" / "results.json").unlink()
+
+
+def from_the_future(folder: Path) -> None:
+    path = folder / "throughput" / "results.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "schema_version": 99}))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (without_manifest, "has no baseline.json"),
+    (without_results, "holds no results.json"),
+    (from_the_future, "schema version 99"),
+])
+def test_an_unusable_baseline_is_one_error(baseline, tmp_path, damage, message):
+    damage(baseline)
+    status, output = check("--baseline", baseline, "--current", make_run(tmp_path / "now"))
+    assert status == 2 and message in output, output
+
+
+def test_update_needs_a_reason_and_a_writable_baseline(baseline, tmp_path, monkeypatch):
+    current = make_run(tmp_path / "now", slower_sfi)
+    before = snapshot(baseline)
+    status, output = check("--baseline", baseline, "--current", current, "--update")
+    assert status == 2 and "--update needs --reason" in output
+    read_only(monkeypatch, baseline)
+    status, output = check("--baseline", baseline, "--current", current, "--update", "--reason", "x")
+    assert status == 2 and "cannot write in" in output, output
+    assert snapshot(baseline) == before
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def read_only(monkeypatch, directory: Path) -> None:
+    """Creating a file under `directory` fails as on a read-only mount (permissions do not stop root)."""
+    real_open, root = os.open, str(directory.resolve())
+
+    def guarded(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT and os.path.abspath(os.fspath(path)).startswith(root):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", guarded)
+
+
+# --------------------------------------------------------------------------------------------------
+# a degraded Selector, caught by a real rerun (smollm2-135m, about a minute per run on 2 cores)
+
+STABILITY = ["stability", "--model", "smollm2-135m", "--device", "cpu", "--dtype", "float32", "--steps", "48",
+             "--prefix", "384", "--k-head", "10%"]
+
+
+@pytest.fixture(scope="module")
+def stability_baseline(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("stability-baseline")
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    env.pop(DEBUG_RANDOM_SELECTION_ENV, None)
+    subprocess.run([sys.executable, "-m", "sfibench", *STABILITY, "--out", str(folder / "stability")], check=True,
+                   env=env, capture_output=True)
+    # Tolerances for this test only: the rerun is the same computation, so only rounding may move it.
+    rules = [{"match": "stability/text/*", "abs": 1e-4, "how": "same seed, same threads: rounding only"}]
+    manifest = {"format": 1, "runs": {"stability": {"argv": STABILITY, "env": {"OMP_NUM_THREADS": "2"}}},
+                "tolerances": rules}
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    return folder
+
+
+@pytest.mark.slow
+def test_a_rerun_of_the_unchanged_tree_passes(stability_baseline, monkeypatch):
+    monkeypatch.delenv(DEBUG_RANDOM_SELECTION_ENV, raising=False)
+    status, output = check("--baseline", stability_baseline)
+    assert status == 0, output
+    assert "rerunning stability" in output and "PASS" in output
+
+
+@pytest.mark.slow
+def test_a_rerun_with_a_random_selector_fails(stability_baseline, monkeypatch):
+    monkeypatch.setenv(DEBUG_RANDOM_SELECTION_ENV, "0")
+    status, output = check("--baseline", stability_baseline)
+    assert status == 1, output
+    assert "recall.stale.mean" in output and "regressed" in output
