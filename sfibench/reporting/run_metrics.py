@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from sfibench.metrics.quality import mean_ci
-from sfibench.reporting.throughput_report import method_label
+from sfibench.reporting.throughput_report import method_label, speedup_range
 
 HIGHER, LOWER, SAME, INFO = "higher", "lower", "same", "info"  # which way is better; INFO is never gated
 
@@ -155,21 +155,10 @@ def _throughput(document: dict) -> list[Metric]:
         if row.get("mean_slow_interval") is not None:
             metrics.append(metric("mean_slow_interval", row["mean_slow_interval"], SAME, "steps"))
         if row.get("speedup_vs_full_kv") is not None:
-            low, high = _ratio_interval(row, document["results"]["rows"])
+            low, high = speedup_range(row, document["results"]["rows"])
             metrics.append(metric("speedup_vs_full_kv", row["speedup_vs_full_kv"], HIGHER, "x Full-KV", low, high,
                                   device_bound=True))
     return metrics
-
-
-def _ratio_interval(row: dict, rows: list[dict]) -> tuple[float | None, float | None]:
-    """Range of the speedup over the timed passes: this row's slowest pass against Full-KV's fastest, and
-    the reverse (the pass medians are what the ratio uses; their extremes bound it)."""
-    full = [r for r in rows if r["method"] == "full_kv" and (r["context"], r["batch"]) == (row["context"], row["batch"])
-            and r["path"] == row.get("full_kv_reference_path", r["path"])]
-    if not full:
-        return None, None
-    mine, theirs = row["tokens_per_s_spread"], full[0]["tokens_per_s_spread"]
-    return mine["min"] / theirs["max"], mine["max"] / theirs["min"]
 
 
 # --------------------------------------------------------------------------------------------------

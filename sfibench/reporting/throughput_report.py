@@ -10,6 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from sfibench.metrics.nvml import best_energy
+from sfibench.reporting.plot_style import context_axis, legend_below, save, yerr
 
 COLUMNS = ("method", "path", "ctx", "batch", "tok/s", "spread", "ms fast/dense", "ms slow", "floor ms",
            "x floor", "tokens read", "GB/s", "% roofline", "speedup", "roofline speedup")
@@ -92,53 +93,75 @@ def latency_energy_rows(rows: list[dict]) -> list[tuple[str, ...]]:
     return out
 
 
+def speedup_range(row: dict, rows: list[dict]) -> tuple[float | None, float | None]:
+    """Bounds of a row's speedup over the timed passes: its slowest pass against Full-KV's fastest, and the
+    reverse (the speedup is a ratio of pass medians, so the passes' extremes bound it)."""
+    full = [r for r in rows if r["method"] == "full_kv" and (r["context"], r["batch"]) == (row["context"], row["batch"])
+            and r["path"] == row.get("full_kv_reference_path", r["path"])]
+    if not full:
+        return None, None
+    mine, theirs = row["tokens_per_s_spread"], full[0]["tokens_per_s_spread"]
+    return mine["min"] / theirs["max"], mine["max"] / theirs["min"]
+
+
 def plot(rows: list[dict], run_dir: Path) -> list[Path]:
-    paths = []
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    """throughput.png (tokens/s and speedup by context, bars = range over the timed passes) and
+    latency.png (per-step latency percentiles by step kind at the longest context)."""
+    return [_throughput_figure(rows, run_dir / "throughput.png"), _latency_figure(rows, run_dir / "latency.png")]
+
+
+def _throughput_figure(rows: list[dict], path: Path) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
     series: dict[tuple, list[dict]] = {}
     for r in rows:
         series.setdefault((method_label(r), r["path"], r["batch"]), []).append(r)
-    for (method, path, batch), points in sorted(series.items()):
+    for (method, path_name, batch), points in sorted(series.items(), key=lambda item: str(item[0])):
         points.sort(key=lambda r: r["context"])
-        label = f"{method}/{path} B={batch}"
+        style = {"marker": "o", "ms": 4, "capsize": 3, "label": f"{method}/{path_name} B={batch}"}
         xs = [p["context"] for p in points]
-        axes[0].plot(xs, [p["tokens_per_s"] for p in points], marker="o", label=label)
-        if all("speedup_vs_full_kv" in p for p in points):
-            axes[1].plot(xs, [p["speedup_vs_full_kv"] for p in points], marker="o", label=label)
-    for ax, title in zip(axes, ("decode throughput (tokens/s)", "speedup vs fastest Full-KV path")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context (tokens)")
-        ax.set_title(title)
+        speed = [p["tokens_per_s"] for p in points]
+        axes[0].errorbar(xs, speed, yerr=yerr(speed, [p["tokens_per_s_spread"]["min"] for p in points],
+                                              [p["tokens_per_s_spread"]["max"] for p in points]), **style)
+        if all(p.get("speedup_vs_full_kv") is not None for p in points):
+            ratio = [p["speedup_vs_full_kv"] for p in points]
+            low, high = zip(*(speedup_range(p, rows) for p in points))
+            axes[1].errorbar(xs, ratio, yerr=yerr(ratio, list(low), list(high)), **style)
+    contexts = [r["context"] for r in rows]
+    for ax, (title, unit) in zip(axes, (("decode throughput", "tokens/s (log scale)"),
+                                        ("speedup vs the fastest Full-KV path", "x Full-KV tokens/s"))):
+        context_axis(ax, contexts)
+        ax.set_title(f"{title}; bars: range over the timed passes", fontsize=9)
+        ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
     axes[1].axhline(1.0, color="grey", lw=0.8)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    paths.append(run_dir / "throughput.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    legend_below(fig, axes, columns=4)
+    save(fig, path)
+    return path
 
+
+PERCENTILES = (("p50", "C0"), ("p90", "C1"), ("p99", "C2"), ("max", "C3"))
+
+
+def _latency_figure(rows: list[dict], path: Path) -> Path:
     longest = max(r["context"] for r in rows)
     chosen = [r for r in rows if r["context"] == longest]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(chosen)), 4))
-    labels, values = [], []
-    for r in chosen:
-        for kind, stats in r["ms_per_step"].items():
-            labels.append(f"{r['method']}/{r['path']}\nB={r['batch']} {kind}")
-            values.append([stats["p50"], stats["p90"], stats["p99"], stats["max"]])
-    for i, (p50, p90, p99, top) in enumerate(values):
-        ax.plot([i, i], [p50, top], color="grey", lw=1)
-        ax.scatter([i] * 4, [p50, p90, p99, top], c=["C0", "C1", "C2", "C3"], s=18, zorder=3)
-    ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=30, ha="right")
+    labels = [(r, kind) for r in chosen for kind in r["ms_per_step"]]
+    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels) + 2), 4.8), layout="constrained")
+    for i, (r, kind) in enumerate(labels):
+        stats = r["ms_per_step"][kind]
+        ax.plot([i, i], [stats["p50"], stats["max"]], color="grey", lw=1)
+        for name, color in PERCENTILES:
+            ax.scatter([i], [stats[name]], color=color, s=18, zorder=3, label=name)
+    ax.set_xticks(range(len(labels)), [f"{method_label(r)}/{r['path']}\nB={r['batch']} {kind} (n={r['ms_per_step'][kind]['n']})"
+                                       for r, kind in labels], fontsize=7, rotation=30, ha="right")
     ax.set_yscale("log")
-    ax.set_ylabel("ms per step (p50, p90, p99, max)")
-    ax.set_title(f"step latency by kind at {longest:,} tokens")
+    ax.set_ylabel("ms per decode step (log scale)")
+    ax.set_title(f"step latency by kind at {longest:,} tokens: spread over every timed step", fontsize=9)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths.append(run_dir / "latency.png")
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
-    return paths
+    legend_below(fig, [ax], columns=4)
+    save(fig, path)
+    return path
 
 
 def _prefill_times(rows: list[dict]) -> list[str]:
