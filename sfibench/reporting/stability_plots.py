@@ -1,4 +1,9 @@
-"""Plots for `sfibench stability`, drawn only from the results dict (as saved in results.json)."""
+"""Plots for `sfibench stability`, drawn only from the results dict (as saved in results.json).
+
+The reducer keeps running means, not per-point variances, so the drift and recall curves carry no
+error bars; the sample count behind each offset is drawn instead (offsets seen in fewer than
+MIN_SAMPLES sentences are left out), and the histograms show the whole distribution.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 import numpy as np
+
+from sfibench.reporting.plot_style import legend_below
 
 PLOTS = {"overlap_vs_offset.png": "Overlap with the sentence's first step, and memory recall, by offset",
          "within_vs_across.png": "Consecutive-step support overlap: within a sentence vs across a boundary",
@@ -48,37 +55,46 @@ def _offset_plot(results: dict):
             left.axhline(consecutive["topk"][side]["overlap_mean"], color="grey", linestyle=style,
                          label=f"top-k, consecutive steps, {side}")
     left.axhline(results["chance_topk_overlap"], color="black", linewidth=0.8, label="top-k, chance (k/|C|)")
-    left.set(xlabel=f"offset t - t0 (last bin: >= {offsets[-1]})", ylabel="overlap", ylim=(0, 1.02))
-    left.legend(fontsize=8)
+    left.set(xlabel=f"offset t - t0 (decode steps; last bin: >= {offsets[-1]})",
+             ylabel="overlap with the support at t0 (share)", ylim=(0, 1.02))
+    counts = left.twinx()
+    counts.bar(offsets, drift["samples"], color="grey", alpha=0.15, width=0.8, label="sentences reaching the offset")
+    counts.set_ylabel("sentences reaching the offset (count)", fontsize=8)
+    left.set_zorder(counts.get_zorder() + 1)
+    left.patch.set_visible(False)
     for name, label in MEMORY_LABELS.items():
         right.plot(offsets, np.where(sparse, np.nan, _array(results["recall"][name]["by_offset"])), marker=".",
                    label=label)
-    right.set(xlabel="offset t - t0", ylabel="share of dense attention mass read")
-    right.legend(fontsize=8)
+    right.set(xlabel="offset t - t0 (decode steps)", ylabel="share of dense attention mass read")
+    legend_below(fig, [left, counts, right], columns=3)
     left.set_title(f"{drift['samples'][0]} sentences; offsets seen in fewer than {MIN_SAMPLES} are not drawn",
                    fontsize=8)
     return fig
 
 
+SIDES = {"within": ("C0", "within a sentence"), "across": ("C1", "across a sentence boundary")}
+
+
 def _split_plot(results: dict):
     consecutive, edges = results["consecutive"], np.array(results["hist_edges"])
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4), layout="constrained")
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.8), layout="constrained")
     for ax, (kind, metric, title) in zip(axes[:2], (("topk", "overlap", "top-k overlap"),
                                                     ("mass", "jaccard", "90%-mass Jaccard"))):
-        for side in ("within", "across"):
+        means = []
+        for side, (color, label) in SIDES.items():
             stats = consecutive[kind][side]
             counts = np.array(stats[f"{metric}_hist"])
-            density = counts / max(counts.sum(), 1)
+            ax.stairs(counts / max(counts.sum(), 1), edges, fill=side == "within", alpha=0.5, color=color, label=label)
             mean = stats[f"{metric}_mean"]
-            ax.stairs(density, edges, fill=side == "within", alpha=0.5,
-                      label=f"{side} (mean {'n/a' if mean is None else f'{mean:.3f}'}, {stats['pairs']} step pairs)")
-        ax.set(xlabel=title, ylabel="share of (step pair, layer, KV head)", title=f"consecutive steps: {title}")
-        ax.legend(fontsize=8)
-    for side in ("within", "across"):
+            means.append(f"{side} {'n/a' if mean is None else f'{mean:.3f}'} ({stats['pairs']} pairs)")
+        ax.set(xlabel=f"{title} (share)", ylabel="share of (step pair, layer, KV head)")
+        ax.set_title(f"consecutive steps: {title}\nmean " + ", ".join(means), fontsize=9)
+    for side, (color, label) in SIDES.items():
         per_layer = _array(consecutive["topk"][side]["overlap_per_layer"])
-        axes[2].plot(np.arange(len(per_layer)), per_layer, marker=".", label=side)
-    axes[2].set(xlabel="layer", ylabel="mean top-k overlap", title="per layer", ylim=(0, 1.02))
-    axes[2].legend(fontsize=8)
+        axes[2].plot(np.arange(len(per_layer)), per_layer, marker=".", color=color, label=label)
+    axes[2].set(xlabel="layer", ylabel="mean top-k overlap (share)", title="per layer", ylim=(0, 1.02))
+    axes[2].set_xticks(range(0, len(per_layer), max(1, len(per_layer) // 10)))
+    legend_below(fig, axes, columns=2)
     return fig
 
 
