@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from sfibench.cli import app
@@ -186,6 +187,12 @@ def test_update_needs_a_reason_and_a_writable_baseline(baseline, tmp_path, monke
     status, output = check("--baseline", baseline, "--current", current, "--update", "--reason", "x")
     assert status == 2 and "cannot write in" in output, output
     assert snapshot(baseline) == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_gpu_baseline_is_not_rerun_without_a_gpu(baseline):
+    status, output = check("--baseline", baseline)
+    assert status == 2 and "recorded on NVIDIA H200 and this machine has no CUDA device" in output
 
 
 def snapshot(folder: Path) -> dict:

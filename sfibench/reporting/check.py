@@ -56,6 +56,7 @@ def run_check(baseline_dir: Path, current_dir: Path | None, update: bool, reason
         for name, document in current_docs.items():
             check_comparable(name, baseline_docs[name], document)
     else:
+        _check_device(baseline_docs)
         current = rerun(baseline, Path(tempfile.mkdtemp(prefix="sfibench-check-")), console)
         current_docs = {name: load_run(path, f"rerun {name!r}") for name, path in current.items()}
     verdicts = [v for name in baseline.runs for v in compare(name, baseline_docs[name], current_docs[name], baseline)]
@@ -105,6 +106,16 @@ def rerun(baseline: Baseline, workdir: Path, console: Console) -> dict[str, Path
         console.print(f"  {name}: {time.perf_counter() - began:.0f} s", highlight=False)
         runs[name] = out
     return runs
+
+
+def _check_device(baseline_docs: dict) -> None:
+    """A GPU baseline's commands cannot be rerun without a GPU: say so before starting them."""
+    import torch
+
+    gpus = sorted({d["provenance"].get("device") for d in baseline_docs.values()} - {"cpu", None})
+    if gpus and not torch.cuda.is_available():
+        raise BaselineError(f"the baseline was recorded on {', '.join(gpus)} and this machine has no CUDA device; "
+                            "run the check on a matching GPU, or give --current DIR with runs made on one")
 
 
 def _locate(current_dir: Path, baseline: Baseline) -> dict[str, Path]:
