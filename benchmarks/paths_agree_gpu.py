@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from sfibench.config import MethodSpec, SamplingConfig, SFIConfig, SnapKVConfig, StreamingLLMConfig
+from sfibench.config import MethodSpec, SamplingConfig, SFIConfig, SnapKVConfig, StreamingLLMConfig, TriggerConfig
 from sfibench.engine.decode import generate
 from sfibench.engine.sampling import Sampler
 from sfibench.engine.session import Session
@@ -51,7 +51,9 @@ def main(model: str, context: int, out: str) -> None:
     for name in ("full_kv", "sfi", "streaming_llm", "snapkv"):
         runs = {}
         for path in ("reference", "optimized"):
-            spec = MethodSpec(name=name, path=path, sfi=SFIConfig(k_head=512),
+            # a refresh every 16 steps: random weights emit no sentence enders, and the check needs refreshes
+            sfi = SFIConfig(k_head=512, trigger=TriggerConfig(policy="fixed", interval=16))
+            spec = MethodSpec(name=name, path=path, sfi=sfi,
                               streaming=StreamingLLMConfig(budget=budget), snapkv=SnapKVConfig(budget=budget))
             method = create_method(spec, session.loaded.config, session.loaded.tokenizer)
             trace = generate(session.loaded.model, session.cache, method, prefilled, STEPS,

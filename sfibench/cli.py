@@ -449,12 +449,14 @@ def profile(
                                                "method": method, "path": path, "steps": steps}, result)
             chart(result, run_dir / "profile.png")
     table = Table(title=f"sfibench profile: {method}/{path}, {context:,} tokens, {session.device} "
-                        f"({result['clock']}, eager)")
+                        f"({result['clock']}{'' if result['graphs'] else ', eager'})")
     table.add_column("component")
     table.add_column("ms / step", justify="right")
     for name, ms in sorted(result["ms_per_step"].items(), key=lambda kv: -kv[1]):
         table.add_row(name, f"{ms:.3f}")
     table.add_row("wall time", f"{result['wall_ms_per_step']:.3f}")
+    for name, ms in result.get("per_refresh_ms", {}).items():  # the optimized SFI's refresh, once per slow step
+        table.add_row(f"per refresh: {name}", f"{ms:,.3f}" if name != "candidates" else f"{ms:,}")
     console.print(table)
     console.print(f"[green]wrote[/] {run_dir}/results.json and profile.png")
 

@@ -38,7 +38,7 @@ def gemm_weight_bytes(gemms: list[nn.Linear]) -> int:
     return sum(p.numel() * p.element_size() for linear in gemms for p in linear.parameters())
 
 
-def _graph_replay(fn):
+def graph_replay(fn):
     """Capture `fn` in a CUDA graph and return its replay. cuBLAS sets up its handles and workspace on
     the first call, which must not happen inside a capture, hence the warm-up on a side stream."""
     side = torch.cuda.Stream()
@@ -78,7 +78,7 @@ def weights_floor_seconds(model: Decoder, batch: int, device: torch.device | str
         return hidden
 
     graphed = device.type == "cuda"
-    seconds = spread(time_region(_graph_replay(chain) if graphed else chain, device, warmup=2, repeats=repeats))
+    seconds = spread(time_region(graph_replay(chain) if graphed else chain, device, warmup=2, repeats=repeats))
     return {
         "seconds": seconds["median"], "min_seconds": seconds["min"], "max_seconds": seconds["max"],
         "rel_spread": seconds["rel_spread"], "repeats": repeats, "batch": batch, "gemms": len(gemms),

@@ -75,7 +75,7 @@ def default_num_splits(batch: int, kv_heads: int, max_len: int, sm_count: int = 
 
 
 @functools.cache
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 132  # interpreter runs on the CPU: any value works, use the H100/H200 one
     return torch.cuda.get_device_properties(device).multi_processor_count
@@ -357,7 +357,7 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     """
     batch, q_heads, head_dim = q.shape
     config = config or default_config(head_dim, q.dtype, _shared_memory(q.device))
-    num_splits = num_splits if num_splits else default_num_splits(batch, kv_heads, n_slots, _sm_count(q.device))
+    num_splits = num_splits if num_splits else default_num_splits(batch, kv_heads, n_slots, sm_count(q.device))
     if out is None:
         out = torch.empty(batch, q_heads, head_dim, device=q.device, dtype=q.dtype)
     elif out.shape != q.shape or out.dtype != q.dtype:

@@ -23,6 +23,7 @@ import torch
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.methods import StepPlan, register
+from sfibench.optimized.decode_attention import default_num_splits, sm_count
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.two_segment import two_segment_decode
 from sfibench.sfi.method import SFIMethod
@@ -43,6 +44,10 @@ class OptimizedSFI(SFIMethod):
         require_triton_device(device)
         layers, batch = mc.num_layers, cache.batch
         self.state("row_buffer", (layers, batch), torch.int32, device)  # compact buffer per row, -1 = dense
+        # Splits as if the batch were one sequence: a slow row reads its whole history while the others
+        # read ~2K tokens, and with the batch-sized split count (one program per SM over all rows) that
+        # one dense row would get only 1/B of the GPU. Fast rows' extra splits are short and cheap.
+        self.num_splits = default_num_splits(1, mc.num_kv_heads, cache.max_seq, sm_count(device))
         # Dense logits of every query head at every slot, written only for refreshing rows.
         self.state("evidence", (layers, batch, mc.num_heads, cache.max_seq), torch.float32, device)
         async_refresh = self.cfg.publish == "when_ready" and device.type == "cuda"
@@ -80,6 +85,7 @@ class OptimizedSFI(SFIMethod):
         out = two_segment_decode(
             q[:, :, 0], sel.compact_k[:, layer], sel.compact_v[:, layer], sel.compact_counts[:, layer],
             cache.k[layer], cache.v[layer], sel.tail_start[:, layer], ctx.kv_lengths, self.row_buffer[layer],
+            num_splits=self.num_splits,
             **({"evidence": self.evidence[layer], "evidence_rows": self.refresh_rows[layer]} if plan.evidence else {}))
         return out[:, :, None]
 

@@ -68,6 +68,10 @@ def _times(event, cuda: bool) -> float:
 
 def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) -> dict:
     cfg, device = session.loaded.config, session.device
+    if device.type == "cuda" and spec.path == "optimized":  # what a graphed step pays, part by part
+        from sfibench.reporting.profile_graphed import profile_graphed
+
+        return profile_graphed(session, spec, context, steps, PROFILE_MARGIN)
     stream, tokenizer = load_replay(cfg.vocab_size, session.loaded.tokenizer)
     cache = KVCache(cfg, 1, context + steps + PROFILE_MARGIN, device, session.dtype)
     if device.type == "cuda":
@@ -118,7 +122,8 @@ def chart(result: dict, path: Path) -> Path:
     ax.barh(names, values, color="C0")
     ax.set_xlabel(f"ms per decode step ({result['clock']})")
     ax.set_title(f"{result['method']}/{result['path']} at {result['context']:,} tokens, "
-                 f"{result['steps']} eager steps ({result['step_kinds'].count('slow')} slow)")
+                 f"{result['steps']} {'graphed' if result['graphs'] else 'eager'} steps "
+                 f"({result['step_kinds'].count('slow')} slow)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
