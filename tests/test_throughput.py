@@ -8,7 +8,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sfibench.cli import app, parse_tokens
+from sfibench.cli import app
+from sfibench.options import parse_tokens
 from sfibench.engine.cache import KVCache
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
@@ -23,9 +24,37 @@ runner = CliRunner()
 
 
 def test_parse_tokens():
-    assert parse_tokens("8k") == 8192 and parse_tokens("128K") == 131072 and parse_tokens("3000") == 3000
-    with pytest.raises(ValueError, match="not a token count"):
-        parse_tokens("lots")
+    assert parse_tokens("8k", "--ctx") == 8192 and parse_tokens("128K", "--ctx") == 131072
+    assert parse_tokens("3000", "--ctx") == 3000
+    with pytest.raises(ValueError, match="--ctx 'lots' is not a token count"):
+        parse_tokens("lots", "--ctx")
+
+
+def _row(method: str, tok_s: list[float], read: float) -> dict:
+    """A results row as `summarize` writes it, with only what `add_comparisons` reads."""
+    return {"method": method, "path": "reference", "context": 4096, "batch": 1, "tokens_read_mean": read,
+            "tokens_per_s": sorted(tok_s)[1],
+            "tokens_per_s_spread": {"min": min(tok_s), "max": max(tok_s), "rel_spread": (max(tok_s) - min(tok_s)) / sorted(tok_s)[1]},
+            "bytes_per_step": {"total": 1e6, "weights": 5e5}, "mean_step_ms": 1.0, "tokens_read_by_kind": {"sparse": read},
+            "ms_per_step": {"sparse": {"p50": 1.0}}, "achieved_gb_s": 1.0}
+
+
+@pytest.mark.parametrize("sparse_read,sparse_tok_s,supported", [
+    (4096, [30.0, 31.0, 32.0], False),  # as many tokens read as Full-KV: a faster sparse row only shows a slow dense path
+    (1000, [10.5, 11.0, 11.5], False),  # fewer tokens, but the tok/s ranges overlap: within the noise
+    (1000, [30.0, 31.0, 32.0], True),  # fewer tokens and clearly separated
+])
+def test_speedup_is_claimed_only_where_the_run_supports_it(sparse_read, sparse_tok_s, supported):
+    from sfibench.reporting.throughput_report import table_rows
+    from sfibench.reporting.throughput_run import add_comparisons
+
+    dims = Session.open("tiny-llama", "cpu").loaded.config
+    rows = [_row("full_kv", [10.0, 11.0, 12.0], 4096), _row("streaming_llm", sparse_tok_s, sparse_read)]
+    cfg = ThroughputConfig(model="tiny-llama", contexts=[4096], batches=[1], methods=[], steps=8)
+    add_comparisons(rows, cfg, dims, 4, bandwidth=1e10)
+    assert rows[1]["speedup_supported"] is supported
+    speedup_cell = table_rows(rows)[1][-2]
+    assert (speedup_cell != "-") is supported
 
 
 def test_replay_stream_carries_real_sentence_boundaries():
@@ -112,7 +141,8 @@ def test_latency_table_has_a_line_per_step_kind_and_energy_from_the_counter():
 
 def test_method_path_pinning():
     pairs = resolve_methods(["full_kv/optimized", "sfi"], ["reference", "optimized"])
-    assert pairs == [("full_kv", "optimized"), ("sfi", "reference")]
+    assert pairs == [("full_kv", "optimized"), ("sfi", "reference"), ("sfi", "optimized")]
+    assert resolve_methods(["sfi/reference", "snapkv"], ["optimized"]) == [("sfi", "reference"), ("snapkv", "optimized")]
 
 
 def test_profile_breaks_a_step_into_components(tmp_path):
