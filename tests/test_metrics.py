@@ -87,13 +87,18 @@ def test_refresh_bytes_by_hand():
     # G = 4 / 2 = 2 evidence rows; C = 100 candidates, K = min(40, 100) = 40
     evidence = 2 * 2 * 100 * 4  # written by the dense pass, read by the Selector: 1600
     norms = 100 * 4  # 400
-    selection = 40 * 4  # 160
-    rebuild = 2 * 40 * (2 * 16 * 2)  # read + write K and V rows: 5120
-    per_layer_head = evidence + norms + selection + rebuild  # 7280
-    assert refresh_bytes(TINY, 100, k_head=40, batch=1) == per_layer_head * 2 * 2 == 29120
-    assert refresh_bytes(TINY, 100, k_head=40, batch=1, layers_refreshed=1) == 14560
-    # a second sequence with C = 30 < k_head selects all 30: 480 + 120 + 120 + 3840 = 4560
-    assert refresh_bytes(TINY, [100, 30], k_head=40, batch=2) == (7280 + 4560) * 4
+    selection = 40 * 8  # int64 positions: 320
+    rebuild = 2 * 40 * (2 * 16 * 2)  # optimized: read + write the K and V rows: 5120
+    per_layer_head = evidence + norms + selection + rebuild  # 7440
+    assert refresh_bytes(TINY, 100, k_head=40, batch=1) == per_layer_head * 2 * 2 == 29760
+    assert refresh_bytes(TINY, 100, k_head=40, batch=1, layers_refreshed=1) == 14880
+    # a second sequence with C = 30 < k_head selects all 30: 480 + 120 + 240 + 3840 = 4680
+    assert refresh_bytes(TINY, [100, 30], k_head=40, batch=2) == (7440 + 4680) * 4
+    # the reference path reads K over the candidates again instead of building a compact copy
+    second_k_read = 100 * 16 * 2
+    assert refresh_bytes(TINY, 100, 40, 1, path="reference") == (1600 + 400 + 320 + second_k_read) * 4
+    with pytest.raises(ValueError, match="unknown path"):
+        refresh_bytes(TINY, 100, 40, 1, path="fast")
 
 
 def test_step_bytes_sums_parts():

@@ -25,7 +25,7 @@ from sfibench.models.presets import ModelConfig
 from sfibench.sfi import geometry
 
 FLOAT32_BYTES = 4  # evidence logits and cached key norms are kept in float32
-INDEX_BYTES = 4  # selected positions are stored as int32
+INDEX_BYTES = 8  # selected positions are stored as int64
 
 
 def weight_bytes(model_cfg: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -84,21 +84,30 @@ def kv_append_bytes(model_cfg: ModelConfig, batch: int, dtype_bytes: int = 2) ->
 
 
 def refresh_bytes(model_cfg: ModelConfig, candidates, k_head: int, batch: int, dtype_bytes: int = 2,
-                  evidence_rows: int | None = None, layers_refreshed: int | None = None) -> float:
-    """Extra traffic of an SFI slow step beyond its dense attention read (which `kv_read_bytes` counts).
+                  evidence_rows: int | None = None, layers_refreshed: int | None = None,
+                  path: str = "optimized") -> float:
+    """Extra traffic of an SFI refresh beyond the slow step's dense attention read (which `kv_read_bytes`
+    counts), as each path actually moves it.
 
     Per refreshed (layer, sequence, KV head), with C = `candidates`, K = min(k_head, C),
     R = `evidence_rows` (default G query heads x 1 decode row), D = head_dim, b = dtype_bytes:
 
-        evidence  2 * R * C * 4   the dense pass writes its float32 logits over C; the Selector reads them
-        norms         C * 4       the Selector reads the cached float32 key norms over C
-        selection     K * 4       the Selector writes the int32 selected positions
-        rebuild   2 * K * 2*D*b   compact rebuild: gather K selected K and V rows, write them contiguous
+        evidence   2 * R * C * 4   float32 logits over C written once, read by the Selector
+        norms          C * 4       the Selector reads the cached float32 key norms over C
+        selection      K * 8       the Selector writes the int64 selected positions
+      optimized:
+        rebuild    2 * K * 2*D*b   gather the K selected K and V rows and write them contiguous (compact buffer);
+                                   the dense kernel wrote the evidence in the same pass that read K
+      reference:
+        second K read  C * D * b   the logits are recomputed from the kept query and K over C after the
+                                   step (no compact buffer: fast steps gather through the position list)
 
-    This is the minimum for a pipeline that materialises the evidence once; the Selector's internal
-    stages (softmax, NMS, cross-head) are assumed fused. `candidates` is a scalar (same for every
-    sequence) or one value per sequence; `layers_refreshed` < num_layers models `layer_groups` = 2.
+    This is the minimum for each path's algorithm (the Selector's internal stages assumed fused).
+    `candidates` is a scalar (same for every sequence) or one value per sequence;
+    `layers_refreshed` < num_layers models `layer_groups` = 2.
     """
+    if path not in ("optimized", "reference"):
+        raise ValueError(f"unknown path {path!r}; valid: optimized, reference")
     if hasattr(candidates, "detach"):
         candidates = candidates.detach().cpu().numpy()
     per_sequence = np.broadcast_to(np.asarray(candidates, dtype=np.float64), (batch,))
@@ -110,8 +119,11 @@ def refresh_bytes(model_cfg: ModelConfig, candidates, k_head: int, batch: int, d
     evidence = 2 * rows * per_sequence * FLOAT32_BYTES
     norms = per_sequence * FLOAT32_BYTES
     selection = selected * INDEX_BYTES
-    rebuild = 2 * selected * 2 * model_cfg.head_dim * dtype_bytes
-    per_layer_head = evidence + norms + selection + rebuild
+    if path == "optimized":
+        moved = 2 * selected * 2 * model_cfg.head_dim * dtype_bytes
+    else:
+        moved = per_sequence * model_cfg.head_dim * dtype_bytes
+    per_layer_head = evidence + norms + selection + moved
     return float(per_layer_head.sum()) * layers * model_cfg.num_kv_heads
 
 

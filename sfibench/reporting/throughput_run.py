@@ -146,7 +146,7 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
     model, cache, device = session.loaded.model, session.cache, session.device
     method = create_method(spec, session.loaded.config, tokenizer)
     runner = StepDriver(model, cache, method, cfg.graphs, cfg.length_bucket)
-    passes, kinds, read_sums, replays = [], [], {}, 0
+    passes, kinds, read_sums, replays, refreshes = [], [], {}, 0, 0
     sampler = NvmlSampler(device.index or 0) if device.type == "cuda" else None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -167,6 +167,7 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
             if timed:
                 kinds.append(kind)
                 replays += replayed
+                refreshes += int(ctx.slow.sum())
                 read_sums[kind] = read_sums.get(kind, 0) + ctx.tokens_read.sum()
         if timed:
             passes.append([seconds for _, seconds in timer.durations()])
@@ -175,6 +176,7 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
         sampler.stop()
         energy = sampler.summary()
     facts = {"passes": passes, "kinds": kinds, "read_sums": read_sums, "replays": replays, "energy": energy,
+             "refreshes": refreshes,
              "context": context}
     return summarize(session, spec, cfg, facts, runner, method)
 
@@ -194,8 +196,9 @@ def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: 
                  for k, v in by_kind.items()}
     mean_read = sum(per_token[k] * len(v) for k, v in by_kind.items()) / len(kinds)
     slow_steps = len(by_kind.get("slow", []))
-    refresh = (refresh_bytes(dims, sfi_candidates(context, cfg.sfi), cfg.sfi.k_head, batch,
-                             session.cache_dtype_bytes) * slow_steps / len(kinds)) if slow_steps else 0.0
+    # one refresh per slow row (a slow step of a batch may refresh one row or several)
+    refresh = refresh_bytes(dims, sfi_candidates(context, cfg.sfi), cfg.sfi.k_head, 1, session.cache_dtype_bytes,
+                            path=spec.path) * facts["refreshes"] / len(kinds)
     nbytes = step_bytes(dims, mean_read, batch, session.cache_dtype_bytes, refresh)
     mean_step = statistics.fmean(step_seconds)
     tok_s = [batch * cfg.steps / t for t in totals]
