@@ -191,8 +191,12 @@ def markdown(results: dict) -> str:
         f"untimed warm-up pass, median of {cfg['repeats']} timed passes (spread = (max-min)/median/2).",
         f"- CUDA graphs: {'yes' if cfg['graphs'] else 'no (eager)'}; graphed steps read up to the next multiple of "
         f"{cfg['length_bucket']} slots with a mask (at most {cfg['length_bucket'] - 1} wasted slots per layer and KV "
-        "head). SFI slow steps run eagerly (the Selector's sizes follow the context). Decoder elementwise chains "
-        f"(RMSNorm, RoPE, SwiGLU) fused with torch.compile: {'yes' if res.get('fused_elementwise') else 'no'}.",
+        "head; the optimized kernels read every length on the device and waste none). A step mixing slow and fast "
+        "rows is one replay: a slow row is a dense row of the same step. The SFI Selector runs after the step: on "
+        "the main stream for `sfi` (reference) and `sfi sync` (counted in the slow step), on a second CUDA stream "
+        "for `sfi async` (its selection is used once published). Decoder: stacked qkv and gate_up GEMMs; fused "
+        f"kernels (compiled RMSNorm/SwiGLU, Triton q/k norm + RoPE and KV append): "
+        f"{'yes' if res.get('fused_elementwise') else 'no'}.",
         f"- Prefill: {', '.join(sorted({r['prefill'] for r in rows}))} (synthetic = random K/V written straight into "
         "the cache; speed does not depend on cache contents).",
         f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads right after a "
@@ -205,7 +209,11 @@ def markdown(results: dict) -> str:
     lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
     lines += ["", "tokens read = mean per (layer, KV head, sequence) per step; GB/s and % roofline from the bytes "
               "model (weights + K/V read + appends + refresh traffic); speedup against the fastest Full-KV path at "
-              "the same shape; roofline speedup = (W + B·KV_full) / (W + B·KV_sparse + (W + B·KV_full)/N_slow).", ""]
+              "the same shape, shown only where the row reads at least 5% fewer tokens than Full-KV and the tok/s "
+              "ranges over the passes do not overlap; roofline speedup = (W + B·KV_full) / (W + B·KV_sparse + "
+              "(W + B·KV_full)/N_slow); floor ms = the weights floor (the model's own GEMMs chained in one CUDA graph "
+              "at this batch, measured in the same run) + the step's K/V bytes at the copy bandwidth, for the "
+              "fast/dense step kind; x floor = that step's p50 / its floor.", ""]
     lines += ["## Step latency, memory and energy", "",
               "Latency per decode step (ms) by kind over all timed passes. Peak memory: torch's peak allocation "
               "during the method's passes. Energy: NVML over the timed passes (gaps between passes included), "
