@@ -46,6 +46,8 @@ def run_check(baseline_dir: Path, current_dir: Path | None, update: bool, reason
         raise BaselineError("--update needs --reason TEXT saying why the new numbers are the right ones")
     if reason and not update:
         raise BaselineError("--reason only goes with --update (it is recorded when a baseline is replaced)")
+    if not console.is_terminal:  # a CI log: wide enough that no metric name is cut
+        console.width = max(console.width, LOG_WIDTH)
     baseline = load(baseline_dir)
     baseline_docs = {name: baseline.document(name) for name in baseline.runs}
     if update:
@@ -60,8 +62,6 @@ def run_check(baseline_dir: Path, current_dir: Path | None, update: bool, reason
         current = rerun(baseline, Path(tempfile.mkdtemp(prefix="sfibench-check-")), console)
         current_docs = {name: load_run(path, f"rerun {name!r}") for name, path in current.items()}
     verdicts = [v for name in baseline.runs for v in compare(name, baseline_docs[name], current_docs[name], baseline)]
-    if not console.is_terminal:  # a CI log: wide enough that no metric name is cut
-        console.width = max(console.width, LOG_WIDTH)
     _header(baseline_docs, current_docs, console)
     console.print(table(verdicts))
     failed = [v for v in verdicts if v.failed]
@@ -95,7 +95,7 @@ def rerun(baseline: Baseline, workdir: Path, console: Console) -> dict[str, Path
     for name, recipe in baseline.runs.items():
         out = workdir / name
         argv = [*recipe["argv"], "--out", str(out)]
-        console.print(f"rerunning {name}: sfibench {' '.join(argv)}", highlight=False)
+        console.print(f"rerunning {name}: sfibench {' '.join(argv)}", highlight=False, soft_wrap=True)
         began = time.perf_counter()
         completed = subprocess.run([sys.executable, "-m", "sfibench", *argv], check=False, capture_output=True, text=True,
                                    env={**os.environ, **recipe.get("env", {})}, stdin=subprocess.DEVNULL)

@@ -4,7 +4,7 @@ Pure functions of two results.json documents and the baseline's tolerance rules,
 on fabricated documents. Verdicts:
 
 - ok: within tolerance; improved: better by more than the tolerance (passes; bless it with --update);
-- regressed: worse by more than the tolerance; changed: a metric that must not move (accounting,
+- regressed: worse by more than the tolerance (for a speed: even the current run's best timed pass); changed: a metric that must not move (accounting,
   trigger counts) moved; missing: the current run no longer measures it. These three fail the gate.
 - skipped: a speed figure from another device; untracked: no tolerance rule covers it; new: only the
   current run has it. These are shown and pass.
@@ -75,8 +75,14 @@ def judge(baseline: Metric, current: Metric, tolerance: Tolerance) -> str:
         return "ok" if baseline.value is None and current.value is None else "changed"
     allowed = tolerance.allowed(baseline.value) + _EXACT_SLACK * max(1.0, abs(baseline.value))
     delta = current.value - baseline.value
-    if baseline.better == HIGHER:
-        return "regressed" if delta < -allowed else "improved" if delta > allowed else "ok"
-    if baseline.better == LOWER:
-        return "regressed" if delta > allowed else "improved" if delta < -allowed else "ok"
-    return "changed" if abs(delta) > allowed else "ok"
+    if baseline.better not in (HIGHER, LOWER):
+        return "changed" if abs(delta) > allowed else "ok"
+    sign = 1.0 if baseline.better == HIGHER else -1.0  # gains are positive either way
+    judged = sign * delta
+    if baseline.device_bound and current.low is not None and current.high is not None:
+        # A speed regresses only if even the current run's best timed pass is worse than allowed, so one
+        # pass slowed by a neighbour on the machine cannot fail the gate (the throughput report's rule).
+        judged = sign * ((current.high if sign > 0 else current.low) - baseline.value)
+    if judged < -allowed:
+        return "regressed"
+    return "improved" if sign * delta > allowed else "ok"
