@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import ScalarFormatter
 
 from sfibench.metrics.nvml import best_energy
 from sfibench.reporting.plot_style import context_axis, legend_below, save, yerr
@@ -115,9 +116,13 @@ def _throughput_figure(rows: list[dict], path: Path) -> Path:
     series: dict[tuple, list[dict]] = {}
     for r in rows:
         series.setdefault((method_label(r), r["path"], r["batch"]), []).append(r)
+    # colour = method and path, line and marker = batch, so sixteen series stay distinguishable
+    colours = {pair: f"C{i % 10}" for i, pair in enumerate(sorted({key[:2] for key in series}))}
+    batches = sorted({key[2] for key in series}, key=str)
     for (method, path_name, batch), points in sorted(series.items(), key=lambda item: str(item[0])):
         points.sort(key=lambda r: r["context"])
-        style = {"marker": "o", "ms": 4, "capsize": 3, "label": f"{method}/{path_name} B={batch}"}
+        style = {"marker": "osD^"[batches.index(batch) % 4], "ls": ["-", "--", ":", "-."][batches.index(batch) % 4],
+                 "ms": 4, "capsize": 3, "color": colours[(method, path_name)], "label": f"{method}/{path_name} B={batch}"}
         xs = [p["context"] for p in points]
         speed = [p["tokens_per_s"] for p in points]
         axes[0].errorbar(xs, speed, yerr=yerr(speed, [p["tokens_per_s_spread"]["min"] for p in points],
@@ -134,6 +139,8 @@ def _throughput_figure(rows: list[dict], path: Path) -> Path:
         ax.set_ylabel(unit)
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
+    axes[0].yaxis.set_major_formatter(ScalarFormatter())  # 20, not 2 x 10^1
+    axes[0].yaxis.set_minor_formatter(ScalarFormatter())
     axes[1].axhline(1.0, color="grey", lw=0.8)
     legend_below(fig, axes, columns=4)
     save(fig, path)
