@@ -128,14 +128,34 @@ def models():
 
 
 def method_spec(method: str, path: str, n_sink: int, n_recent: int, k_head: int, page: int, w_prefill: int,
-                t_max: int, min_gap: int, trigger: str, interval: int, layer_groups: int, no_prior: bool,
-                no_nms: bool, no_cross_head: bool, lambda_: float | None, seed: int) -> MethodSpec:
-    selector = SelectorConfig(use_prior=not no_prior, use_nms=not no_nms, use_cross_head=not no_cross_head,
-                              lambda_fixed=lambda_)
+                t_max: int, min_gap: int, trigger: str, interval: int, layer_groups: int, bridge_steps: int,
+                selector: SelectorConfig, seed: int) -> MethodSpec:
     triggers = TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap, interval=interval, seed=seed)
     sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head, page=page, w_prefill=w_prefill,
-                    layer_groups=layer_groups, trigger=triggers, selector=selector)
+                    layer_groups=layer_groups, bridge_steps=bridge_steps, trigger=triggers, selector=selector)
     return MethodSpec(name=method, path=path, sfi=sfi)
+
+
+def check_selector_ablations(evidence_norm: str | None, keep_neighbours: int | None) -> None:
+    """The two Selector ablations whose bad values typer cannot catch by itself."""
+    from sfibench.sfi.selector import EVIDENCE_NORMS
+
+    if evidence_norm is not None:
+        check_choice(evidence_norm, EVIDENCE_NORMS, "--evidence-norm")
+    if keep_neighbours is not None and keep_neighbours % 2 == 0:
+        raise UsageError(f"--keep-neighbours {keep_neighbours} is even; the pool is centred on each position, "
+                         "so give an odd kernel such as 3, 5 or 7 (1 = off)")
+
+
+# Help texts shared by `generate` and `quality`.
+NMS_RADIUS_HELP = "SFI: Soft-NMS compares each position with the best score this many positions either side"
+NMS_ALPHA_HELP = "SFI: Soft-NMS strength (0 = no suppression)"
+EVIDENCE_NORM_HELP = ("SFI ablation: softmax each evidence row over the candidates (SPEC, the authors' Triton "
+                      "path) or over every visible key, then restricted to the candidates (their CUDA path)")
+KEEP_NEIGHBOURS_HELP = ("SFI ablation beyond the paper: max-pool the Selector's score over this odd number of "
+                        "positions before the top-K (after Soft-NMS, or in its place with --no-nms), so a kept "
+                        "peak keeps its neighbours; 1 = off")
+BRIDGE_STEPS_HELP = "SFI: decode steps after the prompt that read densely before the first selection is used"
 
 
 @app.command()
@@ -169,6 +189,11 @@ def generate(
     no_cross_head: bool = typer.Option(False, "--no-cross-head"),
     lambda_: float = typer.Option(None, "--lambda", min=0.0, max=1.0,
                                   help="fixed fusion weight instead of the closed form"),
+    nms_radius: int = typer.Option(SelectorConfig.nms_radius, min=0, help=NMS_RADIUS_HELP),
+    nms_alpha: float = typer.Option(SelectorConfig.nms_alpha, min=0.0, help=NMS_ALPHA_HELP),
+    evidence_norm: str = typer.Option(SelectorConfig.evidence_norm, help=EVIDENCE_NORM_HELP),
+    keep_neighbours: int = typer.Option(SelectorConfig.keep_neighbours, min=1, help=KEEP_NEIGHBOURS_HELP),
+    bridge_steps: int = typer.Option(SFIConfig.bridge_steps, min=0, help=BRIDGE_STEPS_HELP),
 ):
     """Generate text with one method; slow (refresh) steps are highlighted, --json gives per-step stats."""
     from sfibench.engine.session import Session
@@ -181,6 +206,7 @@ def generate(
         check_method(method, path)
         check_trigger(trigger)
         check_top_p(top_p)
+        check_selector_ablations(evidence_norm, keep_neighbours)
         k_head_budget = Budget.parse(k_head, "--k-head")
         shared_budget = None if budget is None else Budget.parse(budget)
         if prompt is not None and prompt_file is not None:
@@ -188,8 +214,11 @@ def generate(
         text = read_text_file(prompt_file, "--prompt-file") if prompt_file is not None else prompt
         if text is not None and not text.strip():
             raise UsageError("--prompt is empty; give some text, or leave it out to continue the shipped essays")
+        selector = SelectorConfig(use_prior=not no_prior, use_nms=not no_nms, use_cross_head=not no_cross_head,
+                                  lambda_fixed=lambda_, nms_radius=nms_radius, nms_alpha=nms_alpha,
+                                  evidence_norm=evidence_norm, keep_neighbours=keep_neighbours)
         spec = method_spec(method, path, n_sink, n_recent, 0, page, w_prefill, t_max, min_gap, trigger,
-                           interval, layer_groups, no_prior, no_nms, no_cross_head, lambda_, seed)
+                           interval, layer_groups, bridge_steps, selector, seed)
         session = Session.open(model, device, dtype, seed)
         tokenizer = session.loaded.tokenizer
         if text is None:
@@ -330,6 +359,11 @@ def quality(
     no_nms: bool = typer.Option(False, "--no-nms", help="SFI ablation: Selector without Soft-NMS"),
     no_cross_head: bool = typer.Option(False, "--no-cross-head", help="SFI ablation: no cross-head exclusivity"),
     w_prefill: int = typer.Option(None, min=1, help="SFI: prompt queries used as bootstrap evidence (default 16)"),
+    nms_radius: int = typer.Option(None, min=0, help=f"{NMS_RADIUS_HELP} (default {SelectorConfig.nms_radius})"),
+    nms_alpha: float = typer.Option(None, min=0.0, help=f"{NMS_ALPHA_HELP} (default {SelectorConfig.nms_alpha:g})"),
+    evidence_norm: str = typer.Option(None, help=f"{EVIDENCE_NORM_HELP} (default {SelectorConfig.evidence_norm})"),
+    keep_neighbours: int = typer.Option(None, min=1, help=KEEP_NEIGHBOURS_HELP),
+    bridge_steps: int = typer.Option(None, min=0, help=f"{BRIDGE_STEPS_HELP} (default {SFIConfig.bridge_steps})"),
 ):
     """Offline long-context tasks and fidelity to Full-KV, every method from one prefill; Ctrl-C keeps what is done."""
     from sfibench.reporting.quality_report import results_table, run_quality
@@ -338,10 +372,14 @@ def quality(
     with user_errors():
         if overwrite and resume:
             raise UsageError("give --overwrite (replace the run in --out) or --resume (continue it), not both")
+        check_selector_ablations(evidence_norm, keep_neighbours)
         variant = {name: False for name, off in (("use_prior", no_prior), ("use_nms", no_nms),
                                                   ("use_cross_head", no_cross_head)) if off}
-        if w_prefill is not None:
-            variant["w_prefill"] = w_prefill
+        # Recorded only when given, so a run at SPEC's settings records no variant.
+        variant.update({name: value for name, value in (
+            ("w_prefill", w_prefill), ("nms_radius", nms_radius), ("nms_alpha", nms_alpha),
+            ("evidence_norm", evidence_norm), ("keep_neighbours", keep_neighbours), ("bridge_steps", bridge_steps))
+            if value is not None})
         task_names = [task.strip() for task in tasks.split(",") if task.strip()]  # none is fine with --longbench
         run_dir = run_quality(model, split_list(methods, "--methods"), task_names, split_list(ctx, "--ctx"),
                               split_list(retention, "--retention"), split_list(samples, "--samples"), out, overwrite,

@@ -34,6 +34,12 @@ class SelectorConfig:
     cross_temperature: float = 2.0
     cross_alpha: float = 0.85
     eps: float = 1e-12
+    # Ablations beyond SPEC's Selector; the defaults leave it exactly as specified.
+    evidence_norm: str = "candidates"  # candidates: each evidence row softmaxed over C (SPEC; the authors'
+    #                                    Triton path) | visible: over every key the row sees, then restricted
+    #                                    to C (the authors' CUDA path)
+    keep_neighbours: int = 1  # odd max-pool kernel over the final score before top-K, so a kept peak keeps
+    #                           its neighbours (SnapKV's pooling); 1 = off. An extension beyond the paper.
 
 
 @dataclass

@@ -42,6 +42,9 @@ def test_bad_input_exits_non_zero_with_the_fix():
          "no window beside its 4 sinks"),
         (["generate", "--model", "tiny-llama", "--prompt", "x" * 400, "--method", "sfi", "--budget", "2%"],
          "no room for selected tokens"),
+        (["generate", "--model", "tiny-llama", "--prompt", "x", "--evidence-norm", "all"], "--evidence-norm 'all'"),
+        (["generate", "--model", "tiny-llama", "--prompt", "x", "--keep-neighbours", "4"], "is even"),
+        (["quality", "--model", "tiny-llama", "--keep-neighbours", "2"], "is even"),
     ]
     for args, message in cases:
         result = runner.invoke(app, args)
@@ -56,3 +59,30 @@ def test_generate_without_a_prompt_continues_the_shipped_essays_sparsely():
     out = json.loads(result.stdout)
     assert out["prompt_tokens"] == 2560  # past 2,308 tokens, where SFI at its default k_head stops being dense
     assert all(step["tokens_read_mean"] <= 0.16 * step["kv_length"] for step in out["steps"] if step["kind"] == "fast")
+
+
+SFI_PROMPT = ["--model", "tiny-qwen3", "--method", "sfi", "--prompt", "The keeper lit the lamp. " * 30,
+              "--n-recent", "16", "--k-head", "16", "--page", "4", "--json"]
+
+
+def test_generate_bridge_steps_read_densely_then_sparsely():
+    bridged = runner.invoke(app, ["generate", *SFI_PROMPT, "--max-new-tokens", "8", "--bridge-steps", "3",
+                                  "--trigger", "bootstrap"])
+    assert bridged.exit_code == 0, bridged.output
+    steps = json.loads(bridged.stdout)["steps"]
+    assert len(steps) > 3
+    assert all(s["tokens_read_mean"] == s["kv_length"] for s in steps[:3])
+    assert all(s["tokens_read_mean"] < s["kv_length"] for s in steps[3:])
+    unbridged = runner.invoke(app, ["generate", *SFI_PROMPT, "--max-new-tokens", "2", "--trigger", "bootstrap"])
+    first = json.loads(unbridged.stdout)["steps"][0]
+    assert first["tokens_read_mean"] < first["kv_length"]
+
+
+def test_generate_runs_with_every_selector_ablation():
+    result = runner.invoke(app, ["generate", *SFI_PROMPT, "--max-new-tokens", "10", "--trigger", "fixed",
+                                 "--interval", "3", "--min-gap", "1", "--evidence-norm", "visible",
+                                 "--keep-neighbours", "3", "--nms-radius", "4", "--nms-alpha", "0.5"])
+    assert result.exit_code == 0, result.output
+    steps = json.loads(result.stdout)["steps"]
+    assert any(s["kind"] == "slow" for s in steps)  # decode refreshes took the visible-norm evidence too
+    assert all(s["tokens_read_mean"] < s["kv_length"] for s in steps if s["kind"] == "fast")

@@ -120,9 +120,11 @@ def test_budget_rule():
 
 
 def test_sfi_variant_changes_only_sfi_and_names_bad_settings():
-    plan = conditions(["sfi", "snapkv"], [0.2], 2048, {"use_nms": False, "w_prefill": 64})
+    plan = conditions(["sfi", "snapkv"], [0.2], 2048, {"use_nms": False, "w_prefill": 64, "keep_neighbours": 5,
+                                                       "evidence_norm": "visible", "bridge_steps": 3})
     sfi = next(c for c in plan if c.method == "sfi").spec.sfi
     assert sfi.selector.use_nms is False and sfi.w_prefill == 64 and sfi.selector.use_prior is True
+    assert (sfi.selector.keep_neighbours, sfi.selector.evidence_norm, sfi.bridge_steps) == (5, "visible", 3)
     assert make_condition("sfi", 0.2, 2048).spec.sfi.selector.use_nms is True  # defaults untouched
     with pytest.raises(ValueError, match="unknown SFI setting 'use_magic'"):
         make_condition("sfi", 0.2, 2048, sfi_variant={"use_magic": True})
@@ -162,10 +164,13 @@ def test_ablation_run_records_the_sfi_variant(tmp_path):
     out = tmp_path / "ablation"
     result = CliRunner().invoke(app, ["quality", "--model", "tiny-llama", "--methods", "sfi", "--tasks", "niah_single",
                                       "--ctx", "600", "--retention", "0.5", "--samples", "1", "--no-chat",
-                                      "--no-nms", "--w-prefill", "32", "--device", "cpu", "--out", str(out)])
+                                      "--no-nms", "--w-prefill", "32", "--keep-neighbours", "3", "--evidence-norm",
+                                      "visible", "--nms-alpha", "0.5", "--bridge-steps", "2", "--device", "cpu",
+                                      "--out", str(out)])
     assert result.exit_code == 0, result.output
     saved = json.loads((out / "results.json").read_text())
-    assert saved["config"]["sfi_variant"] == {"use_nms": False, "w_prefill": 32}
+    assert saved["config"]["sfi_variant"] == {"use_nms": False, "w_prefill": 32, "nms_alpha": 0.5,
+                                              "evidence_norm": "visible", "keep_neighbours": 3, "bridge_steps": 2}
     assert "SFI ablation" in (out / "report.md").read_text()
 
 

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from sfibench.config import SelectorConfig
+from sfibench.sfi.method import visible_evidence
 from sfibench.sfi.selector import (
     choose_lambda,
     cross_head_exclusivity,
     fuse,
+    keep_neighbours,
     log_prior,
     pool_evidence,
     select,
@@ -59,6 +61,35 @@ def test_pool_evidence_alpha_one_is_mean_and_bf16_is_upcast():
     logits = torch.tensor([[[0.0, 1.0, 2.0], [1.0, -1.0, 0.5]]])
     assert_close(pool_evidence(logits, alpha=1.0), expected)
     assert pool_evidence(logits.bfloat16(), alpha=0.5).dtype == torch.float32
+
+
+def test_pool_evidence_visible_norm_weighs_rows_by_their_mass_on_candidates():
+    # Ablation --evidence-norm visible. Row a sees keys [sink, c0, c1, recent] with logits [2, 0, 1, 1];
+    # row b sees only the candidates. Softmaxed over everything visible, row a keeps a small share on C.
+    row_a = softmax([2.0, 0.0, 1.0, 1.0])[1:3]
+    row_b = softmax([0.0, 1.0])
+    pooled = [((math.sqrt(a) + math.sqrt(b)) / 2) ** 2 for a, b in zip(row_a, row_b)]
+    expected = [[math.log(v / sum(pooled)) for v in pooled]]
+
+    logits = torch.tensor([[[0.0, 1.0], [0.0, 1.0]]])  # H=1, R=2, n=2: both rows look alike on C
+    outside = torch.tensor([[[math.log(math.exp(2.0) + math.exp(1.0))], [-INF]]])
+    assert_close(pool_evidence(logits, 0.5, outside), expected)
+    # Over the candidates alone the two rows are the same distribution, so the pool is that distribution.
+    assert_close(pool_evidence(logits, 0.5), [[math.log(p) for p in row_b]])
+
+
+def test_pool_evidence_visible_norm_changes_nothing_with_one_row():
+    logits = torch.tensor([[[0.3, -1.0, 2.0]]])
+    assert_close(pool_evidence(logits, 0.5, torch.tensor([[[4.0]]])), pool_evidence(logits, 0.5))
+
+
+def test_visible_evidence_splits_candidates_from_the_rest():
+    row = torch.tensor([[[1.0, 2.0, 0.5, -1.0, 3.0, -INF]]])  # C = [2, 4); position 5 is masked
+    logits, outside = visible_evidence(row, 2, 4)
+    assert torch.equal(logits, row[..., 2:4])
+    assert_close(outside, [[[math.log(math.exp(1.0) + math.exp(2.0) + math.exp(3.0))]]])
+    _, nothing_outside = visible_evidence(row[..., :5], 0, 4)  # the one outside key is visible
+    assert_close(nothing_outside, [[[3.0]]])
 
 
 def test_pool_evidence_without_any_valid_row_is_uniform():
@@ -174,6 +205,53 @@ def test_cross_head_clamps_rho_at_eps_and_keeps_minus_inf():
         out[:, :1], [[0.85 * math.log(1e-12)], [100 + 0.85 * math.log(0.5)], [100 + 0.85 * math.log(0.5)]]
     )
     assert torch.equal(out[:, 1], log_s[:, 1])  # every head -inf: stays -inf, no NaN
+
+
+# ---- neighbour-keeping (an ablation beyond the paper) ------------------------------------------------
+
+
+def test_keep_neighbours_pools_the_best_score_within_half_the_kernel():
+    log_s = torch.tensor([[0.0, -5.0, -1.0, -9.0, -9.0, -3.0, -INF]])
+    assert_close(keep_neighbours(log_s, 3), [[0.0, 0.0, -1.0, -1.0, -3.0, -3.0, -3.0]])
+    assert_close(keep_neighbours(log_s, 5), [[0.0, 0.0, 0.0, -1.0, -1.0, -3.0, -3.0]])  # truncated at the ends
+    assert torch.equal(keep_neighbours(log_s, 1), log_s)
+    with pytest.raises(ValueError, match="positive odd number"):
+        keep_neighbours(log_s, 4)
+
+
+def test_select_keep_neighbours_brings_back_what_nms_pushed_down():
+    logits = torch.zeros(1, 1, 10)
+    logits[0, 0, 3], logits[0, 0, 4], logits[0, 0, 8] = 5.0, 3.5, 3.0  # a peak with a shoulder at 4
+    norms = torch.ones(1, 10)
+    nms_on = dataclasses.replace(ALL_OFF, use_nms=True, nms_radius=1)
+    assert select(logits, norms, 0, 3, nms_on).tolist() == [[3, 4, 8]]
+    # After NMS the peak at 3 lends its score to 2 and 4: the whole neighbourhood ranks first.
+    assert select(logits, norms, 0, 3, dataclasses.replace(nms_on, keep_neighbours=3)).tolist() == [[2, 3, 4]]
+    # In place of NMS (--no-nms) it does the same here, from the raw evidence.
+    assert select(logits, norms, 0, 3, dataclasses.replace(ALL_OFF, keep_neighbours=3)).tolist() == [[2, 3, 4]]
+
+
+def test_select_uses_the_nms_radius_and_alpha_settings():
+    logits = torch.zeros(1, 1, 10)
+    logits[0, 0, 3], logits[0, 0, 5], logits[0, 0, 9] = 5.0, 4.0, 1.0  # peaks two apart, a bump far off
+    norms = torch.ones(1, 10)
+    nms_on = dataclasses.replace(ALL_OFF, use_nms=True, nms_alpha=4.0)
+    assert select(logits, norms, 0, 2, dataclasses.replace(nms_on, nms_radius=1)).tolist() == [[3, 5]]
+    # Within radius 2, position 5 sees the higher peak at 3: 4 - 4 * (5 - 4) = 0 < 1, so 9 wins.
+    assert select(logits, norms, 0, 2, dataclasses.replace(nms_on, nms_radius=2)).tolist() == [[3, 9]]
+    assert select(logits, norms, 0, 2, dataclasses.replace(nms_on, nms_radius=2, nms_alpha=0.0)).tolist() == [[3, 5]]
+
+
+def test_select_asks_for_outside_mass_exactly_with_visible_norm():
+    logits, norms = torch.zeros(1, 1, 4), torch.ones(1, 4)
+    visible = dataclasses.replace(ALL_OFF, evidence_norm="visible")
+    with pytest.raises(ValueError, match="outside_lse"):
+        select(logits, norms, 0, 2, visible)
+    with pytest.raises(ValueError, match="outside_lse"):
+        select(logits, norms, 0, 2, ALL_OFF, torch.zeros(1, 1, 1))
+    with pytest.raises(ValueError, match="unknown evidence_norm 'all'"):
+        select(logits, norms, 0, 2, dataclasses.replace(ALL_OFF, evidence_norm="all"))
+    assert select(logits, norms, 0, 2, visible, torch.zeros(1, 1, 1)).tolist() == [[0, 1]]
 
 
 # ---- 6. top-K ------------------------------------------------------------------------------------------

@@ -53,11 +53,15 @@ def recent_for_budget(budget: int, page: int = 16) -> int:
 
 
 SFI_VARIANT_FIELDS = {"use_prior": "selector", "use_nms": "selector", "use_cross_head": "selector",
-                      "w_prefill": "sfi"}
+                      "nms_radius": "selector", "nms_alpha": "selector", "w_prefill": "sfi", "bridge_steps": "sfi",
+                      # ablations beyond the paper (SPEC 5): never on unless asked for
+                      "evidence_norm": "selector", "keep_neighbours": "selector"}
 
 
 def apply_sfi_variant(spec: MethodSpec, variant: dict | None) -> None:
-    """Change SFI settings for an ablation run, e.g. {"use_nms": False} (SPEC 5: every stage switchable)."""
+    """Change SFI settings for an ablation run, e.g. {"use_nms": False} (SPEC 5: every stage switchable).
+
+    The run's config records the variant as given, so a report says which settings differed from SPEC."""
     for name, value in (variant or {}).items():
         if name not in SFI_VARIANT_FIELDS:
             raise ValueError(f"unknown SFI setting {name!r}; valid: {', '.join(SFI_VARIANT_FIELDS)}")

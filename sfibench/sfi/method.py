@@ -114,14 +114,18 @@ class SFIMethod(AttentionMethod):
 
     def refresh(self, cache: KVCache, row: int, layers: list[int], length: int, evidence, query_rows: int = 1) -> None:
         """Select anew for `layers` of `row` at KV length `length`; `evidence(lo, hi, layers)` gives the logits
-        of `query_rows` queries per query head (1 at decode, up to w_prefill at the bootstrap).
+        of `query_rows` queries per query head (1 at decode, up to w_prefill at the bootstrap) over [lo, hi).
 
-        Layers are taken in chunks so the float32 evidence stays under EVIDENCE_CHUNK_BYTES. `layers` reach
-        the device through pinned memory, never as a Python list index (which syncs the stream)."""
+        With `evidence_norm = "visible"` the evidence is taken over the whole history [0, length) and split
+        into the candidates' logits and each row's log-sum-exp outside them (visible_evidence). Layers are
+        taken in chunks so the float32 evidence stays under EVIDENCE_CHUNK_BYTES. `layers` reach the device
+        through pinned memory, never as a Python list index (which syncs the stream)."""
         lo, hi = geometry.candidate_range(length, self.cfg)
+        visible = self.cfg.selector.evidence_norm == "visible"
         heads = self.model_config.num_kv_heads
         rows_per_layer = heads * self.model_config.group_size * query_rows
-        chunk = max(1, EVIDENCE_CHUNK_BYTES // (rows_per_layer * max(hi - lo, 1) * 4))
+        width = length if visible else hi - lo
+        chunk = max(1, EVIDENCE_CHUNK_BYTES // (rows_per_layer * max(width, 1) * 4))
         for first in range(0, len(layers), chunk):
             part = layers[first:first + chunk]
             with label("sfibench.selector"):  # labels for `sfibench profile`
@@ -129,10 +133,12 @@ class SFIMethod(AttentionMethod):
                     picks = torch.empty(len(part), heads, 0, dtype=torch.long, device=cache.k.device)
                 else:
                     with label("sfibench.selector.logits"):
-                        logits = evidence(lo, hi, part)
+                        if visible:
+                            logits, outside_lse = visible_evidence(evidence(0, length, part), lo, hi)
+                        else:
+                            logits, outside_lse = evidence(lo, hi, part), None
                     norms = cache.key_norms[device_index(part, cache.k.device), row, :, lo:hi]
-                    picks = select(logits, norms, lo, self.cfg.k_head,
-                                   self.cfg.selector)
+                    picks = select(logits, norms, lo, self.cfg.k_head, self.cfg.selector, outside_lse)
             with label("sfibench.rebuild"):
                 self.sel.publish(part, row, self.sel.write(part, row, picks, length, cache))
 
@@ -145,6 +151,14 @@ class SFIMethod(AttentionMethod):
 
     def summary(self) -> dict:
         return {"mean_slow_interval": self.scheduler.mean_interval()}
+
+
+def visible_evidence(logits: torch.Tensor, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split logits over the whole history `[..., R, L]` into those over the candidates [lo, hi) and each
+    row's log-sum-exp over the rest (sinks and recent window) `[..., R, 1]`: what the Selector needs to
+    softmax a row over every key it sees (-inf where the row sees nothing outside C)."""
+    outside = torch.cat([logits[..., :lo], logits[..., hi:]], dim=-1)
+    return logits[..., lo:hi], torch.logsumexp(outside.float(), dim=-1, keepdim=True)
 
 
 def candidate_logits(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,11 @@ candidate positions per KV head, which the following fast steps attend to (with 
     logits --pool_evidence--> log f --(fuse with log_prior, weight choose_lambda)--> log s
            --soft_nms--> --cross_head_exclusivity--> --top_k_positions--> absolute positions
 
+Two ablations go beyond SPEC and are off by default: `evidence_norm = "visible"` softmaxes each
+evidence row over every key it sees before restricting it to C (pool_evidence's `outside_lse`), and
+`keep_neighbours = K` max-pools the final score over K positions just before the top-K
+(keep_neighbours), so a kept peak brings its neighbours along.
+
 Score tensors are `[..., H, n]`: any leading batch dims (layers, sequences), then the KV-head axis H,
 then the n candidate positions. Everything runs in float32 log space, in plain PyTorch, on whatever
 device the inputs live on, and is deterministic (ties go to the lower position).
@@ -27,13 +32,14 @@ from sfibench.config import SelectorConfig
 from sfibench.metrics.labels import label
 
 NEG_INF = float("-inf")
+EVIDENCE_NORMS = ("candidates", "visible")  # what each evidence row's softmax is taken over (SelectorConfig)
 # Test hook for the regression gate (tests/test_check.py): when this environment variable holds a seed,
 # select() ignores the evidence and picks K candidates at random, a deliberately degraded Selector that
 # `sfibench check` must catch. Nothing in sfibench sets it.
 DEBUG_RANDOM_SELECTION_ENV = "SFIBENCH_DEBUG_RANDOM_SELECTION"
 
 
-def pool_evidence(logits: torch.Tensor, alpha: float) -> torch.Tensor:
+def pool_evidence(logits: torch.Tensor, alpha: float, outside_lse: torch.Tensor | None = None) -> torch.Tensor:
     """Pool R attention rows into one distribution f over the candidates; returns log f `[..., H, n]`.
 
     Why: the G query heads sharing a KV head (and the W query rows at prefill) each vote for positions.
@@ -45,6 +51,12 @@ def pool_evidence(logits: torch.Tensor, alpha: float) -> torch.Tensor:
     attend to (causal masking of prefill rows). A row that is -inf everywhere sees no candidate and is
     ignored: R counts only the valid rows (the 1/R factor then cancels in the normalisation anyway).
     If no row is valid there is no evidence at all, and f is uniform.
+
+    `outside_lse` `[..., H, R, 1]` (the --evidence-norm visible ablation): each row's log-sum-exp over the
+    keys it sees outside C (sinks, recent window; -inf where there are none). Each row is then softmaxed
+    over every key it sees and restricted to C, so a row that spends most of its attention outside C
+    weighs less in the pool than one that attends inside C. With a single row this changes nothing:
+    the final normalisation over C cancels the row's scale.
     """
     logits = logits.float()
     num_positions = logits.shape[-1]
@@ -52,7 +64,11 @@ def pool_evidence(logits: torch.Tensor, alpha: float) -> torch.Tensor:
         return logits.new_empty(logits.shape[:-2] + (0,))
     valid_row = logits.amax(dim=-1, keepdim=True) > NEG_INF  # [..., H, R, 1]
     # Softmax a harmless zero row in place of an invalid one, then drop it from the sum.
-    log_p = torch.log_softmax(torch.where(valid_row, logits, 0.0), dim=-1)
+    safe = torch.where(valid_row, logits, 0.0)
+    log_p = torch.log_softmax(safe, dim=-1)
+    if outside_lse is not None:  # scale each row by its share of the mass it puts on C
+        inside_lse = torch.logsumexp(safe, dim=-1, keepdim=True)
+        log_p = log_p + inside_lse - torch.logaddexp(inside_lse, outside_lse.float())
     log_p = torch.where(valid_row, log_p, NEG_INF)
     num_valid = valid_row.sum(dim=-2).float()  # [..., H, 1]
     # log of the power mean: (1/alpha) * (log Σ_r exp(alpha * log p_r) - log R)
@@ -152,6 +168,25 @@ def cross_head_exclusivity(log_s: torch.Tensor, temperature: float, alpha: float
     return torch.where(torch.isneginf(log_s), log_s, exclusive)  # all heads -inf would give NaN
 
 
+def keep_neighbours(log_s: torch.Tensor, kernel: int) -> torch.Tensor:
+    """Max-pool the score over `kernel` neighbouring positions (an ablation beyond the paper); `[..., H, n]`.
+
+    Why: on needle tasks the evidence peaks on the needle's key or its first value token, and Soft-NMS
+    pushes down the tokens right after the peak, which hold the rest of the value. Giving every position
+    the best score within ±kernel//2 (as SnapKV pools its votes) lets a kept peak bring those neighbours
+    along. It runs last, just before the top-K: after Soft-NMS when that is on (peaks stay spread and
+    each keeps its neighbours), in its place with --no-nms. Ties go to the lower position as in the top-K.
+    The window is truncated at the ends of C; kernel 1 returns the scores unchanged.
+    """
+    if kernel < 1 or kernel % 2 == 0:
+        raise ValueError(f"the neighbour-keeping kernel must be a positive odd number, got {kernel}")
+    num_positions = log_s.shape[-1]
+    if kernel == 1 or num_positions == 0:
+        return log_s
+    flat = log_s.float().reshape(-1, 1, num_positions)
+    return F.max_pool1d(flat, kernel_size=kernel, stride=1, padding=kernel // 2).reshape(log_s.shape)
+
+
 def top_k_positions(log_s: torch.Tensor, k: int, lo: int) -> torch.Tensor:
     """The min(k, n) best-scoring candidates per head as absolute positions, ascending; `[..., H, min(k, n)]`.
 
@@ -179,14 +214,20 @@ def top_k_positions(log_s: torch.Tensor, k: int, lo: int) -> torch.Tensor:
 
 
 def select(
-    logits: torch.Tensor, key_norms: torch.Tensor, lo: int, k: int, cfg: SelectorConfig
+    logits: torch.Tensor, key_norms: torch.Tensor, lo: int, k: int, cfg: SelectorConfig,
+    outside_lse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The whole Selector: evidence logits `[..., H, R, n]` and key norms `[..., H, n]` of the candidates
     C = [lo, lo + n) -> LongTensor `[..., H, min(k, n)]` of selected absolute positions, ascending.
 
     Stages follow SPEC section 5 and are switched by `cfg.use_prior`, `cfg.use_nms`, `cfg.use_cross_head`
-    (without the prior, s = f).
+    (without the prior, s = f); `cfg.keep_neighbours` > 1 adds the neighbour-keeping pool before the top-K.
+    `outside_lse` `[..., H, R, 1]` is required with `cfg.evidence_norm == "visible"` (see pool_evidence).
     """
+    if cfg.evidence_norm not in EVIDENCE_NORMS:
+        raise ValueError(f"unknown evidence_norm {cfg.evidence_norm!r}; valid: {', '.join(EVIDENCE_NORMS)}")
+    if (outside_lse is not None) != (cfg.evidence_norm == "visible"):
+        raise ValueError("outside_lse is given exactly when evidence_norm is 'visible'")
     num_rows, num_positions = logits.shape[-2], logits.shape[-1]
     if num_positions == 0:
         return torch.empty(logits.shape[:-2] + (0,), dtype=torch.long, device=logits.device)
@@ -194,7 +235,7 @@ def select(
         return _debug_random_positions(logits.shape[:-2] + (num_positions,), k, lo, logits.device)
     # Each stage carries a label so `sfibench profile` can split the Selector's time.
     with label("sfibench.selector.pool"):
-        log_s = pool_evidence(logits, cfg.alpha)
+        log_s = pool_evidence(logits, cfg.alpha, outside_lse)
     if cfg.use_prior:
         with label("sfibench.selector.prior_fusion"):
             log_r = log_prior(key_norms, cfg)
@@ -206,8 +247,8 @@ def select(
     if cfg.use_cross_head:
         with label("sfibench.selector.cross_head"):
             log_s = cross_head_exclusivity(log_s, cfg.cross_temperature, cfg.cross_alpha, cfg.eps)
-    with label("sfibench.selector.top_k"):
-        return top_k_positions(log_s, k, lo)
+    with label("sfibench.selector.top_k"):  # the neighbour pool, when on, is counted with the top-K
+        return top_k_positions(keep_neighbours(log_s, cfg.keep_neighbours), k, lo)
 
 
 def _debug_random_positions(shape: torch.Size, k: int, lo: int, device: torch.device) -> torch.Tensor:
