@@ -339,9 +339,12 @@ def quality(
                               "vt, cwe, fwe, ppl"),
     ctx: str = typer.Option("2k", help="prompt lengths in the model's tokens: whole tokens or k = 1,024 tokens, "
                                        "e.g. 2k,4k,8000, or max"),
-    retention: str = typer.Option("0.15,0.5", help="budgets as fractions of the context, each in (0, 1] "
-                                  "(default: where the paper says SFI matches Full-KV, and where it says "
+    retention: str = typer.Option(None, help="budgets as fractions of the context, each in (0, 1] "
+                                  "(default 0.15,0.5: where the paper says SFI matches Full-KV, and where it says "
                                   "eviction baselines need to be)"),
+    sfi_preset: str = typer.Option(None, help="instead of --retention, one --ctx: every method at the budget of the "
+                                   "authors' operating point, paper-2k (k_head 2048) or paper-4k (4096), with a "
+                                   "256-token recent window and SPEC's triggers"),
     samples: str = typer.Option("4", help="samples per cell: one count, or one per --ctx (20,20,10)"),
     longbench: Path = typer.Option(None, help="LongBench <dataset>.jsonl file or a directory of them (local)"),
     chat: bool = typer.Option(True, "--chat/--no-chat", help="wrap prompts in the model's chat template"),
@@ -382,8 +385,9 @@ def quality(
             if value is not None})
         task_names = [task.strip() for task in tasks.split(",") if task.strip()]  # none is fine with --longbench
         run_dir = run_quality(model, split_list(methods, "--methods"), task_names, split_list(ctx, "--ctx"),
-                              split_list(retention, "--retention"), split_list(samples, "--samples"), out, overwrite,
-                              device, dtype, seed, batch, chat, longbench, err_console, resume, variant, path)
+                              None if retention is None else split_list(retention, "--retention"),
+                              split_list(samples, "--samples"), out, overwrite, device, dtype, seed, batch, chat,
+                              longbench, err_console, resume, variant, path, sfi_preset)
     console.print(results_table(read_results(run_dir)["results"]["cells"]))
     console.print(f"report: {run_dir / 'report.md'}")
 

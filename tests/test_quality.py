@@ -13,10 +13,11 @@ from sfibench.cli import app
 from sfibench.config import BudgetError
 from sfibench.engine.session import Session
 from sfibench.engine.turns import Script, run_scripts
+from sfibench.errors import UsageError
 from sfibench.methods import create_method
 from sfibench.metrics import longbench, quality
 from sfibench.reporting.quality_report import parse_context, parse_retentions, run_quality
-from sfibench.reporting.quality_run import conditions, make_condition, recent_for_budget
+from sfibench.reporting.quality_run import conditions, make_condition, preset_retention, recent_for_budget
 
 
 def test_string_match_accepts_the_answer_and_rejects_near_misses():
@@ -128,6 +129,34 @@ def test_sfi_variant_changes_only_sfi_and_names_bad_settings():
     assert make_condition("sfi", 0.2, 2048).spec.sfi.selector.use_nms is True  # defaults untouched
     with pytest.raises(ValueError, match="unknown SFI setting 'use_magic'"):
         make_condition("sfi", 0.2, 2048, sfi_variant={"use_magic": True})
+
+
+@pytest.mark.parametrize("context", [8192, 10000, 16384, 32768])
+@pytest.mark.parametrize(("preset", "k_head"), [("paper-2k", 2048), ("paper-4k", 4096)])
+def test_sfi_preset_gives_the_authors_operating_point_and_every_method_its_budget(preset, k_head, context):
+    retention = preset_retention(preset, context)
+    sfi = make_condition("sfi", retention, context).spec.sfi
+    assert (sfi.n_sink, sfi.k_head, sfi.n_recent) == (4, k_head, 256)
+    assert (sfi.trigger.policy, sfi.trigger.t_max, sfi.trigger.min_gap) == ("punctuation_tmax", 96, 16)
+    assert make_condition("streaming_llm", retention, context).spec.streaming.budget == 4 + k_head + 256
+    assert make_condition("snapkv", retention, context).spec.snapkv.budget == 4 + k_head + 256
+
+
+def test_sfi_preset_refuses_a_context_it_would_read_whole():
+    with pytest.raises(BudgetError, match="fully dense"):
+        preset_retention("paper-4k", 4096)
+    with pytest.raises(UsageError, match="unknown --sfi-preset 'paper-8k'"):
+        preset_retention("paper-8k", 65536)
+
+
+def test_sfi_preset_run_records_the_preset_and_its_retention(tmp_path):
+    out = tmp_path / "preset"
+    result = CliRunner().invoke(app, ["quality", "--model", "tiny-llama", "--methods", "sfi", "--tasks", "niah_single",
+                                      "--ctx", "2400", "--sfi-preset", "paper-2k", "--samples", "1", "--no-chat",
+                                      "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "results.json").read_text())["config"]
+    assert config["sfi_preset"] == "paper-2k" and config["retentions"] == [2308 / 2400]
 
 
 def test_end_to_end_on_tiny_llama(tmp_path):

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sfibench.engine.session import Session
-from sfibench.errors import RunInterrupted
+from sfibench.errors import RunInterrupted, UsageError
 from sfibench.metrics.longbench import DATASETS
 from sfibench.options import check_session_options
 from sfibench.reporting.quality_inputs import (
@@ -33,7 +33,7 @@ from sfibench.reporting.quality_inputs import (
 )
 from sfibench.reporting.quality_ledger import QualityLedger
 from sfibench.reporting.quality_plots import plot_all
-from sfibench.reporting.quality_run import conditions, evaluate_batch
+from sfibench.reporting.quality_run import conditions, evaluate_batch, preset_retention
 from sfibench.reporting.quality_summary import markdown
 from sfibench.reporting.results import provenance, read_results, write_text_atomically
 from sfibench.reporting.run_dir import claimed_run_dir
@@ -50,27 +50,31 @@ DEFAULT_SAMPLES = (4,)
 
 
 def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFAULT_TASKS,
-                contexts=DEFAULT_CONTEXTS, retentions=DEFAULT_RETENTIONS, samples=DEFAULT_SAMPLES,
+                contexts=DEFAULT_CONTEXTS, retentions=None, samples=DEFAULT_SAMPLES,
                 out: Path | str | None = None, overwrite: bool = False, device: str = "auto", dtype: str = "auto",
                 seed: int = 0, batch: int = 4, chat: bool = True, longbench: Path | str | None = None,
                 console: Console | None = None, resume: bool = False, sfi_variant: dict | None = None,
-                path: str = "reference") -> Path:
+                path: str = "reference", sfi_preset: str | None = None) -> Path:
     """Run the quality benchmark and return the run directory (results.json, plots, report.md).
 
     `resume` continues a stopped run in `out` with the same settings: every record its results.json
     holds is kept, and only the missing ones run. `sfi_variant` changes SFI settings for an ablation
     run (see quality_run.apply_sfi_variant), e.g. {"use_nms": False}. `path` is the implementation
-    path every method runs on. Ctrl-C raises RunInterrupted once what is done is saved and rendered.
+    path every method runs on. `sfi_preset` (quality_run.SFI_PRESETS, in place of `retentions`, one context)
+    runs every method at the budget of the authors' operating point. Ctrl-C raises RunInterrupted once what
+    is done is saved and rendered.
     """
     started = time.time()
     console = console or Console(stderr=True)
     sfi_variant = sfi_variant or None  # recorded as null when SFI runs as specified
+    retentions = _preset_retentions(sfi_preset, contexts, retentions)
     inputs = check_inputs(model, methods, tasks, contexts, retentions, samples, batch, longbench, path, sfi_variant)
     check_session_options(model, device, dtype)
     with claimed_run_dir(out, "quality", overwrite=overwrite, resume=resume) as run_dir:
         earlier = read_results(run_dir) if resume else None
         settings = {"methods": inputs.methods, "tasks": inputs.tasks, "retentions": inputs.retentions,
-                    "samples": inputs.samples, "seed": seed, "chat": chat, "sfi_variant": sfi_variant, "path": path}
+                    "samples": inputs.samples, "seed": seed, "chat": chat, "sfi_variant": sfi_variant, "path": path,
+                    "sfi_preset": sfi_preset}
         if earlier:  # what can be compared before the model loads, so a mismatch costs nothing
             known = {**settings, **({"contexts": inputs.contexts} if "max" not in inputs.contexts else {})}
             check_resume(earlier["config"], known, run_dir)
@@ -98,6 +102,21 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
         ledger.save(complete=True)
     write_report(run_dir)
     return run_dir
+
+
+def _preset_retentions(preset: str | None, contexts, retentions) -> list:
+    """The retentions to run: given, the default ones, or the one that is a preset's budget at its context.
+
+    A preset's budget is fixed in tokens, so its retention differs per context; the run's conditions
+    are the same at every context, hence one context per preset run."""
+    if preset is None:
+        return DEFAULT_RETENTIONS if retentions is None else retentions
+    if retentions is not None:
+        raise UsageError("give --retention or --sfi-preset, not both: the preset fixes the budget in tokens")
+    if len(contexts) != 1 or parse_context(contexts[0]) == "max":
+        raise UsageError(f"--sfi-preset needs exactly one --ctx in tokens, got {','.join(map(str, contexts))}: "
+                         "its budget is fixed in tokens, so each context is a run of its own")
+    return [preset_retention(preset, parse_context(contexts[0]))]
 
 
 def _fit_contexts(session: Session, fmt: PromptFormat, inputs: QualityInputs, seed: int) -> list[int]:

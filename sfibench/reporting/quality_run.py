@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from sfibench.config import BudgetError, MethodSpec, apply_budget
+from sfibench.config import BudgetError, MethodSpec, SFIConfig, apply_budget
 from sfibench.engine.session import Session
 from sfibench.engine.turns import Script, Stream, run_scripts
+from sfibench.errors import UsageError
 from sfibench.methods import create_method
 from sfibench.metrics import quality
 from sfibench.workloads.base import Sample
@@ -50,6 +51,30 @@ def condition_label(method: str, retention: float | None) -> str:
 def recent_for_budget(budget: int, page: int = 16) -> int:
     """SFI's recent window at a given budget: a quarter of it in whole pages, within [page, 256]."""
     return max(page, min(DEFAULT_N_RECENT, (budget // 4) // page * page))
+
+
+# The authors' operating point (SPEC 4): a fixed k_head beside a 256-token recent window, with SPEC's
+# triggers (sentence ends, t_max 96, min_gap 16: TriggerConfig's defaults). Every method then reads
+# n_sink + k_head + n_recent tokens per (layer, KV head); at a given context that is one retention, at
+# which the budget rule above gives SFI exactly this k_head and window (preset_retention).
+SFI_PRESETS = {"paper-2k": 2048, "paper-4k": 4096}  # name -> k_head; 2K for throughput, 4K for quality
+
+
+def preset_budget(preset: str) -> int:
+    """Tokens read per (layer, KV head) at a preset's operating point: sinks + k_head + recent window."""
+    if preset not in SFI_PRESETS:
+        raise UsageError(f"unknown --sfi-preset {preset!r}; valid: {', '.join(SFI_PRESETS)}")
+    return SFIConfig.n_sink + SFI_PRESETS[preset] + DEFAULT_N_RECENT
+
+
+def preset_retention(preset: str, context: int) -> float:
+    """The retention that gives every method the preset's budget at `context` tokens."""
+    budget = preset_budget(preset)
+    if budget >= context:
+        raise BudgetError(f"--sfi-preset {preset} reads {budget:,} tokens per layer and KV head, all of a "
+                          f"{context:,}-token context: SFI would run fully dense (SPEC 4); give a --ctx above "
+                          f"{budget:,}")
+    return budget / context
 
 
 SFI_VARIANT_FIELDS = {"use_prior": "selector", "use_nms": "selector", "use_cross_head": "selector",
