@@ -92,7 +92,7 @@ BAD_INPUT = {
     "prompt and prompt file": (["generate", "--prompt", "x", "--prompt-file", "binary.txt"], "not both"),
     "empty prompt": (["generate", "--prompt", " "], "--prompt is empty"),
     "text too short for the steps": (["stability", "--text-file", "short.txt"], "the text has at most 13 tokens"),
-    "text file is a directory": (["stability", "--text-file", "notes"], "--text-file notes does not exist or is not a file"),
+    "text file is a directory": (["stability", "--text-file", "notes"], "--text-file notes is not a file (a directory?)"),
     "longbench missing": (["quality", "--longbench", "gone"], "--longbench gone does not exist"),
     # ranges typer cannot express
     "top-p zero": (["generate", "--top-p", "0"], "--top-p must be above 0"),

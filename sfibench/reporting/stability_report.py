@@ -33,6 +33,7 @@ from sfibench.engine.sampling import Sampler
 from sfibench.engine.session import Session
 from sfibench.errors import RunInterrupted
 from sfibench.methods import AttentionMethod, check_method
+from sfibench.options import read_text_file
 from sfibench.metrics.stability import StabilityConfig, StabilityInputError, StabilityReducer, check_config
 from sfibench.models.presets import PRESETS
 from sfibench.reference.attention import dense_attention
@@ -77,16 +78,7 @@ def load_text(text_file: str | None) -> tuple[str, str]:
     if text_file is None:
         resource = importlib.resources.files("sfibench.workloads") / "data" / SHIPPED_TEXT
         return resource.read_text(encoding="utf-8"), f"sfibench/workloads/data/{SHIPPED_TEXT}"
-    path = Path(text_file)
-    if not path.is_file():
-        raise StabilityInputError(f"--text-file {path} does not exist or is not a file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise StabilityInputError(f"--text-file {path} is not UTF-8 text; give a plain-text file") from None
-    if not text.strip():
-        raise StabilityInputError(f"--text-file {path} is empty; give a file of natural-language text")
-    return text, str(path)
+    return read_text_file(text_file, "--text-file"), str(text_file)
 
 
 def check_lengths(cfg: StabilityConfig, tokens: int, max_context: int, model: str) -> None:
