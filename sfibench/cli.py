@@ -129,17 +129,25 @@ def models():
 
 def method_spec(method: str, path: str, n_sink: int, n_recent: int, k_head: int, page: int, w_prefill: int,
                 t_max: int, min_gap: int, trigger: str, interval: int, layer_groups: int, bridge_steps: int,
-                selector: SelectorConfig, seed: int) -> MethodSpec:
+                publish: str, selector: SelectorConfig, seed: int) -> MethodSpec:
     triggers = TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap, interval=interval, seed=seed)
     sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head, page=page, w_prefill=w_prefill,
-                    layer_groups=layer_groups, bridge_steps=bridge_steps, trigger=triggers, selector=selector)
+                    layer_groups=layer_groups, bridge_steps=bridge_steps, publish=publish, trigger=triggers,
+                    selector=selector)
     return MethodSpec(name=method, path=path, sfi=sfi)
 
 
-def check_selector_ablations(evidence_norm: str | None, keep_neighbours: int | None) -> None:
-    """The two Selector ablations whose bad values typer cannot catch by itself."""
+def check_sfi_settings(evidence_norm: str | None, keep_neighbours: int | None, publish: str | None,
+                       path: str) -> None:
+    """The SFI settings whose bad values typer cannot catch by itself."""
     from sfibench.sfi.selector import EVIDENCE_NORMS
+    from sfibench.sfi.state import POLICIES
 
+    if publish is not None:
+        check_choice(publish, POLICIES, "--publish")
+        if publish == "when_ready" and path != "optimized":
+            raise UsageError("--publish when_ready runs the Selector on a side stream, which only the optimized "
+                             "path has; add --path optimized or leave --publish out")
     if evidence_norm is not None:
         check_choice(evidence_norm, EVIDENCE_NORMS, "--evidence-norm")
     if keep_neighbours is not None and keep_neighbours % 2 == 0:
@@ -156,6 +164,9 @@ KEEP_NEIGHBOURS_HELP = ("SFI ablation beyond the paper: max-pool the Selector's 
                         "positions before the top-K (after Soft-NMS, or in its place with --no-nms), so a kept "
                         "peak keeps its neighbours; 1 = off")
 BRIDGE_STEPS_HELP = "SFI: decode steps after the prompt that read densely before the first selection is used"
+PUBLISH_HELP = ("SFI: next_step (each refresh is used from the next step) or when_ready (optimized path on a GPU: "
+                "the Selector runs on a side stream and rows read densely until their first selection is "
+                "published, the authors' bridge)")
 
 
 @app.command()
@@ -194,6 +205,7 @@ def generate(
     evidence_norm: str = typer.Option(SelectorConfig.evidence_norm, help=EVIDENCE_NORM_HELP),
     keep_neighbours: int = typer.Option(SelectorConfig.keep_neighbours, min=1, help=KEEP_NEIGHBOURS_HELP),
     bridge_steps: int = typer.Option(SFIConfig.bridge_steps, min=0, help=BRIDGE_STEPS_HELP),
+    publish: str = typer.Option(SFIConfig.publish, help=PUBLISH_HELP),
 ):
     """Generate text with one method; slow (refresh) steps are highlighted, --json gives per-step stats."""
     from sfibench.engine.session import Session
@@ -206,7 +218,7 @@ def generate(
         check_method(method, path)
         check_trigger(trigger)
         check_top_p(top_p)
-        check_selector_ablations(evidence_norm, keep_neighbours)
+        check_sfi_settings(evidence_norm, keep_neighbours, publish if method == "sfi" else None, path)
         k_head_budget = Budget.parse(k_head, "--k-head")
         shared_budget = None if budget is None else Budget.parse(budget)
         if prompt is not None and prompt_file is not None:
@@ -218,7 +230,7 @@ def generate(
                                   lambda_fixed=lambda_, nms_radius=nms_radius, nms_alpha=nms_alpha,
                                   evidence_norm=evidence_norm, keep_neighbours=keep_neighbours)
         spec = method_spec(method, path, n_sink, n_recent, 0, page, w_prefill, t_max, min_gap, trigger,
-                           interval, layer_groups, bridge_steps, selector, seed)
+                           interval, layer_groups, bridge_steps, publish, selector, seed)
         session = Session.open(model, device, dtype, seed)
         tokenizer = session.loaded.tokenizer
         if text is None:
@@ -367,6 +379,7 @@ def quality(
     evidence_norm: str = typer.Option(None, help=f"{EVIDENCE_NORM_HELP} (default {SelectorConfig.evidence_norm})"),
     keep_neighbours: int = typer.Option(None, min=1, help=KEEP_NEIGHBOURS_HELP),
     bridge_steps: int = typer.Option(None, min=0, help=f"{BRIDGE_STEPS_HELP} (default {SFIConfig.bridge_steps})"),
+    publish: str = typer.Option(None, help=f"{PUBLISH_HELP} (default {SFIConfig.publish})"),
 ):
     """Offline long-context tasks and fidelity to Full-KV, every method from one prefill; Ctrl-C keeps what is done."""
     from sfibench.reporting.quality_report import results_table, run_quality
@@ -375,14 +388,14 @@ def quality(
     with user_errors():
         if overwrite and resume:
             raise UsageError("give --overwrite (replace the run in --out) or --resume (continue it), not both")
-        check_selector_ablations(evidence_norm, keep_neighbours)
+        check_sfi_settings(evidence_norm, keep_neighbours, publish, path)
         variant = {name: False for name, off in (("use_prior", no_prior), ("use_nms", no_nms),
                                                   ("use_cross_head", no_cross_head)) if off}
         # Recorded only when given, so a run at SPEC's settings records no variant.
         variant.update({name: value for name, value in (
             ("w_prefill", w_prefill), ("nms_radius", nms_radius), ("nms_alpha", nms_alpha),
-            ("evidence_norm", evidence_norm), ("keep_neighbours", keep_neighbours), ("bridge_steps", bridge_steps))
-            if value is not None})
+            ("evidence_norm", evidence_norm), ("keep_neighbours", keep_neighbours), ("bridge_steps", bridge_steps),
+            ("publish", publish)) if value is not None})
         task_names = [task.strip() for task in tasks.split(",") if task.strip()]  # none is fine with --longbench
         run_dir = run_quality(model, split_list(methods, "--methods"), task_names, split_list(ctx, "--ctx"),
                               None if retention is None else split_list(retention, "--retention"),

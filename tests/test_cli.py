@@ -45,6 +45,8 @@ def test_bad_input_exits_non_zero_with_the_fix():
         (["generate", "--model", "tiny-llama", "--prompt", "x", "--evidence-norm", "all"], "--evidence-norm 'all'"),
         (["generate", "--model", "tiny-llama", "--prompt", "x", "--keep-neighbours", "4"], "is even"),
         (["quality", "--model", "tiny-llama", "--keep-neighbours", "2"], "is even"),
+        (["quality", "--model", "tiny-llama", "--publish", "when_ready"], "only the optimized path"),
+        (["generate", "--model", "tiny-llama", "--prompt", "x", "--publish", "later"], "--publish 'later'"),
         (["quality", "--model", "tiny-llama", "--sfi-preset", "paper-2k", "--retention", "0.2"], "not both"),
         (["quality", "--model", "tiny-llama", "--sfi-preset", "paper-2k", "--ctx", "3k,4k"], "exactly one --ctx"),
         (["quality", "--model", "tiny-llama", "--sfi-preset", "paper-2k", "--ctx", "2k"], "fully dense"),

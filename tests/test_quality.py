@@ -122,10 +122,12 @@ def test_budget_rule():
 
 def test_sfi_variant_changes_only_sfi_and_names_bad_settings():
     plan = conditions(["sfi", "snapkv"], [0.2], 2048, {"use_nms": False, "w_prefill": 64, "keep_neighbours": 5,
-                                                       "evidence_norm": "visible", "bridge_steps": 3})
+                                                       "evidence_norm": "visible", "bridge_steps": 3,
+                                                       "publish": "when_ready"})
     sfi = next(c for c in plan if c.method == "sfi").spec.sfi
     assert sfi.selector.use_nms is False and sfi.w_prefill == 64 and sfi.selector.use_prior is True
-    assert (sfi.selector.keep_neighbours, sfi.selector.evidence_norm, sfi.bridge_steps) == (5, "visible", 3)
+    assert (sfi.selector.keep_neighbours, sfi.selector.evidence_norm) == (5, "visible")
+    assert (sfi.bridge_steps, sfi.publish) == (3, "when_ready")
     assert make_condition("sfi", 0.2, 2048).spec.sfi.selector.use_nms is True  # defaults untouched
     with pytest.raises(ValueError, match="unknown SFI setting 'use_magic'"):
         make_condition("sfi", 0.2, 2048, sfi_variant={"use_magic": True})

@@ -79,6 +79,7 @@ def preset_retention(preset: str, context: int) -> float:
 
 SFI_VARIANT_FIELDS = {"use_prior": "selector", "use_nms": "selector", "use_cross_head": "selector",
                       "nms_radius": "selector", "nms_alpha": "selector", "w_prefill": "sfi", "bridge_steps": "sfi",
+                      "publish": "sfi",
                       # ablations beyond the paper (SPEC 5): never on unless asked for
                       "evidence_norm": "selector", "keep_neighbours": "selector"}
 
