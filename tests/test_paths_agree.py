@@ -80,6 +80,24 @@ def test_paths_agree_with_layer_groups(tiny_models):
     assert_same_selection(runs["reference"][1], runs["optimized"][1])
 
 
+def test_paths_agree_with_the_ablations_beyond_the_paper(tiny_models):
+    """Evidence normalised over every visible key, neighbour-keeping top-K and bridge steps: the optimized
+    path takes its evidence from the kernel's buffer over [0, L), the reference recomputes it."""
+    loaded = tiny_models["tiny-qwen3"]
+
+    def spec(path):
+        spec = small_spec("sfi", path)
+        spec.sfi.selector.evidence_norm, spec.sfi.selector.keep_neighbours = "visible", 3
+        spec.sfi.bridge_steps = 2
+        return spec
+
+    runs = decode_both(loaded, prompts_for(loaded, 2), spec, steps=24)
+    (ref, ref_method), (opt, opt_method) = runs["reference"], runs["optimized"]
+    assert torch.equal(ref.tokens, opt.tokens)
+    assert all(torch.equal(a.tokens_read, b.tokens_read) for a, b in zip(ref.steps, opt.steps))
+    assert_same_selection(ref_method, opt_method)
+
+
 def test_paths_agree_on_smollm2(smollm2):
     """The real model: 30 layers, 3 KV heads (so cross-head exclusivity runs), a few hundred tokens."""
     ids = smollm2.tokenizer.encode("The lighthouse keeper wrote in his log every night. " * 40)[:600]
