@@ -76,7 +76,7 @@ def _quality(document: dict) -> list[Metric]:
         for field, name, better, unit in QUALITY_METRICS:
             values = [r[field] for r in records if r.get(field) is not None]
             if values and not (method == "full_kv" and name in ("kl", "top1_agreement", "token_agreement")):
-                mean, low, high = interval(values)
+                mean, low, high = interval(values, scores=name == "accuracy")
                 metrics.append(Metric("quality", series, context, name, mean, better, unit, low, high))
         nlls = [r["nll"] for r in records if r.get("nll") is not None]
         if nlls:
@@ -94,10 +94,11 @@ def _quality(document: dict) -> list[Metric]:
     return metrics
 
 
-def interval(values: list[float]) -> tuple[float, float, float]:
+def interval(values: list[float], scores: bool = False) -> tuple[float, float, float]:
     """(mean, low, high) with the 95% interval of sfibench's quality reports (Wilson for 0/1 scores,
-    else bootstrap); values that never varied have no spread to show."""
-    if min(values) == max(values):
+    else bootstrap). Measurements that never varied have no spread to show; scores always get
+    Wilson's interval, which is wide at 0/n and n/n too."""
+    if not scores and min(values) == max(values):
         return values[0], values[0], values[0]
     ci = mean_ci(values)
     return ci["mean"], ci["low"], ci["high"]
