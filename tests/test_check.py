@@ -101,6 +101,15 @@ def test_a_slower_step_on_another_device_is_skipped_not_judged(baseline, tmp_pat
     assert "skipped" in output and "regressed" not in output
 
 
+def test_a_speed_the_baseline_does_not_gate_is_shown_not_judged(baseline, tmp_path):
+    manifest = json.loads((baseline / MANIFEST).read_text())
+    manifest["tolerances"][-1] = {"match": "throughput/*/speedup_vs_full_kv", "skip": "too noisy here"}
+    (baseline / MANIFEST).write_text(json.dumps(manifest))
+    status, output = check("--baseline", baseline, "--current", make_run(tmp_path / "now", slower_sfi))
+    assert status == 0, output
+    assert "skipped (too noisy here)" in output and "not gated" in output
+
+
 def test_update_blesses_the_current_run_and_records_why(baseline, tmp_path):
     current = make_run(tmp_path / "now", slower_sfi)
     status, output = check("--baseline", baseline, "--current", current, "--update", "--reason", "new driver")

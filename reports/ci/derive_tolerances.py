@@ -12,9 +12,9 @@
      which is what another CPU or BLAS build does to the same computation.
 3. Writes baseline.json: the recipes, one tolerance rule per metric with the numbers it came from, and
    the first history entry. Rules: accounting (tokens read, slow-step counts and intervals, sentence
-   starts) must match exactly; speedups by twice their run-to-run range; every other metric by
-   max(spread, 2 x numeric drift), at least one sample's worth for accuracies (1/n: another CPU's
-   rounding can flip one greedy answer).
+   starts) must match exactly; every other metric may move by max(spread, 2 x numeric drift), at
+   least one sample's worth for accuracies (1/n: another CPU's rounding can flip one greedy answer).
+   Speedups are measured and recorded but not judged here (CPU_SPEED says why); a GPU baseline judges them.
 
 Nothing here is imported by sfibench; `sfibench check --baseline reports/ci` reads what it writes.
 """
@@ -54,7 +54,9 @@ EXACT = [  # deterministic accounting: any change is a change in what the method
     ("stability/text/recall.stale.tokens_read_mean", "memory size follows from k_head and the geometry alone"),
     ("stability/text/sentences.starts", "sentence starts of a fixed text: deterministic"),
 ]
-TEXT_WINDOWS = (0.3, 0.6)  # start of the other stability windows, as a share of the essays' characters
+TEXT_WINDOWS = (0.3, 0.6)
+CPU_SPEED = ("CPU timings on two shared cores: one neighbour can slow every pass of a method (measured run-to-run "
+             "ranges up to several hundred percent), so speed is shown, not judged, on this baseline")  # start of the other stability windows, as a share of the essays' characters
 
 
 def run(argv: list[str], out: Path, env: dict | None = None) -> dict:
@@ -101,12 +103,11 @@ def derive(baseline: dict, spread_runs: dict, numeric_runs: dict) -> list[dict]:
             if name == "throughput":
                 ratios = [metric.value, *(o[key].value for o in others if key in o)]
                 passes = (metric.high - metric.low) / metric.value if metric.low is not None else 0.0
-                rel = 2 * max((max(ratios) - min(ratios)) / statistics.median(ratios), passes)
-                rules.append({"match": key, "rel": rel, "how": (
+                spread = (max(ratios) - min(ratios)) / statistics.median(ratios)
+                rules.append({"match": key, "skip": CPU_SPEED, "how": (
                     f"run to run: speedups {', '.join(f'{r:.3f}' for r in ratios)} over {len(ratios)} runs "
-                    f"(range {100 * (max(ratios) - min(ratios)) / statistics.median(ratios):.1f}% of the median); "
-                    f"timed passes of the baseline span {100 * passes:.1f}%; tolerance = 2 x the larger (the range "
-                    "of three runs underestimates the spread, and CPU timings here share two cores)")})
+                    f"(range {100 * spread:.1f}% of the median); timed passes of the baseline span "
+                    f"{100 * passes:.1f}%")})
                 continue
             values = [metric.value, *(o[key].value for o in others if key in o and o[key].value is not None)]
             spread = statistics.stdev(values) if len(values) > 1 else 0.0

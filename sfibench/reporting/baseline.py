@@ -34,17 +34,21 @@ class BaselineError(UsageError):
 @dataclass(frozen=True)
 class Tolerance:
     """How far a metric may move before the gate calls it a regression: absolute, or relative to the
-    baseline value; `how` records the measurement it was derived from."""
+    baseline value; `how` records the measurement it was derived from. A rule with `skip` instead says
+    why its metrics are shown but not judged (e.g. timings too noisy on the baseline's machine)."""
 
     pattern: str
     abs: float | None = None
     rel: float | None = None
     how: str = ""
+    skip: str | None = None  # set: the metric is shown but not judged, for this reason
 
     def allowed(self, baseline_value: float) -> float:
         return self.abs if self.abs is not None else self.rel * abs(baseline_value)
 
     def describe(self) -> str:
+        if self.skip:
+            return "not gated"
         return f"±{self.abs:.4g}" if self.abs is not None else f"±{100 * self.rel:.3g}%"
 
 
@@ -63,7 +67,7 @@ class Baseline:
     def tolerance(self, key: str) -> Tolerance | None:
         for rule in self.manifest.get("tolerances", []):
             if fnmatch.fnmatchcase(key, rule["match"]):
-                return Tolerance(rule["match"], rule.get("abs"), rule.get("rel"), rule.get("how", ""))
+                return Tolerance(rule["match"], rule.get("abs"), rule.get("rel"), rule.get("how", ""), rule.get("skip"))
         return None
 
     def check_writable(self) -> None:

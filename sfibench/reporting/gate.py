@@ -6,7 +6,7 @@ on fabricated documents. Verdicts:
 - ok: within tolerance; improved: better by more than the tolerance (passes; bless it with --update);
 - regressed: worse by more than the tolerance (for a speed: even the current run's best timed pass); changed: a metric that must not move (accounting,
   trigger counts) moved; missing: the current run no longer measures it. These three fail the gate.
-- skipped: a speed figure from another device; untracked: no tolerance rule covers it; new: only the
+- skipped: a speed figure from another device, or a metric the baseline says not to judge; untracked: no tolerance rule covers it; new: only the
   current run has it. These are shown and pass.
 """
 
@@ -64,6 +64,8 @@ def compare(name: str, baseline_doc: dict, current_doc: dict, baseline: Baseline
             verdicts.append(Verdict(metric.key, metric, None, tolerance, "missing"))
         elif tolerance is None:
             verdicts.append(Verdict(metric.key, metric, now, None, "untracked", "no tolerance rule matches"))
+        elif tolerance.skip:
+            verdicts.append(Verdict(metric.key, metric, now, tolerance, "skipped", tolerance.skip))
         else:
             verdicts.append(Verdict(metric.key, metric, now, tolerance, judge(metric, now, tolerance)))
     verdicts += [Verdict(key, None, metric, None, "new") for key, metric in current.items()]
