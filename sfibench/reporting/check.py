@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sfibench.reporting.baseline import Baseline, BaselineError, load
-from sfibench.reporting.gate import Verdict, check_comparable, compare
+from sfibench.reporting.gate import Verdict, compare
 from sfibench.reporting.results import RESULTS_FILENAME
 from sfibench.reporting.run_files import load_run
 from sfibench.reporting.run_metrics import Metric, device_identity
@@ -52,41 +52,48 @@ def run_check(baseline_dir: Path, current_dir: Path | None, update: bool, reason
     baseline_docs = {name: baseline.document(name) for name in baseline.runs}
     if update:
         baseline.check_writable()
-    if current_dir is not None:
-        current = _locate(Path(current_dir), baseline)
-        current_docs = {name: load_run(path, f"--current run {name!r}") for name, path in current.items()}
-        for name, document in current_docs.items():
-            check_comparable(name, baseline_docs[name], document)
-    else:
+    if current_dir is None:
         _check_device(baseline_docs)
-        current = rerun(baseline, Path(tempfile.mkdtemp(prefix="sfibench-check-")), console)
-        current_docs = {name: load_run(path, f"rerun {name!r}") for name, path in current.items()}
+        current_dir = Path(tempfile.mkdtemp(prefix="sfibench-check-"))
+        current = rerun(baseline, current_dir, console)
+    else:
+        current = _locate(Path(current_dir), baseline)
+    current_docs = {name: load_run(path, f"current run {name!r}") for name, path in current.items()}
     verdicts = [v for name in baseline.runs for v in compare(name, baseline_docs[name], current_docs[name], baseline)]
-    _header(baseline_docs, current_docs, console)
-    console.print(table(verdicts))
-    failed = [v for v in verdicts if v.failed]
-    for v in failed:  # repeated under the table, one line each, so a long log ends with what failed
-        console.print(f"[{STYLES[v.verdict]}]{v.verdict}[/]: {v.key}: {format_metric(v.baseline)} -> "
-                      f"{format_metric(v.current)} (tolerance {v.tolerance.describe() if v.tolerance else 'none'})",
+    _print(verdicts, baseline_docs, current_docs, console)
+    if update:
+        replaced = next(iter(baseline_docs.values()))["provenance"].get("git_commit")
+        baseline.bless(current, reason.strip(), next(iter(current_docs.values()))["provenance"].get("git_commit"),
+                       replaced)
+        console.print(f"[green]blessed:[/] {baseline.directory} now holds these runs; the reason is recorded in "
+                      f"{baseline.directory / 'baseline.json'}", highlight=False)
+        return 0
+    failed = sum(v.failed for v in verdicts)
+    if failed:
+        console.print(f"[bold red]FAIL:[/] {failed} of {len(verdicts)} metrics regressed, changed or went missing "
+                      f"(current runs in {current_dir}). If the change is intended, bless it: sfibench check "
+                      f"--baseline {baseline.directory} --current {current_dir} --update --reason TEXT",
                       highlight=False, soft_wrap=True)
+        return 1
+    console.print(f"[green]PASS[/] (current runs in {current_dir})", highlight=False)
+    return 0
+
+
+def _print(verdicts: list[Verdict], baseline_docs: dict, current_docs: dict, console: Console) -> None:
+    """Where each side ran, the table, then each failure again on one line so a long log ends with them."""
+    for label, docs in (("baseline", baseline_docs), ("current", current_docs)):
+        prov = next(iter(docs.values()))["provenance"]
+        commit = (prov.get("git_commit") or "unknown")[:10] + (" (dirty)" if prov.get("git_dirty") else "")
+        console.print(f"{label}: commit {commit}, {prov.get('timestamp_utc')}, {device_identity(prov)}",
+                      highlight=False)
+    console.print(table(verdicts))
+    for v in verdicts:
+        if v.failed:
+            console.print(f"[{STYLES[v.verdict]}]{v.verdict}[/]: {v.key}: {format_metric(v.baseline)} -> "
+                          f"{format_metric(v.current)} (tolerance {v.tolerance.describe() if v.tolerance else 'none'})",
+                          highlight=False, soft_wrap=True)
     counts = {state: sum(v.verdict == state for v in verdicts) for state in STYLES}
     console.print(", ".join(f"{n} {state}" for state, n in counts.items() if n), highlight=False)
-    if update:
-        first = next(iter(current_docs.values()))["provenance"]
-        replaced = next(iter(baseline_docs.values()))["provenance"].get("git_commit")
-        baseline.bless(current, reason.strip(), first.get("git_commit"), replaced)
-        console.print(f"[green]blessed:[/] {baseline.directory} now holds these runs; reason recorded in "
-                      f"{baseline.directory / 'baseline.json'}")
-        return 0
-    if current_dir is None:
-        console.print(f"current runs kept in {next(iter(current.values())).parent}")
-    if failed:
-        console.print(f"[bold red]FAIL:[/] {len(failed)} of {len(verdicts)} metrics regressed, changed or went "
-                      "missing. If the change is intended, bless it: sfibench check --baseline "
-                      f"{baseline.directory} --current DIR --update --reason TEXT")
-        return 1
-    console.print("[green]PASS[/]")
-    return 0
 
 
 def rerun(baseline: Baseline, workdir: Path, console: Console) -> dict[str, Path]:
@@ -129,14 +136,6 @@ def _locate(current_dir: Path, baseline: Baseline) -> dict[str, Path]:
     if not current_dir.is_dir():
         raise BaselineError(f"--current {current_dir} is not a directory")
     return {name: current_dir / name for name in names}
-
-
-def _header(baseline_docs: dict, current_docs: dict, console: Console) -> None:
-    for label, docs in (("baseline", baseline_docs), ("current", current_docs)):
-        prov = next(iter(docs.values()))["provenance"]
-        commit = (prov.get("git_commit") or "unknown")[:10] + (" (dirty)" if prov.get("git_dirty") else "")
-        console.print(f"{label}: commit {commit}, {prov.get('timestamp_utc')}, {device_identity(prov)}",
-                      highlight=False)
 
 
 def table(verdicts: list[Verdict]) -> Table:
