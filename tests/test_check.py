@@ -107,7 +107,7 @@ def test_a_speed_the_baseline_does_not_gate_is_shown_not_judged(baseline, tmp_pa
     (baseline / MANIFEST).write_text(json.dumps(manifest))
     status, output = check("--baseline", baseline, "--current", make_run(tmp_path / "now", slower_sfi))
     assert status == 0, output
-    assert "skipped (too noisy here)" in output and "not gated" in output
+    assert "skipped: too noisy here" in output and "not gated" in output
 
 
 def test_update_blesses_the_current_run_and_records_why(baseline, tmp_path):

@@ -87,6 +87,12 @@ def _print(verdicts: list[Verdict], baseline_docs: dict, current_docs: dict, con
         console.print(f"{label}: commit {commit}, {prov.get('timestamp_utc')}, {device_identity(prov)}",
                       highlight=False)
     console.print(table(verdicts))
+    notes: dict[tuple[str, str], int] = {}
+    for v in verdicts:
+        if v.note:
+            notes[(v.verdict, v.note)] = notes.get((v.verdict, v.note), 0) + 1
+    for (verdict, note), count in notes.items():  # once each, not on every row
+        console.print(f"{count} {verdict}: {note}", highlight=False, soft_wrap=True)
     for v in verdicts:
         if v.failed:
             console.print(f"[{STYLES[v.verdict]}]{v.verdict}[/]: {v.key}: {format_metric(v.baseline)} -> "
@@ -145,7 +151,7 @@ def table(verdicts: list[Verdict]) -> Table:
         grid.add_column(column, justify=justify)
     for v in verdicts:
         delta = "" if v.baseline is None or v.current is None else _delta(v.baseline, v.current)
-        verdict = f"[{STYLES[v.verdict]}]{v.verdict}[/]" + (f" ({v.note})" if v.note else "")
+        verdict = f"[{STYLES[v.verdict]}]{v.verdict}[/]"
         grid.add_row(v.key, format_metric(v.baseline), format_metric(v.current), delta,
                      v.tolerance.describe() if v.tolerance else "", verdict)
     return grid
