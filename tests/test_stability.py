@@ -21,6 +21,7 @@ from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
 from sfibench.engine.prefill import prefill
 from sfibench.engine.sampling import Sampler
+from sfibench.errors import UsageError
 from sfibench.methods import create_method
 from sfibench.metrics.stability import (
     StabilityConfig,
@@ -31,8 +32,8 @@ from sfibench.metrics.stability import (
     set_overlap,
     supports,
 )
-from sfibench.sfi.geometry import recent_start
 from sfibench.reporting.stability_report import DenseProbe, run_stability
+from sfibench.sfi.geometry import recent_start
 
 SMALL = SFIConfig(n_sink=2, n_recent=8, page=4, selector=SelectorConfig(use_cross_head=False))
 LAYERS, HEADS, GROUP = 2, 2, 3
@@ -170,7 +171,7 @@ def test_end_to_end_on_tiny_llama(tmp_path):
 def test_bad_text_and_context_are_clear_errors(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n")
-    with pytest.raises(StabilityInputError, match="empty"):
+    with pytest.raises(UsageError, match="--text-file .* is empty"):  # the shared text-file check
         run_stability(small_config(model="tiny-llama", text_file=str(empty)), out=tmp_path / "a")
     short = tmp_path / "short.txt"
     short.write_text("Too short. " * 5)
