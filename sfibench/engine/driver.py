@@ -31,7 +31,6 @@ from sfibench.models.decoder import Decoder
 class StepResult:
     logits: torch.Tensor  # [B, V]; on a replay this is the graph's output buffer: copy it to keep it
     ctx: StepContext
-    plan: StepPlan
     replayed: bool
 
 
@@ -85,7 +84,7 @@ class StepDriver:
             logits = self._forward(ctx, plan)
         self.method.after_step(ctx, plan)
         self.cache.advance()
-        return StepResult(logits, ctx, plan, replayed)
+        return StepResult(logits, ctx, replayed)
 
     def _forward(self, ctx: StepContext, plan: StepPlan) -> torch.Tensor:
         torch.add(self.cache.lengths, 1, out=self.kv_lengths)
