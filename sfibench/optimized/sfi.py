@@ -26,8 +26,9 @@ from sfibench.methods import StepPlan, register
 from sfibench.optimized.decode_attention import default_num_splits, sm_count
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.two_segment import two_segment_decode
+from sfibench.optimized.selector_kernels import fused_select
 from sfibench.sfi.method import SFIMethod
-from sfibench.sfi.transfer import device_index
+from sfibench.sfi.transfer import layer_index
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class OptimizedSFIPlan(StepPlan):
 @register("sfi", "optimized")
 class OptimizedSFI(SFIMethod):
     compact = True
+    select = staticmethod(fused_select)
 
     def start(self, cache: KVCache, prefilled) -> None:
         device, mc = cache.k.device, self.model_config
@@ -109,6 +111,5 @@ class OptimizedSFI(SFIMethod):
 
     def decode_evidence(self, row: int, layers: list[int], lo: int, hi: int) -> torch.Tensor:
         group = self.model_config.group_size
-        index = device_index(layers, self.evidence.device)
-        logits = self.evidence[index, row, :, lo:hi]  # [n, H_q, n_c]: the slow step wrote it
-        return logits.view(len(layers), -1, group, hi - lo)
+        logits = self.evidence[layer_index(layers, self.evidence.device), row, :, lo:hi]  # the slow step wrote it
+        return logits.view(len(layers), -1, group, hi - lo)  # a view when the layers are evenly spaced

@@ -19,7 +19,7 @@ from sfibench.metrics.labels import label
 from sfibench.sfi import geometry
 from sfibench.sfi.selector import select
 from sfibench.sfi.state import POLICIES, SelectionState
-from sfibench.sfi.transfer import device_index, pinned
+from sfibench.sfi.transfer import layer_index, pinned
 from sfibench.sfi.triggers import SlowStepScheduler, token_byte_table, token_classes
 
 EVIDENCE_CHUNK_BYTES = 1 << 30  # float32 evidence the Selector takes at once (layers are chunked to fit)
@@ -29,6 +29,7 @@ class SFIMethod(AttentionMethod):
     name = "sfi"
     has_slow_steps = True
     compact = False  # the optimized path keeps compact copies of the selected K/V
+    select = staticmethod(select)  # the Selector; the optimized path swaps in its Triton version
 
     def __init__(self, spec, model_config, tokenizer):
         super().__init__(spec, model_config, tokenizer)
@@ -118,8 +119,8 @@ class SFIMethod(AttentionMethod):
 
         With `evidence_norm = "visible"` the evidence is taken over the whole history [0, length) and split
         into the candidates' logits and each row's log-sum-exp outside them (visible_evidence). Layers are
-        taken in chunks so the float32 evidence stays under EVIDENCE_CHUNK_BYTES. `layers` reach the device
-        through pinned memory, never as a Python list index (which syncs the stream)."""
+        taken in chunks so the float32 evidence stays under EVIDENCE_CHUNK_BYTES. `layers` index the device
+        as a slice or through pinned memory, never as a Python list (which syncs the stream)."""
         lo, hi = geometry.candidate_range(length, self.cfg)
         visible = self.cfg.selector.evidence_norm == "visible"
         heads = self.model_config.num_kv_heads
@@ -137,8 +138,8 @@ class SFIMethod(AttentionMethod):
                             logits, outside_lse = visible_evidence(evidence(0, length, part), lo, hi)
                         else:
                             logits, outside_lse = evidence(lo, hi, part), None
-                    norms = cache.key_norms[device_index(part, cache.k.device), row, :, lo:hi]
-                    picks = select(logits, norms, lo, self.cfg.k_head, self.cfg.selector, outside_lse)
+                    norms = cache.key_norms[layer_index(part, cache.k.device), row, :, lo:hi]
+                    picks = self.select(logits, norms, lo, self.cfg.k_head, self.cfg.selector, outside_lse)
             with label("sfibench.rebuild"):
                 self.sel.publish(part, row, self.sel.write(part, row, picks, length, cache))
 

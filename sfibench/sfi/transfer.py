@@ -20,3 +20,12 @@ def pinned(tensor: torch.Tensor) -> torch.Tensor:
 def device_index(values: list[int], device) -> torch.Tensor:
     """A list of indices as a device tensor, copied asynchronously (see `pinned`)."""
     return pinned(torch.tensor(values)).to(device, non_blocking=True)
+
+
+def layer_index(layers: list[int], device) -> slice | torch.Tensor:
+    """Index of `layers` along a layer axis: a slice when they are evenly spaced (all layers, or every
+    other one under layer groups), so indexing is a view and copies nothing; else a device index."""
+    step = layers[1] - layers[0] if len(layers) > 1 else 1
+    if step > 0 and list(range(layers[0], layers[-1] + 1, step)) == layers:
+        return slice(layers[0], layers[-1] + 1, step)
+    return device_index(layers, device)

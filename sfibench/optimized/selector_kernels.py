@@ -1,0 +1,311 @@
+"""The SFI Selector in four Triton passes over the evidence, for the optimized path's refreshes.
+
+sfi/selector.py states the Selector stage by stage in PyTorch: about forty whole-tensor operations,
+each a pass over `[layers, H_kv, R, n]` float32 logits (at 128K candidates and 36 layers, 600 MB).
+On an H200 that took ~12 ms per refresh, and the optimized path runs it beside decoding, where every
+pass also steals bandwidth from the fast steps. The same arithmetic in four passes:
+
+1. `_row_lse_kernel`: each evidence row's log-sum-exp over the candidates (its softmax normaliser).
+2. `_pool_stats_kernel`: per (layer, KV head), the pooled log f (power mean of the rows) and the
+   prior's log r at every candidate, reduced to the five log-sums the fusion needs: LSE(log f),
+   LSE(2 log f), LSE(log r), LSE(2 log r), LSE(log f + log r). Chunked over positions, so every SM
+   has work; the partial sums are merged in PyTorch on tiny tensors.
+3. `_fuse_kernel`: log s = log((1 - lambda) f + lambda r) at every candidate, lambda from those sums.
+4. `_nms_cross_head_kernel`: Soft-NMS (the window max read straight from (3)'s output, which the
+   cache serves) and the cross-head exclusivity, all KV heads of a layer in one tile.
+
+Then the top-K: torch.topk finds each head's K-th best score, and `_compact_kernel` writes every
+position above it (and the lowest tied ones) in ascending order, as sfi/selector.top_k_positions does.
+
+The result equals `select` up to float32 rounding of the log-sums (a reordered sum), so where two
+candidates' scores differ by less than that the choice may differ; tests/test_selector_kernels.py
+checks scores and positions against `select` on random evidence under TRITON_INTERPRET. Only the
+SPEC evidence norm ("candidates") runs here; `fused_select` hands the visible-norm ablation and the
+debug random Selector to `select`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from sfibench.config import SelectorConfig
+from sfibench.sfi.selector import DEBUG_RANDOM_SELECTION_ENV, keep_neighbours, select
+
+BLOCK = 1024  # candidates per tile
+CHUNK_BLOCKS = 8  # tiles per program in the chunked reductions (8K candidates)
+NEG_INF = float("-inf")
+
+
+@triton.jit
+def _log_add_exp(a, b):
+    """log(exp a + exp b), -inf when both are (never NaN)."""
+    top = tl.maximum(a, b)
+    safe = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.exp(a - safe) + tl.exp(b - safe)
+    return tl.where(top == float("-inf"), top, safe + tl.log(tl.where(total > 0, total, 1.0)))
+
+
+@triton.jit
+def _online_lse(run_max, run_sum, values):
+    """Fold a tile of values into a running (max, sum of exp(v - max)) pair."""
+    new_max = tl.maximum(run_max, tl.max(values, 0))
+    shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+    run_sum = run_sum * tl.exp(run_max - shift) + tl.sum(tl.exp(values - shift), 0)
+    return new_max, run_sum
+
+
+@triton.jit
+def _row_lse_kernel(logits_ptr, lse_ptr, stride_l, stride_h, stride_r, stride_n, n, heads, rows,
+                    BLOCK: tl.constexpr):
+    program = tl.program_id(0)  # one evidence row: (layer, head, row)
+    layer, rest = program // (heads * rows), program % (heads * rows)
+    base = logits_ptr + layer.to(tl.int64) * stride_l + (rest // rows) * stride_h + (rest % rows) * stride_r
+    offs = tl.arange(0, BLOCK)
+    run_max = tl.full([], float("-inf"), tl.float32)
+    run_sum = tl.zeros([], tl.float32)
+    for start in range(0, n, BLOCK):
+        x = tl.load(base + (start + offs) * stride_n, mask=start + offs < n, other=float("-inf"))
+        run_max, run_sum = _online_lse(run_max, run_sum, x)
+    run_sum = tl.where(run_sum > 0, run_sum, 1.0)  # only when the row is -inf everywhere
+    tl.store(lse_ptr + program, tl.where(run_max == float("-inf"), run_max, run_max + tl.log(run_sum)))
+
+
+@triton.jit
+def _pooled_and_prior(logits_ptr, lse_ptr, norms_ptr, pair, layer, head, idx, n,
+                      stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
+                      alpha, log_rows, has_rows, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
+                      ROWS: tl.constexpr, USE_PRIOR: tl.constexpr):
+    """log_pooled (before its normalisation over n) and the prior's logit (before its softmax) at `idx`."""
+    inside = idx < n
+    base = logits_ptr + layer * stride_l + head * stride_h
+    pooled = tl.full(idx.shape, float("-inf"), tl.float32)
+    for r in tl.static_range(ROWS):
+        row_lse = tl.load(lse_ptr + pair * ROWS + r)
+        x = tl.load(base + r * stride_r + idx * stride_n, mask=inside, other=float("-inf"))
+        valid = row_lse > float("-inf")  # a row masked everywhere is left out of the pool
+        log_p = x - tl.where(valid, row_lse, 0.0)
+        pooled = _log_add_exp(pooled, tl.where(valid, alpha * log_p, float("-inf")))
+    pooled = tl.where(has_rows, (pooled - log_rows) / alpha, 0.0)  # no valid row at all: uniform f
+    prior = tl.zeros(idx.shape, tl.float32)
+    if USE_PRIOR:
+        norm = tl.load(norms_ptr + layer * stride_nl + head * stride_nh + idx * stride_nn, mask=inside, other=1.0)
+        u = idx.to(tl.float32) / tl.maximum(n - 1, 1).to(tl.float32)
+        u_pow = tl.where(u > 0, tl.exp2(pos_p * tl.log2(tl.maximum(u, 1e-30))), 0.0)
+        position_term = -beta * u_pow + eta * tl.log(tl.maximum(1 - u, eps))
+        prior = w_norm * (-gamma * tl.log(tl.maximum(norm.to(tl.float32), eps))) + w_pos * position_term
+    return tl.where(inside, pooled, float("-inf")), tl.where(inside, prior, float("-inf"))
+
+
+@triton.jit
+def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, log_rows_ptr, stats_ptr, n, heads, chunk,
+                       stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
+                       alpha, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
+                       ROWS: tl.constexpr, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr):
+    """Partial (max, sum) of five log-sums over one chunk of candidates of one (layer, KV head)."""
+    pair, part = tl.program_id(0), tl.program_id(1)
+    layer, head = (pair // heads).to(tl.int64), pair % heads
+    log_rows = tl.load(log_rows_ptr + pair)
+    has_rows = log_rows >= 0  # log R of the valid rows; -1 when no row is valid
+    offs = tl.arange(0, BLOCK)
+    # Running (max, sum) pairs of LSE(log f), LSE(2 log f), LSE(log r), LSE(2 log r), LSE(log f + log r).
+    m0 = tl.full([], float("-inf"), tl.float32)
+    m1, m2, m3, m4 = m0, m0, m0, m0
+    s0 = tl.zeros([], tl.float32)
+    s1, s2, s3, s4 = s0, s0, s0, s0
+    for start in range(part * chunk, tl.minimum(part * chunk + chunk, n), BLOCK):
+        lp, pr = _pooled_and_prior(logits_ptr, lse_ptr, norms_ptr, pair, layer, head, start + offs, n,
+                                   stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
+                                   alpha, log_rows, has_rows, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
+                                   ROWS, USE_PRIOR)
+        m0, s0 = _online_lse(m0, s0, lp)
+        m1, s1 = _online_lse(m1, s1, 2 * lp)
+        m2, s2 = _online_lse(m2, s2, pr)
+        m3, s3 = _online_lse(m3, s3, 2 * pr)
+        m4, s4 = _online_lse(m4, s4, lp + pr)
+    slot = tl.arange(0, 8)  # stored as [maxes 0..4, pad, sums 8..12, pad]: power-of-two vectors
+    maxes = tl.where(slot == 0, m0, tl.where(slot == 1, m1, tl.where(slot == 2, m2, tl.where(slot == 3, m3, m4))))
+    sums = tl.where(slot == 0, s0, tl.where(slot == 1, s1, tl.where(slot == 2, s2, tl.where(slot == 3, s3, s4))))
+    out = stats_ptr + (pair * tl.num_programs(1) + part) * 16
+    tl.store(out + slot, maxes, mask=slot < 5)
+    tl.store(out + 8 + slot, sums, mask=slot < 5)
+
+
+@triton.jit
+def _fuse_kernel(logits_ptr, lse_ptr, norms_ptr, log_rows_ptr, mix_ptr, out_ptr, n, heads,
+                 stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
+                 alpha, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
+                 ROWS: tl.constexpr, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr):
+    """log s at one tile of candidates of one (layer, KV head); `mix` holds per pair the four offsets
+    [log(1 - lambda) - LSE(log f), log lambda - LSE(log r)] (each -inf when its branch is dropped)."""
+    pair, block = tl.program_id(0), tl.program_id(1)
+    layer, head = (pair // heads).to(tl.int64), pair % heads
+    log_rows = tl.load(log_rows_ptr + pair)
+    idx = block * BLOCK + tl.arange(0, BLOCK)
+    lp, pr = _pooled_and_prior(logits_ptr, lse_ptr, norms_ptr, pair, layer, head, idx, n,
+                               stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
+                               alpha, log_rows, log_rows >= 0, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
+                               ROWS, USE_PRIOR)
+    score = lp + tl.load(mix_ptr + pair * 2)
+    if USE_PRIOR:
+        score = _log_add_exp(score, pr + tl.load(mix_ptr + pair * 2 + 1))
+    tl.store(out_ptr + pair.to(tl.int64) * n + idx, score, mask=idx < n)
+
+
+@triton.jit
+def _nms_cross_head_kernel(score_ptr, out_ptr, n, heads, radius, nms_alpha, inv_temperature, cross_alpha, log_eps,
+                           USE_NMS: tl.constexpr, USE_CROSS: tl.constexpr, BLOCK_H: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """Soft-NMS then cross-head exclusivity on a [KV heads, BLOCK] tile of one layer."""
+    layer, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs_h = tl.arange(0, BLOCK_H)
+    idx = block * BLOCK + tl.arange(0, BLOCK)
+    rows = score_ptr + (layer * heads + offs_h)[:, None] * n
+    real = (offs_h < heads)[:, None] & (idx < n)[None, :]
+    score = tl.load(rows + idx[None, :], mask=real, other=float("-inf"))
+    if USE_NMS:
+        # The window is truncated at the ends of C: positions outside read as -inf and never win.
+        window = score
+        for offset in range(-radius, radius + 1):
+            at = idx + offset
+            near = tl.load(rows + at[None, :], mask=(offs_h < heads)[:, None] & ((at >= 0) & (at < n))[None, :],
+                           other=float("-inf"))
+            window = tl.maximum(window, near)
+        finite = score > float("-inf")  # -inf stays -inf (and -inf - -inf is never formed)
+        below_peak = tl.where(finite, window, 0.0) - tl.where(finite, score, 0.0)
+        suppressed = score - nms_alpha * tl.maximum(below_peak, 0.0)
+        score = tl.where(finite, suppressed, score)
+    if USE_CROSS:
+        scaled = tl.where(real, score * inv_temperature, float("-inf"))
+        top = tl.max(scaled, 0)
+        safe = tl.where(top == float("-inf"), 0.0, top)
+        total = tl.sum(tl.exp(scaled - safe[None, :]), 0)
+        log_total = safe + tl.log(tl.where(total > 0, total, 1.0))  # 0 only where every head is -inf
+        log_rho = tl.maximum(tl.where(scaled > float("-inf"), scaled - log_total[None, :], log_eps), log_eps)
+        score = tl.where(score == float("-inf"), score, score + cross_alpha * log_rho)
+    out_rows = out_ptr + (layer * heads + offs_h)[:, None] * n
+    tl.store(out_rows + idx[None, :], score, mask=real)
+
+
+@triton.jit
+def _compact_kernel(score_ptr, threshold_ptr, room_ptr, out_ptr, n, k, lo, BLOCK: tl.constexpr):
+    """Positions of one head's kept candidates, ascending: every score above the threshold, and of the
+    scores equal to it the lowest `room`."""
+    row = tl.program_id(0).to(tl.int64)
+    threshold = tl.load(threshold_ptr + row)
+    room = tl.load(room_ptr + row)
+    offs = tl.arange(0, BLOCK)
+    kept_before = tl.zeros([], tl.int32)
+    tied_before = tl.zeros([], tl.int32)
+    for start in range(0, n, BLOCK):
+        idx = start + offs
+        score = tl.load(score_ptr + row * n + idx, mask=idx < n, other=float("-inf"))
+        tied = (score == threshold) & (idx < n)
+        tied_rank = tied_before + tl.cumsum(tied.to(tl.int32), 0)
+        keep = ((score > threshold) | (tied & (tied_rank <= room))) & (idx < n)
+        rank = kept_before + tl.cumsum(keep.to(tl.int32), 0) - 1
+        tl.store(out_ptr + row * k + rank, (idx + lo).to(tl.int64), mask=keep & (rank < k))
+        kept_before += tl.sum(keep.to(tl.int32), 0)
+        tied_before += tl.sum(tied.to(tl.int32), 0)
+
+
+def _merge_partials(stats: torch.Tensor) -> torch.Tensor:
+    """Chunk partials `[pairs, chunks, 16]` (maxes in 0..4, sums in 8..12) -> the five log-sums `[pairs, 5]`."""
+    maxes, sums = stats[..., :5], stats[..., 8:13]
+    finite = torch.where(torch.isneginf(maxes), 0.0, maxes)
+    top = finite.amax(dim=1, keepdim=True)
+    total = (sums * torch.exp(finite - top)).sum(dim=1)
+    return torch.where(total > 0, top[:, 0] + total.log(), NEG_INF)
+
+
+def _mix_offsets(log_sums: torch.Tensor, num_rows: int, cfg: SelectorConfig) -> torch.Tensor:
+    """Per (layer, KV head) the fusion's [log(1 - lambda) - LSE(log f), log lambda - LSE(log r)], lambda
+    chosen as sfi/selector.choose_lambda does, from the sums Σf², Σfr, Σr² written as log-sums."""
+    lse_f, lse_ff, lse_r, lse_rr, lse_fr = log_sums.unbind(-1)
+    if not cfg.use_prior:
+        return torch.stack([-lse_f, torch.full_like(lse_f, NEG_INF)], dim=-1)
+    if cfg.lambda_fixed is not None:
+        if not 0.0 <= cfg.lambda_fixed <= 1.0:
+            raise ValueError(f"lambda_fixed must lie in [0, 1], got {cfg.lambda_fixed}")
+        lam = torch.full_like(lse_f, cfg.lambda_fixed)
+    else:
+        sum_ff, sum_rr = torch.exp(lse_ff - 2 * lse_f), torch.exp(lse_rr - 2 * lse_r)
+        sum_fr = torch.exp(lse_fr - lse_f - lse_r)
+        lam = ((sum_ff - sum_fr) / (sum_ff - 2 * sum_fr + sum_rr).clamp_min(cfg.eps)).clamp_min(0.0)
+        lam = lam.clamp_max(cfg.lambda_clip_multi if num_rows > 1 else cfg.lambda_clip_single)
+    log_weight_prior = torch.where(lam > cfg.eps, lam.log(), NEG_INF)
+    log_weight_evidence = torch.where(1 - lam > cfg.eps, torch.log1p(-lam), NEG_INF)
+    return torch.stack([log_weight_evidence - lse_f, log_weight_prior - lse_r], dim=-1)
+
+
+def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorConfig) -> torch.Tensor:
+    """The Selector's final score `[L, H, n]` (float32) from evidence logits `[L, H, R, n]` (float32, any
+    strides) and key norms `[L, H, n]`: what `select` ranks, before the neighbour pool and the top-K."""
+    layers, heads, rows, n = logits.shape
+    if logits.dtype != torch.float32:
+        raise ValueError(f"evidence logits must be float32, got {logits.dtype}")
+    if key_norms.shape != (layers, heads, n):
+        raise ValueError(f"key_norms must be [L, H, n] = {[layers, heads, n]}, got {list(key_norms.shape)}")
+    pairs, device = layers * heads, logits.device
+    strides = (*logits.stride(), *key_norms.stride())
+    prior = (cfg.gamma, cfg.w_norm, cfg.w_pos, cfg.pos_p, cfg.eta, cfg.beta, cfg.eps)
+
+    row_lse = torch.empty(pairs * rows, device=device, dtype=torch.float32)
+    _row_lse_kernel[(pairs * rows,)](logits, row_lse, *logits.stride(), n, heads, rows, BLOCK=BLOCK)
+    valid = (row_lse.view(pairs, rows) > NEG_INF).sum(dim=1)
+    log_rows = torch.where(valid > 0, valid.clamp_min(1).float().log(), -1.0)  # -1 flags "no valid row"
+
+    chunk = BLOCK * CHUNK_BLOCKS
+    parts = triton.cdiv(n, chunk)
+    stats = torch.empty(pairs, parts, 16, device=device, dtype=torch.float32)
+    _pool_stats_kernel[(pairs, parts)](logits, row_lse, key_norms, log_rows, stats, n, heads, chunk, *strides,
+                                       cfg.alpha, *prior, ROWS=rows, USE_PRIOR=cfg.use_prior, BLOCK=BLOCK)
+    mix = _mix_offsets(_merge_partials(stats), rows, cfg).contiguous()
+
+    fused = torch.empty(layers, heads, n, device=device, dtype=torch.float32)
+    _fuse_kernel[(pairs, triton.cdiv(n, BLOCK))](logits, row_lse, key_norms, log_rows, mix, fused, n, heads,
+                                                 *strides, cfg.alpha, *prior, ROWS=rows, USE_PRIOR=cfg.use_prior,
+                                                 BLOCK=BLOCK)
+    use_cross = cfg.use_cross_head and heads > 2  # SPEC skips the stage with one or two KV heads
+    if not (cfg.use_nms or use_cross):
+        return fused
+    final = torch.empty_like(fused)
+    tile = 256  # [heads, tile] per program: the NMS window re-reads neighbours through the cache
+    _nms_cross_head_kernel[(layers, triton.cdiv(n, tile))](
+        fused, final, n, heads, min(cfg.nms_radius, n - 1), cfg.nms_alpha, 1.0 / cfg.cross_temperature,
+        cfg.cross_alpha, math.log(cfg.eps), USE_NMS=cfg.use_nms, USE_CROSS=use_cross,
+        BLOCK_H=triton.next_power_of_2(heads), BLOCK=tile)
+    return final
+
+
+def fused_top_k(scores: torch.Tensor, k: int, lo: int) -> torch.Tensor:
+    """sfi/selector.top_k_positions for float32 scores `[L, H, n]`: the min(k, n) best per head as absolute
+    positions, ascending, ties to the lower position."""
+    n = scores.shape[-1]
+    k = min(k, n)
+    flat = scores.reshape(-1, n)
+    out = torch.empty(flat.shape[0], k, dtype=torch.long, device=scores.device)
+    if k == 0:
+        return out.view(*scores.shape[:-1], 0)
+    threshold = flat.topk(k, dim=-1, sorted=False).values.amin(dim=-1).contiguous()
+    room = (k - (flat > threshold[:, None]).sum(dim=-1)).to(torch.int32)
+    _compact_kernel[(flat.shape[0],)](flat, threshold, room, out, n, k, lo, BLOCK=BLOCK)
+    return out.view(*scores.shape[:-1], k)
+
+
+def fused_select(logits: torch.Tensor, key_norms: torch.Tensor, lo: int, k: int, cfg: SelectorConfig,
+                 outside_lse: torch.Tensor | None = None) -> torch.Tensor:
+    """`select` (sfi/selector.py) through the kernels above; same arguments, same result up to rounding.
+
+    The --evidence-norm visible ablation and the debug random Selector go to `select` itself."""
+    if outside_lse is not None or cfg.evidence_norm != "candidates" or DEBUG_RANDOM_SELECTION_ENV in os.environ \
+            or logits.shape[-1] == 0 or logits.dim() != 4:
+        return select(logits, key_norms, lo, k, cfg, outside_lse)
+    scores = fused_scores(logits.float(), key_norms, cfg)
+    if cfg.keep_neighbours > 1:
+        scores = keep_neighbours(scores, cfg.keep_neighbours)
+    return fused_top_k(scores, k, lo)

@@ -1,0 +1,129 @@
+"""`sfibench profile` run: where one decode step's time goes, per component, from torch.profiler.
+
+Steps run eagerly so every kernel is visible (CUDA graphs would hide the launch gaps this command
+exists to show). torch.profiler labels (record_function) mark attention, the sparse methods' index
+build, each Selector stage, the q/k/v/o projections and the MLP; everything else in a step (norms,
+RoPE, embedding, LM head, cache writes) is "other model ops". On a GPU, "launch gaps" is the step's
+wall time minus the time kernels were running.
+
+The reference SFI keeps no compact copy of the selected K/V: a fast step gathers through an index
+list rebuilt every step ("sparse index build"), which is where an optimized path's compact rebuild
+after each refresh would show.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from sfibench.config import MethodSpec
+from sfibench.engine.cache import KVCache
+from sfibench.engine.driver import StepDriver
+from sfibench.engine.prefill import prefill
+from sfibench.engine.session import Session
+from sfibench.engine.synthetic import synthetic_prefill
+from sfibench.methods import create_method
+from sfibench.options import check_context_limit
+from sfibench.reporting.report_run import render
+from sfibench.reporting.results import write_results
+from sfibench.reporting.run_dir import claimed_run_dir
+from sfibench.workloads.replay import load_replay, take
+
+PROFILE_MARGIN = 8  # cache positions beyond the profiled steps: two warm-up steps and slack
+
+# label -> (component name, the component it runs inside). A component's row is its own time: the
+# time of the components nested in it is subtracted, so the rows add up to the step.
+LABELS = {
+    "sfibench.attend": ("attention", None),
+    "sfibench.sparse_index": ("sparse index build", "attention"),
+    "sfibench.selector": ("selector: glue", None),
+    "sfibench.rebuild": ("selection publish + compact rebuild", None),
+    "sfibench.selector.logits": ("selector: evidence logits", "selector: glue"),
+    "sfibench.selector.pool": ("selector: power-mean pooling", "selector: glue"),
+    "sfibench.selector.prior_fusion": ("selector: prior + fusion", "selector: glue"),
+    "sfibench.selector.nms": ("selector: soft-NMS", "selector: glue"),
+    "sfibench.selector.cross_head": ("selector: cross-head", "selector: glue"),
+    "sfibench.selector.top_k": ("selector: top-K", "selector: glue"),
+    "sfibench.projections": ("q/k/v/o projections", None),
+    "sfibench.mlp": ("MLP", None),
+}
+
+
+def exclusive_times(inclusive: dict[str, float]) -> dict[str, float]:
+    """Each component's time without the components nested inside it (all labelled names present)."""
+    own = dict(inclusive)
+    for name, parent in LABELS.values():
+        if parent is not None:
+            own[parent] -= inclusive[name]
+    return {name: max(value, 0.0) for name, value in own.items()}
+
+
+def _times(event, cuda: bool) -> float:
+    """Microseconds an event kept the device (CUDA) or the host (CPU) busy, children included."""
+    return getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)) if cuda else event.cpu_time_total
+
+
+def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) -> dict:
+    cfg, device = session.loaded.config, session.device
+    if device.type == "cuda" and spec.path == "optimized":  # what a graphed step pays, part by part
+        from sfibench.runs.profile_graphed import profile_graphed
+
+        return profile_graphed(session, spec, context, steps, PROFILE_MARGIN)
+    stream, tokenizer = load_replay(cfg.vocab_size, session.loaded.tokenizer)
+    cache = KVCache(cfg, 1, context + steps + PROFILE_MARGIN, device, session.dtype)
+    if device.type == "cuda":
+        prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
+    else:
+        prefilled = prefill(session.loaded.model, cache, [take(stream, 0, context).tolist()])
+    method = create_method(spec, cfg, tokenizer)
+    inputs = take(stream, context, steps + 4)
+    driver = StepDriver(session.loaded.model, cache, method)
+    driver.start(prefilled)
+    method.observe(inputs[:1])
+    for step in range(1, 3):  # warm-up: lazy initialisation stays out of the profile
+        driver.step(inputs[step - 1:step].to(device))
+        method.observe(inputs[step:step + 1])
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    kinds = []
+    with profile(activities=activities) as prof:
+        started = time.perf_counter()
+        for step in range(3, 3 + steps):
+            ctx = driver.step(inputs[step - 1:step].to(device)).ctx
+            kinds.append("slow" if bool(ctx.slow.any()) else "fast")
+            method.observe(inputs[step:step + 1])
+        if cuda:
+            torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - started) * 1e6
+    totals = {name: 0.0 for name, _ in LABELS.values()}
+    for event in prof.key_averages():
+        # On CUDA a label also appears as a GPU-side range of the same name, whose length (kernels and
+        # the gaps between them) would be counted on top of its CPU event's kernel time: skip it.
+        if event.key in LABELS and event.device_type.name == "CPU":
+            totals[LABELS[event.key][0]] += _times(event, cuda)
+    totals = exclusive_times(totals)
+    busy = sum(_times(e, True) for e in prof.key_averages()  # kernels only, not the labels' GPU ranges
+               if e.device_type.name == "CUDA" and e.key not in LABELS) if cuda else wall_us
+    totals["other model ops"] = max(busy - sum(totals.values()), 0.0)
+    if cuda:
+        totals["launch gaps (idle device)"] = max(wall_us - busy, 0.0)
+    per_step = {name: value / steps / 1e3 for name, value in totals.items()}  # ms per step
+    return {"method": spec.name, "path": spec.path, "context": context, "steps": steps, "step_kinds": kinds,
+            "ms_per_step": per_step, "wall_ms_per_step": wall_us / steps / 1e3,
+            "clock": "device kernel time" if cuda else "host time", "graphs": False}
+
+
+def run_profile(model: str, device: str, dtype: str, method: str, path: str, context: int, steps: int,
+                out: Path | None, overwrite: bool) -> Path:
+    """Profile `steps` decode steps into a claimed run directory and return it (results.json, profile.png)."""
+    with claimed_run_dir(out, "profile", overwrite=overwrite) as run_dir:
+        session = Session.open(model, device, dtype)
+        check_context_limit(session.loaded.config, [context], steps + PROFILE_MARGIN)
+        result = profile_steps(session, MethodSpec(name=method, path=path), context, steps)
+        write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": context,
+                                           "method": method, "path": path, "steps": steps}, result)
+        render(run_dir)
+    return run_dir

@@ -1,0 +1,193 @@
+"""`sfibench stability` run: dense attention over real text and reduce it to support stability (SPEC 8).
+
+The model decodes `steps` tokens after a `prefix`-token prompt, teacher-forced on natural text by
+default (so sentence boundaries are the text's own) or on its own sampled continuation. Attention is
+exactly Full-KV's; a probe method additionally hands every layer's query logits over the whole cache
+to the on-the-fly reducer in sfibench.metrics.stability. The run writes results.json, plots and
+report.md into one run directory.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import time
+from pathlib import Path
+
+import torch
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from sfibench.baselines.full_kv import DensePlan
+from sfibench.config import MethodSpec, SamplingConfig, TriggerConfig
+from sfibench.engine.cache import KVCache
+from sfibench.engine.context import StepContext
+from sfibench.engine.driver import StepDriver
+from sfibench.engine.prefill import Prefilled
+from sfibench.engine.sampling import Sampler
+from sfibench.engine.session import Session
+from sfibench.errors import RunInterrupted
+from sfibench.methods import AttentionMethod, check_method
+from sfibench.options import read_text_file
+from sfibench.metrics.stability import StabilityConfig, StabilityInputError, StabilityReducer, check_config
+from sfibench.models.presets import PRESETS
+from sfibench.reference.attention import dense_attention
+from sfibench.reporting.report_run import render
+from sfibench.reporting.results import write_results
+from sfibench.reporting.run_dir import claimed_run_dir
+from sfibench.sfi.triggers import SlowStepScheduler, token_classes
+
+SHIPPED_TEXT = "essays_en.txt"
+
+
+class DenseProbe(AttentionMethod):
+    """Full-KV attention that also keeps this step's query logits `[layers, H_kv, G, L]` for the analysis.
+
+    Not registered as a method: it measures, it is not something to benchmark. Batch size 1.
+    """
+
+    name = "dense_probe"
+    step_kind = "dense"
+
+    def start(self, cache: KVCache, prefilled: Prefilled) -> None:
+        mc = self.model_config
+        self.logits = torch.zeros(mc.num_layers, mc.num_kv_heads, mc.group_size, cache.max_seq,
+                                  device=cache.k.device, dtype=torch.float32)
+
+    def plan(self, ctx: StepContext) -> DensePlan:
+        return DensePlan(capacity=int(ctx.kv_lengths_host[0]), graphable=False)
+
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan: DensePlan) -> torch.Tensor:
+        layer, length = ctx.layer, plan.capacity
+        ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
+        keys = cache.k[layer, 0, :, :length].float()  # [H_kv, L, D]
+        grouped = q[0, :, 0].float().reshape(keys.shape[0], -1, keys.shape[-1])  # [H_kv, G, D]
+        # q.k / sqrt(d), as SFI's slow step computes its evidence (a batched matmul: einsum is slower here)
+        self.logits[layer, :, :, :length] = torch.matmul(grouped, keys.transpose(1, 2)) * keys.shape[-1] ** -0.5
+        return dense_attention(q, cache.k[layer], cache.v[layer], ctx.kv_lengths, capacity=length, masked=False)
+
+
+def load_text(text_file: str | None) -> tuple[str, str]:
+    """(text, where it came from); the shipped English essays when no file is given."""
+    if text_file is None:
+        resource = importlib.resources.files("sfibench.workloads") / "data" / SHIPPED_TEXT
+        return resource.read_text(encoding="utf-8"), f"sfibench/workloads/data/{SHIPPED_TEXT}"
+    return read_text_file(text_file, "--text-file"), str(text_file)
+
+
+def check_lengths(cfg: StabilityConfig, tokens: int, max_context: int, model: str) -> None:
+    """The text must cover the prefix (and, teacher-forced, every step); the model must hold it all."""
+    check_text_length(cfg, tokens)
+    check_context(cfg, max_context, model)
+
+
+def check_text_length(cfg: StabilityConfig, tokens: int, exact: bool = True) -> None:
+    needed = cfg.prefix + (0 if cfg.generate else cfg.steps)
+    if tokens < needed:
+        what = f"a {cfg.prefix}-token prefix" + ("" if cfg.generate else f" + {cfg.steps} teacher-forced steps")
+        has = f"{tokens}" if exact else f"at most {tokens}"
+        raise StabilityInputError(f"the text has {has} tokens but {what} need {needed}; give a longer "
+                                  "--text-file, fewer --steps or a shorter --prefix")
+
+
+def check_context(cfg: StabilityConfig, max_context: int, model: str) -> None:
+    if cfg.prefix + cfg.steps > max_context:
+        raise StabilityInputError(
+            f"{model} has a context of {max_context} tokens, but a {cfg.prefix}-token prefix + {cfg.steps} steps "
+            f"need {cfg.prefix + cfg.steps}; ask for fewer --steps or use a model with a longer context")
+
+
+def run_stability(cfg: StabilityConfig, out: Path | str | None = None, overwrite: bool = False,
+                  show_progress: bool = True) -> Path:
+    """Run the analysis of `cfg` and return the run directory (results.json, plots, report.md).
+
+    Every setting, the text and the run directory are checked before the model loads. The analysis
+    is one pass saved at its end, so Ctrl-C keeps nothing and says so (RunInterrupted).
+    """
+    check_config(cfg)
+    check_method("full_kv", cfg.path)
+    text, source = load_text(cfg.text_file)
+    # No tokenizer spends fewer than one byte per token (beyond a start token), so a text this short
+    # is refused before the model loads; the exact count is checked once the tokenizer is there.
+    check_text_length(cfg, len(text.encode("utf-8")) + 1, exact=False)
+    if cfg.model in PRESETS:
+        check_context(cfg, PRESETS[cfg.model].max_context, cfg.model)
+    with claimed_run_dir(out, "stability", overwrite=overwrite) as run_dir:
+        try:
+            _analyse(cfg, text, source, run_dir, show_progress)
+        except KeyboardInterrupt:
+            raise RunInterrupted("a stability run is reduced in one pass and saved at its end, so nothing was "
+                                 "kept; a smaller --steps finishes sooner") from None
+    return run_dir
+
+
+def _analyse(cfg: StabilityConfig, text: str, source: str, run_dir: Path, show_progress: bool) -> None:
+    began = time.perf_counter()
+    session = Session.open(cfg.model, cfg.device, cfg.dtype, cfg.seed)
+    loaded, mc = session.loaded, session.loaded.config
+    ids = loaded.tokenizer.encode(text)
+    check_lengths(cfg, len(ids), mc.max_context, mc.name)
+    load_s = time.perf_counter() - began
+
+    began = time.perf_counter()
+    prefilled = session.prefill([ids[:cfg.prefix]], cfg.steps)
+    prefill_s = time.perf_counter() - began
+    probe = DenseProbe(MethodSpec(name="full_kv", path=cfg.path), mc, loaded.tokenizer)
+    reducer = StabilityReducer(cfg, mc.num_layers, mc.num_kv_heads)
+    stream, nll, decode_s = _decode(session, probe, reducer, cfg, ids, prefilled, show_progress)
+
+    emitted = stream[cfg.prefix:]
+    results = {
+        "model": mc.name, "text": source, "mode": "generated" if cfg.generate else "teacher-forced",
+        "prefix_tokens": cfg.prefix, "context": {"first": cfg.prefix + 1, "last": cfg.prefix + reducer.step},
+        "sfi_geometry": {"n_sink": cfg.sfi.n_sink, "n_recent": cfg.sfi.n_recent, "page": cfg.sfi.page,
+                         "k_head": cfg.k_head},
+        "perplexity": float(torch.tensor(nll).mean().exp()) if nll else None,
+        "timing": {"load_s": load_s, "prefill_s": prefill_s, "decode_s": decode_s,
+                   "steps_per_s": reducer.step / decode_s if decode_s > 0 else None,
+                   "device": str(session.device), "dtype": str(session.dtype), "threads": torch.get_num_threads()},
+        "decoded_text_head": loaded.tokenizer.decode(emitted[:200]),
+        **reducer.summary(),
+    }
+    write_results(run_dir, "stability", cfg, results)
+    render(run_dir)  # plots and report come from the saved file, as `sfibench report` draws them
+
+
+def _decode(session: Session, probe: DenseProbe, reducer: StabilityReducer, cfg: StabilityConfig,
+            ids: list[int], prefilled: Prefilled, show_progress: bool) -> tuple[list[int], list[float], float]:
+    """Decode and feed the reducer; returns the token stream, per-step NLL (teacher-forced) and seconds."""
+    loaded, cache = session.loaded, session.cache
+    is_ender, is_blank = token_classes(loaded.tokenizer.backend, loaded.config.vocab_size)
+    boundaries = SlowStepScheduler(TriggerConfig(), is_ender, is_blank, 1)  # only its sentence rule is used
+    stream = list(ids[:cfg.prefix])
+    for token in stream:  # so a prefix that ends a sentence makes the first step a sentence start
+        boundaries.observe(torch.tensor([token]))
+    sampler = Sampler(SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed), session.device)
+    eos = loaded.tokenizer.eos_token_id
+    logits, nll = prefilled.last_logits, []
+    driver = StepDriver(loaded.model, cache, probe)
+    driver.start(prefilled)
+    columns = (TextColumn("stability"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+    began = time.perf_counter()
+    with Progress(*columns, disable=not show_progress) as progress:
+        task = progress.add_task("decode", total=cfg.steps)
+        for index in range(cfg.steps):
+            position = cfg.prefix + index
+            token = int(sampler(logits)[0]) if cfg.generate else ids[position]
+            if cfg.generate and token == eos:
+                break  # the model ended its text: what follows would not be natural text
+            if not cfg.generate:
+                nll.append(float(-logits[0].float().log_softmax(-1)[token]))
+            stream.append(token)
+            boundaries.observe(torch.tensor([token]))  # this step's input token
+            logits = driver.step(torch.tensor([token], device=session.device)).logits
+            length = position + 1
+            reducer.update(probe.logits[..., :length], cache.key_norms[:, 0, :, :length],
+                           bool(boundaries.sentence_start[0]))
+            progress.advance(task)
+    return stream, nll, time.perf_counter() - began

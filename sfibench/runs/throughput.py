@@ -1,0 +1,95 @@
+"""`sfibench throughput` run: claim the folder, measure every method, write results.json, render.
+
+The command (commands/throughput.py) has checked every option and resolved the device defaults;
+what needs the loaded model (a checkpoint's own context limit, `--ctx max`) is checked here, after
+the run directory is claimed and before anything is measured.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from sfibench.config import SFIConfig
+from sfibench.engine.session import Session
+from sfibench.methods import available, check_method
+from sfibench.metrics.timing import measure_copy_bandwidth
+from sfibench.models import fused
+from sfibench.options import check_context_limit
+from sfibench.reporting.report_run import render
+from sfibench.reporting.results import write_results
+from sfibench.reporting.run_dir import claimed_run_dir
+from sfibench.runs.throughput_measure import ThroughputConfig, add_comparisons, measure_all
+
+PREFILL_MODES = ("auto", "real", "synthetic")
+
+
+def resolve_methods(methods: list[str], paths: list[str]) -> list[tuple[str, str]]:
+    """Every registered (method, path) among those asked for; `name/path` pins one path.
+
+    Unknown names are errors; a plain name runs on each of `paths` where it is registered.
+    """
+    registered = available()
+    for path in paths:
+        if path not in {p for _, p in registered}:
+            raise ValueError(f"unknown path {path!r}; valid paths: reference, optimized")
+    pairs = []
+    for item in methods:
+        name, _, pinned = item.partition("/")
+        check_method(name, pinned or next((p for n, p in registered if n == name), "reference"))
+        pairs += [(name, pinned)] if pinned else [(name, p) for p in paths if (name, p) in registered]
+    return list(dict.fromkeys(pairs))
+
+
+def dense_kernel_check(session: Session, contexts: list[int], batches: list[int]) -> list[dict]:
+    """Full-KV's Triton kernel and every SDPA backend at the run's attention shapes (SPEC 6)."""
+    from sfibench.optimized.bench_attention import benchmark_dense
+
+    cfg, rows = session.loaded.config, []
+    session.cache = None  # the last run's KV cache (up to ~120 GB at 128K) is not needed any more
+    if session.device.type == "cuda":
+        torch.cuda.empty_cache()
+    for batch in sorted(set(batches)):
+        for context in contexts:
+            for result in benchmark_dense(batch, cfg.num_kv_heads, cfg.group_size, cfg.head_dim, context,
+                                          session.dtype, session.device):
+                rows.append({"batch": batch, "context": context, **result})
+    return rows
+
+
+def run_throughput(model: str, device: str, dtype: str, contexts: list[int | str], batches: list, methods: list[str],
+                   paths: list[str], steps: int, repeats: int, prefill: str, graphs: bool, length_bucket: int,
+                   dense_kernels: bool, sfi: SFIConfig, out: Path | None, overwrite: bool,
+                   console: Console) -> Path:
+    """Run the benchmark into a claimed run directory and return it (results.json, plots, report.md).
+
+    `contexts` may hold "max": the model's limit minus `steps`, known once the model is loaded."""
+    with claimed_run_dir(out, "throughput", overwrite=overwrite) as run_dir:
+        session = Session.open(model, device, dtype)
+        check_context_limit(session.loaded.config, [c for c in contexts if c != "max"], steps)
+        contexts = [session.max_tokens - steps if c == "max" else c for c in contexts]
+        pairs = resolve_methods(methods, paths)
+        cfg = ThroughputConfig(model=session.loaded.config.name, contexts=contexts, batches=batches, methods=pairs,
+                               steps=steps, repeats=repeats, prefill=prefill, graphs=graphs,
+                               length_bucket=length_bucket, sfi=sfi)
+        bandwidth = measure_copy_bandwidth(session.device)
+        console.print(f"copy bandwidth {bandwidth / 1e9:,.0f} GB/s on {session.device}; {len(pairs)} methods, "
+                      f"contexts {contexts}, batches {batches}, {steps} steps x {repeats} repeats")
+
+        def progress(row: dict) -> None:
+            console.print(f"  {row['method']}/{row['path']} ctx {row['context']:,} B={row['batch']}: "
+                          f"{row['tokens_per_s']:,.1f} tok/s")
+
+        rows = measure_all(session, cfg, progress)
+        add_comparisons(rows, cfg, session.loaded.config, session.cache_dtype_bytes, bandwidth)
+        results = {
+            "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
+            "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
+            "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
+            "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if dense_kernels else [],
+        }
+        write_results(run_dir, "throughput", cfg, results)
+        render(run_dir)
+    return run_dir

@@ -1,0 +1,277 @@
+"""`sfibench throughput`'s measurement: decode speed of every method on one engine, with the byte roofline.
+
+For each (context, batch) the cache is prefilled once (really, or synthetically at long contexts),
+then every (method, path) decodes the same replayed real-text token stream, teacher-forced, so SFI's
+sentence triggers fire at natural rates. One untimed pass captures the CUDA graphs, then `repeats`
+timed passes give the median and spread; per-step CUDA events give the latency by step kind.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from sfibench.config import MethodSpec, SFIConfig, SnapKVConfig, StreamingLLMConfig
+from sfibench.engine.cache import KVCache
+from sfibench.engine.driver import StepDriver
+from sfibench.engine.prefill import Prefilled, prefill
+from sfibench.engine.session import Session
+from sfibench.engine.synthetic import synthetic_prefill
+from sfibench.methods import create_method
+from sfibench.metrics.bytes_model import (
+    kv_read_bytes,
+    refresh_bytes,
+    roofline_ratio,
+    sfi_candidates,
+    sfi_tokens_read,
+    step_bytes,
+)
+from sfibench.metrics.floor import weights_floor_seconds
+from sfibench.metrics.memory import MemoryEstimateError, available_device_memory, check_fits, estimate_memory
+from sfibench.metrics.nvml import NvmlSampler, energy_per_token
+from sfibench.metrics.stats import percentiles, spread
+from sfibench.metrics.timing import StepTimer
+from sfibench.workloads.replay import load_replay, take
+
+EVIDENCE_ROWS = 64  # last prompt queries kept at prefill (SnapKV's window; SFI uses 16 of them)
+SCORE_CHUNK = 64  # query rows whose float32 scores a bootstrap materialises at once (memory estimate)
+
+
+@dataclass
+class ThroughputConfig:
+    model: str
+    contexts: list[int]
+    batches: list[int | str]  # ints, or "max": the largest batch that fits at the longest context
+    methods: list[tuple[str, str]]  # (method, path)
+    steps: int
+    repeats: int = 3
+    prefill: str = "auto"  # real | synthetic | auto (synthetic from 16K tokens)
+    graphs: bool = True
+    length_bucket: int = 256
+    sfi: SFIConfig = field(default_factory=SFIConfig)
+    publish: list[str] = field(default_factory=lambda: ["next_step", "when_ready"])  # optimized SFI's modes
+
+
+def method_specs(cfg: ThroughputConfig, context: int) -> list[MethodSpec]:
+    """Every method at SFI's tokens read after a refresh: equal budgets, not nominal ratios.
+
+    The optimized SFI runs once per publish mode: synchronous (`next_step`, the Selector inside the
+    slow step) and asynchronous (`when_ready`, the Selector on a second stream)."""
+    budget = sfi_tokens_read(context, cfg.sfi)
+    specs = []
+    for name, path in cfg.methods:
+        modes = cfg.publish if (name, path) == ("sfi", "optimized") else ["next_step"]
+        specs += [MethodSpec(name=name, path=path, sfi=replace(cfg.sfi, publish=mode),
+                             streaming=StreamingLLMConfig(budget=budget),
+                             snapkv=SnapKVConfig(budget=max(budget, SnapKVConfig().window + 1)))
+                  for mode in modes]
+    return specs
+
+
+def method_state_bytes(cfg: ThroughputConfig, dims, dtype_bytes: int) -> tuple[int, int]:
+    """(bytes per sequence and token, bytes per sequence) of the methods' own state, for the memory check.
+
+    The optimized SFI keeps a float32 evidence row per query head and slot, and two compact K/V buffers."""
+    if ("sfi", "optimized") not in cfg.methods:
+        return 0, 0
+    evidence = dims.num_layers * dims.num_heads * 4
+    compact = 2 * dims.num_layers * dims.num_kv_heads * (cfg.sfi.n_sink + cfg.sfi.k_head) * dims.head_dim * 2 * dtype_bytes
+    return evidence, compact
+
+
+def largest_batch(session: Session, cfg: ThroughputConfig, context: int) -> int:
+    steps = cfg.steps
+    est = estimate_memory(session.loaded.config, 1, context + steps + 1, session.cache_dtype_bytes,
+                          prefill_chunk=SCORE_CHUNK, **_state_bytes(session, cfg))
+    room = 0.9 * _available(session) - est["fixed_bytes"]
+    per_sequence = est["per_sequence_bytes"] + (context + steps + 1) * est["per_sequence_token_bytes"]
+    if room < per_sequence:
+        raise MemoryEstimateError(f"not even batch 1 fits at {context} tokens; use a shorter --ctx")
+    return int(room // per_sequence)
+
+
+def _state_bytes(session: Session, cfg: ThroughputConfig) -> dict:
+    token, sequence = method_state_bytes(cfg, session.loaded.config, session.cache_dtype_bytes)
+    return {"method_token_bytes": token, "method_sequence_bytes": sequence}
+
+
+def _available(session: Session) -> int:
+    weights = session.loaded.config.num_params() * session.cache_dtype_bytes  # already resident
+    return available_device_memory(session.device) + (weights if session.device.type == "cuda" else 0)
+
+
+def prepare_cache(session: Session, cfg: ThroughputConfig, context: int, batch: int, stream: torch.Tensor,
+                  seed: int) -> tuple[Prefilled, bool, float]:
+    """Allocate (after checking it fits) and prefill.
+
+    Returns the snapshot, whether it was synthetic, and the fill's wall time in seconds (the device
+    synchronised at both ends; allocation excluded). Decode throughput never includes it (SPEC 7).
+    """
+    steps, mode = cfg.steps, cfg.prefill
+    max_seq = context + steps + 1
+    session.cache = None
+    if session.device.type == "cuda":
+        torch.cuda.empty_cache()
+    est = estimate_memory(session.loaded.config, batch, max_seq, session.cache_dtype_bytes,
+                          prefill_chunk=SCORE_CHUNK, **_state_bytes(session, cfg))
+    check_fits(est, _available(session))
+    if context + steps > session.max_tokens:
+        raise MemoryEstimateError(f"context {context} + {steps} steps exceeds the model's limit of "
+                                  f"{session.max_tokens} tokens; use a shorter --ctx")
+    session.cache = KVCache(session.loaded.config, batch, max_seq, session.device, session.dtype)
+    synthetic = mode == "synthetic" or (mode == "auto" and context >= 16384)
+    cfg = session.loaded.config
+    prompts = None if synthetic else [take(stream, 1000 * row, context).tolist() for row in range(batch)]
+    _synchronize(session.device)
+    began = time.perf_counter()
+    if synthetic:
+        prefilled = synthetic_prefill(session.cache, context, cfg.vocab_size, cfg.num_heads, EVIDENCE_ROWS, seed)
+    else:
+        prefilled = prefill(session.loaded.model, session.cache, prompts, evidence_rows=EVIDENCE_ROWS)
+    _synchronize(session.device)
+    return prefilled, synthetic, time.perf_counter() - began
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: ThroughputConfig,
+            inputs: torch.Tensor, tokenizer, context: int) -> dict:
+    """Decode `cfg.steps` teacher-forced steps per pass; one warm pass, then `cfg.repeats` timed ones."""
+    model, cache, device = session.loaded.model, session.cache, session.device
+    method = create_method(spec, session.loaded.config, tokenizer)
+    runner = StepDriver(model, cache, method, cfg.graphs, cfg.length_bucket)
+    passes, kinds, read_sums, replays, refreshes = [], [], {}, 0, 0
+    sampler = NvmlSampler(device.index or 0) if device.type == "cuda" else None
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    for repeat in range(cfg.repeats + 1):  # pass 0 is the warm-up that captures the graphs
+        timed = repeat > 0
+        if timed and repeat == 1 and sampler:
+            sampler.start()
+        runner.start(prefilled)
+        method.observe(inputs[:, 0])
+        timer = StepTimer(device)
+        for index in range(1, cfg.steps + 1):
+            tokens = inputs[:, index - 1].to(device, non_blocking=True)
+            with timer.step():
+                result = runner.step(tokens)
+            ctx, replayed = result.ctx, result.replayed
+            kind = ("slow" if bool(ctx.slow.any()) else "fast") if method.has_slow_steps else method.step_kind
+            method.observe(inputs[:, index])
+            if timed:
+                kinds.append(kind)
+                replays += replayed
+                refreshes += int(ctx.slow.sum())
+                read_sums[kind] = read_sums.get(kind, 0) + ctx.tokens_read.sum()
+        if timed:
+            passes.append([seconds for _, seconds in timer.durations()])
+    energy = {"available": False, "reason": "no GPU"}
+    if sampler:
+        sampler.stop()
+        energy = sampler.summary()
+    facts = {"passes": passes, "kinds": kinds, "read_sums": read_sums, "replays": replays, "energy": energy,
+             "refreshes": refreshes,
+             "context": context}
+    return summarize(session, spec, cfg, facts, runner, method)
+
+
+def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: dict, runner: StepDriver,
+              method) -> dict:
+    """Turn one method's timed passes into the row of the report (see module docstring)."""
+    passes, kinds, read_sums, energy = facts["passes"], facts["kinds"], facts["read_sums"], facts["energy"]
+    replays, context = facts["replays"], facts["context"]
+    batch, dims = session.cache.batch, session.loaded.config
+    step_seconds = [s for p in passes for s in p]
+    totals = [sum(p) for p in passes]
+    by_kind: dict[str, list[float]] = {}
+    for kind, seconds in zip(kinds, step_seconds):
+        by_kind.setdefault(kind, []).append(seconds)
+    per_token = {k: float(read_sums[k]) / (len(v) * dims.num_layers * batch * dims.num_kv_heads)
+                 for k, v in by_kind.items()}
+    mean_read = sum(per_token[k] * len(v) for k, v in by_kind.items()) / len(kinds)
+    slow_steps = len(by_kind.get("slow", []))
+    # one refresh per slow row (a slow step of a batch may refresh one row or several)
+    refresh = refresh_bytes(dims, sfi_candidates(context, cfg.sfi), cfg.sfi.k_head, 1, session.cache_dtype_bytes,
+                            path=spec.path) * facts["refreshes"] / len(kinds)
+    nbytes = step_bytes(dims, mean_read, batch, session.cache_dtype_bytes, refresh)
+    mean_step = statistics.fmean(step_seconds)
+    tok_s = [batch * cfg.steps / t for t in totals]
+    return {
+        "method": spec.name, "path": spec.path, "context": context, "batch": batch,
+        "publish": spec.sfi.publish if spec.name == "sfi" else None,
+        "tokens_per_s": statistics.median(tok_s), "tokens_per_s_spread": spread(tok_s),
+        "ms_per_step": {k: {q: v * 1e3 for q, v in percentiles(s).items() if q != "n"} | {"n": len(s)}
+                        for k, s in by_kind.items()},
+        "mean_step_ms": mean_step * 1e3,
+        "tokens_read_mean": mean_read, "tokens_read_by_kind": per_token, "retention": mean_read / (context + cfg.steps / 2),
+        "bytes_per_step": nbytes.to_dict(), "achieved_gb_s": nbytes.total / mean_step / 1e9,
+        "slow_steps": slow_steps, "mean_slow_interval": method.summary().get("mean_slow_interval"),
+        "graphs": {"used": cfg.graphs, "replayed_steps": replays, "eager_steps": len(kinds) - replays,
+                   "captured": len(runner.graphs), "capture_seconds": runner.capture_seconds,
+                   "length_bucket": runner.length_bucket},
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None,
+        "energy": energy | energy_per_token(energy, batch * cfg.steps * cfg.repeats),
+    }
+
+
+def add_comparisons(rows: list[dict], cfg: ThroughputConfig, dims, dtype_bytes: int, bandwidth: float) -> None:
+    """Speedup vs the fastest Full-KV path at the same shape, roofline efficiency and ratio, step floors.
+
+    A speedup is only claimed (`speedup_supported`) where the row reads at least 5% fewer tokens than
+    Full-KV and the two tok/s ranges over the repeats do not overlap: a faster "sparse" method reading
+    as many tokens as Full-KV only shows a slow dense path, and a gap inside the noise shows nothing."""
+    for row in rows:
+        row["roofline_ms"] = row["bytes_per_step"]["total"] / bandwidth * 1e3
+        row["roofline_efficiency"] = row["roofline_ms"] / row["mean_step_ms"]
+        if row.get("weights_floor"):  # SPEC 7: every step kind against weights floor + its K/V at copy bandwidth
+            row["floor_ms"] = {kind: (row["weights_floor"]["seconds"] + kv_read_bytes(dims, read, row["batch"], dtype_bytes)
+                                      / bandwidth) * 1e3 for kind, read in row["tokens_read_by_kind"].items()}
+        dense = [r for r in rows if r["method"] == "full_kv" and (r["context"], r["batch"]) == (row["context"], row["batch"])]
+        if not dense:
+            continue
+        best = max(dense, key=lambda r: r["tokens_per_s"])
+        row["speedup_vs_full_kv"] = row["tokens_per_s"] / best["tokens_per_s"]
+        row["full_kv_reference_path"] = best["path"]
+        row["speedup_supported"] = (row["tokens_read_mean"] <= 0.95 * best["tokens_read_mean"]
+                                    and _separated(row["tokens_per_s_spread"], best["tokens_per_s_spread"]))
+        if row["method"] == "sfi":
+            w = best["bytes_per_step"]["weights"]
+            kv_full = kv_read_bytes(dims, row["context"], 1, dtype_bytes)
+            kv_sparse = kv_read_bytes(dims, row["tokens_read_by_kind"].get("fast", row["tokens_read_mean"]), 1, dtype_bytes)
+            interval = row["mean_slow_interval"] or float("inf")
+            row["roofline_speedup"] = roofline_ratio(w, kv_full, kv_sparse, row["batch"], interval)
+
+
+def _separated(a: dict, b: dict) -> bool:
+    """Whether two [min, max] ranges of tok/s over the repeats are disjoint."""
+    return a["min"] > b["max"] or b["min"] > a["max"]
+
+
+def measure_all(session: Session, cfg: ThroughputConfig, progress=None) -> list[dict]:
+    """One row per (context, batch, method spec): the rows results.json holds, before add_comparisons."""
+    stream, tokenizer = load_replay(session.loaded.config.vocab_size, session.loaded.tokenizer)
+    rows = []
+    # "max" is the largest batch that fits at the longest context, used at every context
+    batches = [largest_batch(session, cfg, max(cfg.contexts)) if b == "max" else int(b) for b in cfg.batches]
+    floors = {batch: weights_floor_seconds(session.loaded.model, batch, session.device) for batch in dict.fromkeys(batches)}
+    for context in cfg.contexts:
+        for batch in dict.fromkeys(batches):
+            prefilled, synthetic, prefill_seconds = prepare_cache(session, cfg, context, batch, stream, seed=0)
+            # every sequence replays its own stretch of text, starting where its prompt would end
+            inputs = torch.stack([take(stream, 1000 * row + context, cfg.steps + 1) for row in range(batch)])
+            inputs = inputs.pin_memory() if session.device.type == "cuda" else inputs
+            for spec in method_specs(cfg, context):
+                row = measure(session, prefilled, spec, cfg, inputs, tokenizer, context)
+                row["prefill"] = "synthetic" if synthetic else "real"
+                row["prefill_seconds"] = prefill_seconds
+                row["weights_floor"] = floors[batch]
+                rows.append(row)
+                if progress:
+                    progress(row)
+    return rows
