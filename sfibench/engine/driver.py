@@ -2,8 +2,9 @@
 
 A step is: the method plans it on the host (`plan`, which also fills the method's device inputs),
 the model runs one token per sequence (each layer appends its K/V to the cache, then the method
-attends), the method's `after_step` hook runs (where an SFI slow step hands its evidence to the
-refresh pipeline), and the cache advances.
+attends; a sliding-window layer attends its window itself, see engine/sliding.py), the method's
+`after_step` hook runs (where an SFI slow step hands its evidence to the refresh pipeline), and the
+cache advances.
 
 At decode, an eager engine measures Python and kernel-launch overhead, not attention (SPEC 7), so on
 a GPU the model call is replayed from a CUDA graph, one per distinct plan (the plan is frozen and
@@ -22,6 +23,7 @@ import torch
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.prefill import Prefilled, restore
+from sfibench.engine.sliding import window_decode_attention, window_tokens_read
 from sfibench.methods import AttentionMethod, StepPlan
 from sfibench.metrics.labels import label
 from sfibench.models.decoder import Decoder
@@ -89,11 +91,16 @@ class StepDriver:
     def _forward(self, ctx: StepContext, plan: StepPlan) -> torch.Tensor:
         torch.add(self.cache.lengths, 1, out=self.kv_lengths)
         self.method.begin_step(ctx, plan)
+        cfg = self.model.config
 
         def attend(layer, q, k, v):
             ctx.layer = layer
             self.cache.write_step(layer, ctx.positions, k[:, :, 0], v[:, :, 0])
             with label("sfibench.attend"):  # a label for `sfibench profile`
+                if not cfg.is_global(layer):  # a sliding layer attends its window, whatever the method
+                    ctx.tokens_read[layer] = window_tokens_read(ctx.kv_lengths, cfg.sliding_window)[:, None]
+                    return window_decode_attention(q, self.cache.k[layer], self.cache.v[layer], ctx.kv_lengths,
+                                                   cfg.sliding_window)
                 return self.method.attend(q, self.cache, ctx, plan)
 
         return self.model(self.tokens[:, None], ctx.positions[:, None], attend)[:, -1]

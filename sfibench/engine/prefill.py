@@ -1,4 +1,5 @@
-"""Prefill: run each prompt through the model in chunks, filling the cache with dense causal attention.
+"""Prefill: run each prompt through the model in chunks, filling the cache with dense causal attention
+(over the window only, on a sliding-window layer).
 
 Prefill is the same for every method, so it is done once and shared. Besides the cache it keeps the
 last `evidence_rows` prompt queries of every layer: SFI's bootstrap refresh and SnapKV's one-shot
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from sfibench.engine.cache import KVCache
+from sfibench.engine.sliding import window_prefill_attention
 from sfibench.models.decoder import Decoder
 from sfibench.reference.attention import causal_prefill_attention
 
@@ -70,6 +72,8 @@ def prefill(model: Decoder, cache: KVCache, prompts: list[list[int]], chunk: int
                     queries[layer, row, :, keep_from - first_kept:end - first_kept] = q[0, :, keep_from - start:]
                 k_all = cache.k[layer, row:row + 1, :, :end]
                 v_all = cache.v[layer, row:row + 1, :, :end]
+                if not cfg.is_global(layer):
+                    return window_prefill_attention(q, k_all, v_all, start, cfg.sliding_window)
                 return causal_prefill_attention(q, k_all, v_all, start)
 
             logits = model(tokens[None, start:end], torch.arange(start, end, device=device)[None], attend,

