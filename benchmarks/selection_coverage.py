@@ -19,7 +19,7 @@ import torch
 from sfibench.engine.prefill import restore
 from sfibench.engine.session import Session
 from sfibench.methods import create_method
-from sfibench.reporting.quality_run import make_condition
+from sfibench.runners.quality_batch import make_condition
 from sfibench.workloads.base import PromptFormat, make_samples
 
 CONTEXT, RETENTION, SAMPLES, MOST_TOKENS = 2048, 0.15, 6, 8

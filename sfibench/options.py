@@ -1,8 +1,9 @@
 """Command-line values checked before any expensive work, each error naming its option and the fix.
 
 Typer already checks types and simple ranges (`min=`); these cover what it cannot: comma-separated
-lists, token counts such as `8k`, text files, and names that must exist here (model,
-device, dtype, trigger policy). All raise UsageError, which the CLI prints as one line with exit 2.
+lists, token counts such as `8k`, text files, names that must exist here (model, device, dtype,
+trigger policy), contexts a model can hold and SFI settings. All raise UsageError, which the CLI prints
+as one line with exit 2.
 """
 
 from __future__ import annotations
@@ -150,3 +151,44 @@ def check_top_p(top_p: float) -> None:
     """Typer bounds --top-p to [0, 1]; 0 would keep no token at all."""
     if top_p <= 0:
         raise UsageError("--top-p must be above 0; 1 keeps the whole distribution")
+
+
+def check_shape_options(model: str | None, device: str, dtype: str) -> tuple[str, bool]:
+    """(model, whether the device is a GPU) for the commands that default to a shape per device: the
+    Qwen3-4B shape (random weights) on a GPU, tiny-llama on a CPU."""
+    check_dtype(dtype)
+    gpu = check_device(device).type == "cuda"
+    model = model or ("qwen3-4b" if gpu else "tiny-llama")
+    check_model(model)
+    return model, gpu
+
+
+def check_context_limit(config, contexts: list[int], decode: int) -> None:
+    """Each context plus `decode` tokens must fit the model. Called with the preset's config before
+    loading, and with the loaded config after (checkpoint directories and GGUF files say their limit
+    only then); None skips the check."""
+    if config is None:
+        return
+    for context in contexts:
+        if context + decode > config.max_context:
+            raise UsageError(f"--ctx {context:,} plus {decode} decode tokens exceeds {config.name}'s limit of "
+                             f"{config.max_context:,} tokens; the longest --ctx that fits with this --steps is "
+                             f"{config.max_context - decode:,}")
+
+
+def check_sfi_settings(evidence_norm: str | None, keep_neighbours: int | None, publish: str | None,
+                       path: str) -> None:
+    """The SFI settings whose bad values typer cannot catch by itself."""
+    from sfibench.sfi.selector import EVIDENCE_NORMS
+    from sfibench.sfi.state import POLICIES
+
+    if publish is not None:
+        check_choice(publish, POLICIES, "--publish")
+        if publish == "when_ready" and path != "optimized":
+            raise UsageError("--publish when_ready runs the Selector on a side stream, which only the optimized "
+                             "path has; add --path optimized or leave --publish out")
+    if evidence_norm is not None:
+        check_choice(evidence_norm, EVIDENCE_NORMS, "--evidence-norm")
+    if keep_neighbours is not None and keep_neighbours % 2 == 0:
+        raise UsageError(f"--keep-neighbours {keep_neighbours} is even; the pool is centred on each position, "
+                         "so give an odd kernel such as 3, 5 or 7 (1 = off)")

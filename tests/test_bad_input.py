@@ -124,8 +124,8 @@ def test_the_context_limit_hint_is_the_length_ctx_max_gives(tmp_path):
     """One number in every hint: the longest prompt a refused --ctx is told about is what `max` picks."""
     import re
 
-    from sfibench.reporting.quality_inputs import check_inputs
-    from sfibench.reporting.quality_report import _fit_contexts
+    from sfibench.runners.quality import _fit_contexts
+    from sfibench.runners.quality_inputs import check_inputs
     from sfibench.workloads.base import PromptFormat
 
     result = CliRunner().invoke(app, ["quality", "--model", "tiny-llama", "--tasks", "niah_multiturn", "--ctx", "4000",

@@ -7,8 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sfibench.cli import app
-from sfibench.reporting import profile_run, quality_run, stability_report
-from sfibench.reporting.quality_run import conditions
+from sfibench.runners import profile, quality_batch, stability
+from sfibench.runners.quality_batch import conditions
 
 
 class SpecSeen(Exception):
@@ -32,20 +32,20 @@ def test_quality_builds_every_condition_on_the_path():
 
 
 def test_quality_decodes_with_the_path(tmp_path, monkeypatch):
-    monkeypatch.setattr(quality_run, "create_method", stop_with_spec)
+    monkeypatch.setattr(quality_batch, "create_method", stop_with_spec)
     spec = spec_reached(["quality", "--model", "tiny-llama", "--ctx", "600", "--samples", "1", "--tasks", "ppl",
                          "--retention", "0.5"], tmp_path / "run")
     assert (spec.name, spec.path) == ("full_kv", "optimized")
 
 
 def test_stability_probe_stands_for_the_paths_full_kv(tmp_path, monkeypatch):
-    monkeypatch.setattr(stability_report, "DenseProbe", stop_with_spec)
+    monkeypatch.setattr(stability, "DenseProbe", stop_with_spec)
     spec = spec_reached(["stability", "--model", "tiny-llama", "--steps", "4", "--prefix", "300"], tmp_path / "run")
     assert (spec.name, spec.path) == ("full_kv", "optimized")
 
 
 def test_profile_profiles_the_path(tmp_path, monkeypatch):
-    monkeypatch.setattr(profile_run, "profile_steps", lambda session, spec, *args: stop_with_spec(spec))
+    monkeypatch.setattr(profile, "profile_steps", lambda session, spec, *args: stop_with_spec(spec))
     spec = spec_reached(["profile", "--model", "tiny-llama", "--ctx", "600", "--method", "sfi"], tmp_path / "run")
     assert (spec.name, spec.path) == ("sfi", "optimized")
 

@@ -16,8 +16,9 @@ from sfibench.engine.turns import Script, run_scripts
 from sfibench.errors import UsageError
 from sfibench.methods import create_method
 from sfibench.metrics import longbench, quality
-from sfibench.reporting.quality_report import parse_context, parse_retentions, run_quality
-from sfibench.reporting.quality_run import conditions, make_condition, preset_retention, recent_for_budget
+from sfibench.runners.quality import run_quality
+from sfibench.runners.quality_batch import conditions, make_condition, preset_retention, recent_for_budget
+from sfibench.runners.quality_inputs import parse_context, parse_retentions
 
 
 def test_string_match_accepts_the_answer_and_rejects_near_misses():

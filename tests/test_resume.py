@@ -8,9 +8,9 @@ from typer.testing import CliRunner
 
 from sfibench.cli import app
 from sfibench.errors import RunInterrupted
-from sfibench.reporting import quality_run
-from sfibench.reporting.quality_report import run_quality
 from sfibench.reporting.results import read_results
+from sfibench.runners import quality_batch
+from sfibench.runners.quality import run_quality
 
 # Two tasks x two batches (3 samples, batch 2) x three conditions: an interrupt can land mid-task and mid-batch.
 RUN = {"model": "tiny-llama", "methods": ["sfi", "streaming_llm"], "tasks": ["niah_single", "ppl"],
@@ -22,7 +22,7 @@ CLI_RUN = ["quality", "--model", "tiny-llama", "--methods", "sfi,streaming_llm",
 def interrupt_at_decode(monkeypatch, number: int) -> list[int]:
     """Make the `number`-th decode pass raise KeyboardInterrupt, as Ctrl-C would; returns the call counter."""
     calls = [0]
-    decode = quality_run._decode
+    decode = quality_batch._decode
 
     def counting(*args, **kwargs):
         calls[0] += 1
@@ -30,7 +30,7 @@ def interrupt_at_decode(monkeypatch, number: int) -> list[int]:
             raise KeyboardInterrupt
         return decode(*args, **kwargs)
 
-    monkeypatch.setattr(quality_run, "_decode", counting)
+    monkeypatch.setattr(quality_batch, "_decode", counting)
     return calls
 
 

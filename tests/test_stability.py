@@ -32,7 +32,7 @@ from sfibench.metrics.stability import (
     set_overlap,
     supports,
 )
-from sfibench.reporting.stability_report import DenseProbe, run_stability
+from sfibench.runners.stability import DenseProbe, run_stability
 from sfibench.sfi.geometry import recent_start
 
 SMALL = SFIConfig(n_sink=2, n_recent=8, page=4, selector=SelectorConfig(use_cross_head=False))

@@ -9,15 +9,15 @@ import torch
 from typer.testing import CliRunner
 
 from sfibench.cli import app
-from sfibench.options import parse_tokens
 from sfibench.engine.cache import KVCache
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.metrics.memory import MemoryEstimateError
 from sfibench.metrics.nvml import energy_per_token
-from sfibench.reporting.throughput_cli import resolve_methods
+from sfibench.options import parse_tokens
 from sfibench.reporting.throughput_report import latency_energy_rows
-from sfibench.reporting.throughput_run import ThroughputConfig, prepare_cache, run_throughput
+from sfibench.runners.throughput import resolve_methods
+from sfibench.runners.throughput_measure import ThroughputConfig, measure_all, prepare_cache
 from sfibench.workloads.replay import ReplayTokenizer, load_replay, take
 
 runner = CliRunner()
@@ -46,7 +46,7 @@ def _row(method: str, tok_s: list[float], read: float) -> dict:
 ])
 def test_speedup_is_claimed_only_where_the_run_supports_it(sparse_read, sparse_tok_s, supported):
     from sfibench.reporting.throughput_report import table_rows
-    from sfibench.reporting.throughput_run import add_comparisons
+    from sfibench.runners.throughput_measure import add_comparisons
 
     dims = Session.open("tiny-llama", "cpu").loaded.config
     rows = [_row("full_kv", [10.0, 11.0, 12.0], 4096), _row("streaming_llm", sparse_tok_s, sparse_read)]
@@ -79,7 +79,7 @@ def test_tiny_run_reports_consistent_numbers():
     cfg = ThroughputConfig(model="tiny-qwen3", contexts=[2900], batches=[2],
                            methods=[("full_kv", "reference"), ("sfi", "reference")], steps=40, repeats=2,
                            graphs=False)
-    rows = run_throughput(session, cfg)
+    rows = measure_all(session, cfg)
     dense, sfi = rows
     assert dense["tokens_read_mean"] == pytest.approx(2900 + 20.5, abs=0.01)  # every slot, every step
     assert sfi["tokens_read_mean"] < dense["tokens_read_mean"]
@@ -161,7 +161,7 @@ def test_profile_breaks_a_step_into_components(tmp_path):
 
 
 def test_profile_rows_are_exclusive_times():
-    from sfibench.reporting.profile_run import LABELS, exclusive_times
+    from sfibench.runners.profile import LABELS, exclusive_times
 
     inclusive = {name: 0.0 for name, _ in LABELS.values()}
     inclusive.update({"attention": 10.0, "sparse index build": 1.0, "selector: glue": 6.0,
@@ -176,7 +176,7 @@ def test_profile_rows_are_exclusive_times():
 
 def test_profile_splits_slow_steps_by_selector_stage():
     from sfibench.config import MethodSpec
-    from sfibench.reporting.profile_run import profile_steps
+    from sfibench.runners.profile import profile_steps
 
     spec = MethodSpec(name="sfi", path="reference")
     spec.sfi.trigger.policy, spec.sfi.trigger.interval, spec.sfi.trigger.min_gap = "fixed", 2, 1

@@ -8,7 +8,7 @@ fixed: weights (every parameter is stored, including an untied embedding table) 
 per_sequence_token: K and V cache + float32 key norms + one prefill chunk's float32 attention scores;
 per_sequence: one prefill chunk's activations in one layer + float32 logits for one row.
 A method's own state adds `method_token_bytes` per sequence and token and `method_sequence_bytes` per
-sequence (see `method_state_bytes` in reporting/throughput_run.py for the optimized SFI's).
+sequence (see `method_state_bytes` in runners/throughput_measure.py for the optimized SFI's).
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from functools import partial
 
 from sfibench.metrics.quality import mean_ci
+from sfibench.reporting.formatting import number
 
 MATCH_TOLERANCE = 0.05
 SOLVED = 0.8
@@ -72,12 +74,11 @@ def claim_check(cells: list[dict]) -> tuple[list[dict], list[str]]:
     return rows, unsolved
 
 
+cell = partial(number, missing="–")  # a quality table marks what a cell did not measure with a dash
+
+
 def _acc(c: dict) -> str:
     return f"{c['accuracy']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
-
-
-def _fmt(value, digits=3) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
 
 
 def _partial_note(results: dict) -> list[str]:
@@ -158,7 +159,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                       "|---|---|---|" + "---|" * len(turned[0]["turn_accuracy"])]
             for c in turned:
                 lines.append(f"| {c['method']} | {c['retention'] or 1:g} | {c['context']} | "
-                             + " | ".join(_fmt(a, 2) for a in c["turn_accuracy"]) + " |")
+                             + " | ".join(cell(a, 2) for a in c["turn_accuracy"]) + " |")
         lines.append("")
     lines += ["", "## Fidelity to Full-KV (mean over samples)", "",
               "| task | method | retention | context | read | KL (nats) | top-1 agree | greedy-token agree | perplexity |",
@@ -166,8 +167,8 @@ def markdown(results: dict, plots: list[str]) -> str:
     for c in cells:
         if c["method"] != "full_kv":
             lines.append(f"| {c['task']} | {c['method']} | {c['retention']:g} | {c['context']} | "
-                         f"{c['measured_retention']:.3f} | {_fmt(c['kl'])} | {_fmt(c['top1_agreement'])} | "
-                         f"{_fmt(c['token_agreement'])} | {_fmt(c['perplexity'], 2)} |")
+                         f"{c['measured_retention']:.3f} | {cell(c['kl'])} | {cell(c['top1_agreement'])} | "
+                         f"{cell(c['token_agreement'])} | {cell(c['perplexity'], 2)} |")
     fulls = [c for c in cells if c["method"] == "full_kv" and c["perplexity"] is not None]
     if fulls:
         lines += ["", "Full-KV perplexity: " + ", ".join(f"{c['context']} tok {c['perplexity']:.2f}" for c in fulls) + "."]

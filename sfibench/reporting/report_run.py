@@ -50,7 +50,7 @@ def _stability(run_dir: Path, document: dict) -> list[Path]:
 
 
 def _profile(run_dir: Path, document: dict) -> list[Path]:
-    from sfibench.reporting.profile_run import chart
+    from sfibench.reporting.profile_report import chart
 
     return [chart(document["results"], run_dir / "profile.png")]
 

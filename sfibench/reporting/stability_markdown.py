@@ -1,9 +1,12 @@
-"""report.md for `sfibench stability`, written from a results.json document alone."""
+"""report.md and the terminal summary of `sfibench stability`, written from a results.json document alone."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from rich.table import Table
+
+from sfibench.reporting.formatting import number, percent
 from sfibench.reporting.stability_plots import MEMORY_LABELS, PLOTS
 
 DRIFT_ROWS = (1, 2, 4, 8, 16, 32)  # offsets shown in the drift table, plus the last (open) bin
@@ -24,28 +27,20 @@ DEFINITIONS = (
 )
 
 
-def _pct(value) -> str:
-    return "n/a" if value is None else f"{100 * value:.1f}%"
-
-
-def _num(value, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
-
-
 def summary_sentences(results: dict) -> str:
     """The findings in two sentences with their numbers, whichever way they come out."""
     topk, recall, drift = results["consecutive"]["topk"], results["recall"], results["drift"]["topk_overlap"]
     late = min(len(drift), 16)
-    first = (f"Consecutive decode steps share {_pct(topk['within']['overlap_mean'])} of their top-k attention "
-             f"support within a sentence and {_pct(topk['across']['overlap_mean'])} across a sentence boundary, "
-             f"and overlap with the sentence's first step falls from {_pct(drift[0])} at offset 1 to "
-             f"{_pct(drift[late - 1])} at offset {late}.")
+    first = (f"Consecutive decode steps share {percent(topk['within']['overlap_mean'])} of their top-k attention "
+             f"support within a sentence and {percent(topk['across']['overlap_mean'])} across a sentence boundary, "
+             f"and overlap with the sentence's first step falls from {percent(drift[0])} at offset 1 to "
+             f"{percent(drift[late - 1])} at offset {late}.")
     second = (f"Fast steps reading a selection the SFI Selector made at the sentence's first step keep "
-              f"{_pct(recall['stale']['mean'])} of the dense attention mass "
-              f"({_pct(recall['stale']['candidate_recall'])} of the mass on candidates), against "
-              f"{_pct(recall['fresh']['mean'])} ({_pct(recall['fresh']['candidate_recall'])}) for a selection "
-              f"refreshed at every step and {_pct(recall['streaming']['mean'])} "
-              f"({_pct(recall['streaming']['candidate_recall'])}) for StreamingLLM reading as many tokens.")
+              f"{percent(recall['stale']['mean'])} of the dense attention mass "
+              f"({percent(recall['stale']['candidate_recall'])} of the mass on candidates), against "
+              f"{percent(recall['fresh']['mean'])} ({percent(recall['fresh']['candidate_recall'])}) for a selection "
+              f"refreshed at every step and {percent(recall['streaming']['mean'])} "
+              f"({percent(recall['streaming']['candidate_recall'])}) for StreamingLLM reading as many tokens.")
     return f"{first} {second}"
 
 
@@ -57,14 +52,14 @@ def _setup(cfg: dict, results: dict) -> list[str]:
         "text": f"`{results['text']}`, {results['mode']}",
         "decode steps": (f"{results['steps']} after a {results['prefix_tokens']}-token prefix "
                          f"(context {context['first']} to {context['last']} tokens)"),
-        "sentences": f"{sentences['starts']} sentence starts, mean length {_num(sentences['mean_length'], 1)} steps",
+        "sentences": f"{sentences['starts']} sentence starts, mean length {number(sentences['mean_length'], 1)} steps",
         "supports": (f"top-k with k = {cfg['topk_frac']:g} x L, and the smallest set holding {cfg['mass']:g} "
                      "of the candidates' attention"),
         "SFI memory": (f"{cfg['sfi']['n_sink']} sinks + Selector picks (k_head = {k_head}) + recent window "
                        f"({cfg['sfi']['n_recent']} tokens, page {cfg['sfi']['page']}, anchored at t0)"),
-        "perplexity of the stretch (dense)": _num(results["perplexity"], 2),
+        "perplexity of the stretch (dense)": number(results["perplexity"], 2),
         "time": (f"load {timing['load_s']:.0f} s, prefill {timing['prefill_s']:.1f} s, decode + analysis "
-                 f"{timing['decode_s']:.0f} s ({_num(timing['steps_per_s'], 2)} steps/s), "
+                 f"{timing['decode_s']:.0f} s ({number(timing['steps_per_s'], 2)} steps/s), "
                  f"{timing['device']} ({timing.get('threads')} threads), {timing['dtype']}"),
     }
     return ["| | |", "| --- | --- |", *(f"| {key} | {value} |" for key, value in rows.items())]
@@ -75,9 +70,9 @@ def _consecutive(results: dict) -> list[str]:
     for kind, name in (("topk", "top-k"), ("mass", "90% mass")):
         for side in ("within", "across"):
             s = results["consecutive"][kind][side]
-            lines.append(f"| {name} | {side} | {s['pairs']} | {_num(s['overlap_mean'])} | {_num(s['jaccard_mean'])} |")
+            lines.append(f"| {name} | {side} | {s['pairs']} | {number(s['overlap_mean'])} | {number(s['jaccard_mean'])} |")
     lines += ["", (f"For scale: two top-k sets drawn at random from the same candidates would overlap by k/|C| = "
-                   f"{_num(results['chance_topk_overlap'])} on average.")]
+                   f"{number(results['chance_topk_overlap'])} on average.")]
     return lines
 
 
@@ -90,7 +85,7 @@ def _drift(results: dict) -> list[str]:
         i = offset - 1
         cells = [drift["topk_overlap"][i], drift["mass_overlap"][i], *(recall[m]["by_offset"][i] for m in MEMORY_LABELS)]
         label = f">= {offset}" if offset == last else str(offset)
-        lines.append(f"| {label} | {drift['samples'][i]} | " + " | ".join(_num(c) for c in cells) + " |")
+        lines.append(f"| {label} | {drift['samples'][i]} | " + " | ".join(number(c) for c in cells) + " |")
     return lines
 
 
@@ -99,8 +94,8 @@ def _recall(results: dict) -> list[str]:
              "| --- | --- | --- | --- |"]
     for name, label in MEMORY_LABELS.items():
         r = results["recall"][name]
-        lines.append(f"| {label} | {_num(r['mean'])} | {_num(r['candidate_recall'])} | {_num(r['tokens_read_mean'], 0)} |")
-    lines += ["", (f"Candidates hold {_pct(results['candidate_mass_share'])} of the dense mass on average; the rest "
+        lines.append(f"| {label} | {number(r['mean'])} | {number(r['candidate_recall'])} | {number(r['tokens_read_mean'], 0)} |")
+    lines += ["", (f"Candidates hold {percent(results['candidate_mass_share'])} of the dense mass on average; the rest "
                    "is on sinks and the recent window, which every memory keeps.")]
     return lines
 
@@ -123,3 +118,20 @@ def write_report(run_dir: Path | str, document: dict) -> Path:
     path = Path(run_dir) / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
+
+
+def terminal_table(document: dict) -> Table:
+    """What `sfibench stability` prints when it finishes: consecutive-step overlaps and memory recall."""
+    cfg, results = document["config"], document["results"]
+    table = Table(title=f"sfibench stability: {results['model']}, {results['steps']} steps ({results['mode']})")
+    for column in ("measure", "within sentence", "across boundary"):
+        table.add_column(column)
+    for kind, name in (("topk", f"top-{cfg['topk_frac']:g}L"), ("mass", f"{cfg['mass']:g}-mass")):
+        for metric in ("overlap", "jaccard"):
+            sides = results["consecutive"][kind]
+            table.add_row(f"consecutive {metric}, {name}",
+                          *(number(sides[side][f"{metric}_mean"]) for side in ("within", "across")))
+    for memory, name in (("stale", "SFI selection from t0"), ("fresh", "SFI selection at t"),
+                         ("streaming", "StreamingLLM, same tokens")):
+        table.add_row(f"recall: {name}", number(results["recall"][memory]["mean"]), "")
+    return table

@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import ScalarFormatter
+from rich.table import Table
 
 from sfibench.metrics.nvml import best_energy
 from sfibench.reporting.plot_style import context_axis, legend_below, save, yerr
@@ -74,6 +75,16 @@ def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
             f"{speedup:.2f}x" if speedup else "-", f"{roof:.2f}x" if roof else "-",
         ))
     return out
+
+
+def terminal_table(document: dict) -> Table:
+    """The run's rows as the rich table `sfibench throughput` prints when it finishes."""
+    table = Table(title=f"sfibench throughput: {document['config']['model']} on {document['provenance'].get('device')}")
+    for column in COLUMNS:
+        table.add_column(column)
+    for cells in table_rows(document["results"]["rows"]):
+        table.add_row(*cells)
+    return table
 
 
 def latency_energy_rows(rows: list[dict]) -> list[tuple[str, ...]]:

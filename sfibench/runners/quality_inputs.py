@@ -17,7 +17,7 @@ from sfibench.errors import UsageError
 from sfibench.methods import check_method
 from sfibench.models.presets import PRESETS
 from sfibench.options import parse_tokens
-from sfibench.reporting.quality_run import conditions
+from sfibench.runners.quality_batch import conditions
 from sfibench.workloads.base import ContextSizeError, get_task
 from sfibench.workloads.longbench import PREFIX, load_records, longbench_files
 

@@ -69,7 +69,7 @@ def _times(event, cuda: bool) -> float:
 def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) -> dict:
     cfg, device = session.loaded.config, session.device
     if device.type == "cuda" and spec.path == "optimized":  # what a graphed step pays, part by part
-        from sfibench.runs.profile_graphed import profile_graphed
+        from sfibench.runners.profile_graphed import profile_graphed
 
         return profile_graphed(session, spec, context, steps, PROFILE_MARGIN)
     stream, tokenizer = load_replay(cfg.vocab_size, session.loaded.tokenizer)

@@ -1,4 +1,4 @@
-"""`sfibench stability`: run dense attention over real text and reduce it to support stability (SPEC 8).
+"""`sfibench stability` run: dense attention over real text and reduce it to support stability (SPEC 8).
 
 The model decodes `steps` tokens after a `prefix`-token prompt, teacher-forced on natural text by
 default (so sentence boundaries are the text's own) or on its own sampled continuation. Attention is
@@ -33,14 +33,13 @@ from sfibench.engine.sampling import Sampler
 from sfibench.engine.session import Session
 from sfibench.errors import RunInterrupted
 from sfibench.methods import AttentionMethod, check_method
-from sfibench.options import read_text_file
 from sfibench.metrics.stability import StabilityConfig, StabilityInputError, StabilityReducer, check_config
 from sfibench.models.presets import PRESETS
+from sfibench.options import read_text_file
 from sfibench.reference.attention import dense_attention
-from sfibench.reporting.results import read_results, write_results
+from sfibench.reporting.report_run import render
+from sfibench.reporting.results import write_results
 from sfibench.reporting.run_dir import claimed_run_dir
-from sfibench.reporting.stability_markdown import write_report
-from sfibench.reporting.stability_plots import write_plots
 from sfibench.sfi.triggers import SlowStepScheduler, token_classes
 
 SHIPPED_TEXT = "essays_en.txt"
@@ -156,9 +155,7 @@ def _analyse(cfg: StabilityConfig, text: str, source: str, run_dir: Path, show_p
         **reducer.summary(),
     }
     write_results(run_dir, "stability", cfg, results)
-    document = read_results(run_dir)  # plots and report come from the saved file, as `report` would
-    write_plots(run_dir, document["results"])
-    write_report(run_dir, document)
+    render(run_dir)  # plots and report come from the saved file, as `sfibench report` draws them
 
 
 def _decode(session: Session, probe: DenseProbe, reducer: StabilityReducer, cfg: StabilityConfig,

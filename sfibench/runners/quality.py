@@ -19,7 +19,11 @@ from sfibench.engine.session import Session
 from sfibench.errors import RunInterrupted, UsageError
 from sfibench.metrics.longbench import DATASETS
 from sfibench.options import check_session_options
-from sfibench.runs.quality_inputs import (
+from sfibench.reporting.report_run import render
+from sfibench.reporting.results import provenance, read_results
+from sfibench.reporting.run_dir import claimed_run_dir
+from sfibench.runners.quality_batch import conditions, evaluate_batch, preset_retention
+from sfibench.runners.quality_inputs import (
     SAME_ON_RESUME,
     QualityInputs,
     check_distinct,
@@ -29,11 +33,7 @@ from sfibench.runs.quality_inputs import (
     largest_context,
     parse_context,
 )
-from sfibench.reporting.report_run import render
-from sfibench.reporting.results import provenance, read_results
-from sfibench.reporting.run_dir import claimed_run_dir
-from sfibench.runs.quality_batch import conditions, evaluate_batch, preset_retention
-from sfibench.runs.quality_ledger import QualityLedger
+from sfibench.runners.quality_ledger import QualityLedger
 from sfibench.workloads.base import PromptFormat, make_samples
 from sfibench.workloads.longbench import PREFIX, dataset_name, longbench_samples
 
@@ -54,8 +54,8 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
 
     `resume` continues a stopped run in `out` with the same settings: every record its results.json
     holds is kept, and only the missing ones run. `sfi_variant` changes SFI settings for an ablation
-    run (see quality_run.apply_sfi_variant), e.g. {"use_nms": False}. `path` is the implementation
-    path every method runs on. `sfi_preset` (quality_run.SFI_PRESETS, in place of `retentions`, one context)
+    run (see quality_batch.apply_sfi_variant), e.g. {"use_nms": False}. `path` is the implementation
+    path every method runs on. `sfi_preset` (quality_batch.SFI_PRESETS, in place of `retentions`, one context)
     runs every method at the budget of the authors' operating point. Ctrl-C raises RunInterrupted once what
     is done is saved and rendered.
     """

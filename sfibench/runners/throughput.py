@@ -21,7 +21,7 @@ from sfibench.options import check_context_limit
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import write_results
 from sfibench.reporting.run_dir import claimed_run_dir
-from sfibench.runs.throughput_measure import ThroughputConfig, add_comparisons, measure_all
+from sfibench.runners.throughput_measure import ThroughputConfig, add_comparisons, measure_all
 
 PREFILL_MODES = ("auto", "real", "synthetic")
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from sfibench.runs.quality_batch import condition_label
 from sfibench.reporting.quality_summary import summarise
 from sfibench.reporting.results import write_results
+from sfibench.runners.quality_batch import condition_label
 
 
 def _key(record: dict) -> tuple:

@@ -1,0 +1,66 @@
+"""What every command shares: the consoles, the one way a user error is shown, and shared help texts."""
+
+from __future__ import annotations
+
+import contextlib
+
+import typer
+from rich.console import Console
+
+from sfibench.errors import RunInterrupted, UsageError
+
+console = Console()
+err_console = Console(stderr=True)
+PATHS = ("reference", "optimized")
+PATH_HELP = "reference (plain PyTorch) or optimized (see sfibench/optimized/)"
+DEVICE_HELP = "auto, cpu, cuda or cuda:N"
+DTYPE_HELP = "auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16"
+
+
+@contextlib.contextmanager
+def user_errors():
+    """Turn the errors a user can fix into one red line and exit status 2 (no traceback).
+
+    Only errors raised by validation are caught: UsageError and the equally specific classes other
+    modules raise. Anything else is a bug or an environment failure and keeps its traceback. Ctrl-C
+    prints what was kept and exits 130, the shell's status for an interrupt.
+    """
+    from sfibench.engine.prefill import PromptError
+    from sfibench.methods import UnknownMethodError
+    from sfibench.metrics.device import DeviceUnavailableError
+    from sfibench.metrics.memory import MemoryEstimateError
+    from sfibench.metrics.stability import StabilityInputError
+    from sfibench.models.loading import MissingWeightsError
+    from sfibench.models.presets import UnknownModelError
+    from sfibench.workloads.base import ContextSizeError, UnknownTaskError
+    from sfibench.workloads.longbench import LongBenchError
+
+    try:
+        yield
+    except (UsageError, UnknownModelError, UnknownMethodError, UnknownTaskError, PromptError, ContextSizeError,
+            MissingWeightsError, DeviceUnavailableError, MemoryEstimateError, StabilityInputError,
+            LongBenchError) as error:
+        print_error(error)
+        raise typer.Exit(code=2) from None
+    except KeyboardInterrupt as interrupt:
+        kept = str(interrupt) if isinstance(interrupt, RunInterrupted) else "nothing was saved"
+        err_console.print(f"\n[bold yellow]interrupted:[/] {kept}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=130) from None
+
+
+def print_error(error: Exception) -> None:
+    err_console.print(f"[bold red]error:[/] {error}", highlight=False, soft_wrap=True)
+
+
+# Help texts of the SFI settings `generate` and `quality` both take.
+NMS_RADIUS_HELP = "SFI: Soft-NMS compares each position with the best score this many positions either side"
+NMS_ALPHA_HELP = "SFI: Soft-NMS strength (0 = no suppression)"
+EVIDENCE_NORM_HELP = ("SFI ablation: softmax each evidence row over the candidates (SPEC, the authors' Triton "
+                      "path) or over every visible key, then restricted to the candidates (their CUDA path)")
+KEEP_NEIGHBOURS_HELP = ("SFI ablation beyond the paper: max-pool the Selector's score over this odd number of "
+                        "positions before the top-K (after Soft-NMS, or in its place with --no-nms), so a kept "
+                        "peak keeps its neighbours; 1 = off")
+BRIDGE_STEPS_HELP = "SFI: decode steps after the prompt that read densely before the first selection is used"
+PUBLISH_HELP = ("SFI: next_step (each refresh is used from the next step) or when_ready (optimized path on a GPU: "
+                "the Selector runs on a side stream and rows read densely until their first selection is "
+                "published, the authors' bridge)")

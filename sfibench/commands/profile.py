@@ -1,0 +1,38 @@
+"""`sfibench profile`: check the options, profile the steps (runners/profile.py), print the components."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATH_HELP, console, user_errors
+from sfibench.options import check_context_limit, check_shape_options, parse_tokens
+
+
+def profile(
+    model: str = typer.Option(None, help="default: qwen3-4b (random weights) on a GPU, tiny-llama on a CPU"),
+    ctx: str = typer.Option(None, help="context in tokens (k = 1,024; default 32k on a GPU, 3k on a CPU)"),
+    method: str = typer.Option("sfi", help="full_kv, sfi, streaming_llm or snapkv"),
+    path: str = typer.Option("reference", help=PATH_HELP),
+    steps: int = typer.Option(16, min=1, help="eager decode steps profiled (slow ones included as they come)"),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    out: Path = typer.Option(None, help="run directory (default runs/profile-<time>)"),
+    overwrite: bool = typer.Option(False, help="replace an earlier profile run in --out"),
+):
+    """Where one decode step's time goes: attention, SFI selector, MLP, other ops, launch gaps."""
+    from sfibench.methods import check_method
+    from sfibench.models.presets import PRESETS
+    from sfibench.reporting.profile_report import terminal_table
+    from sfibench.reporting.results import read_results
+    from sfibench.runners.profile import PROFILE_MARGIN, run_profile
+
+    with user_errors():
+        model, gpu = check_shape_options(model, device, dtype)
+        check_method(method, path)
+        context = parse_tokens(ctx if ctx is not None else ("32k" if gpu else "3k"), "--ctx")
+        check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)
+        run_dir = run_profile(model, device, dtype, method, path, context, steps, out, overwrite)
+    console.print(terminal_table(read_results(run_dir)))
+    console.print(f"[green]wrote[/] {run_dir}/results.json and profile.png")

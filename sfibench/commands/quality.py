@@ -1,0 +1,89 @@
+"""`sfibench quality`: check the options, run the tasks (runners/quality.py), print the cells."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sfibench.commands.common import (
+    BRIDGE_STEPS_HELP,
+    DEVICE_HELP,
+    DTYPE_HELP,
+    EVIDENCE_NORM_HELP,
+    KEEP_NEIGHBOURS_HELP,
+    NMS_ALPHA_HELP,
+    NMS_RADIUS_HELP,
+    PATH_HELP,
+    PUBLISH_HELP,
+    console,
+    err_console,
+    user_errors,
+)
+from sfibench.config import SelectorConfig, SFIConfig
+from sfibench.errors import UsageError
+from sfibench.options import check_sfi_settings, split_list
+
+
+def quality(
+    model: str = typer.Option("smollm2-135m", help="preset name, HF checkpoint directory or .gguf file"),
+    methods: str = typer.Option("full_kv,sfi,streaming_llm,snapkv", help="comma-separated; Full-KV always runs "
+                                                                         "(it is the reference)"),
+    tasks: str = typer.Option("niah_single,niah_multiturn,ppl", help="comma-separated: passkey, niah_single, "
+                              "niah_single_word, niah_multikey, niah_multivalue, niah_multiquery, niah_multiturn, "
+                              "vt, cwe, fwe, ppl"),
+    ctx: str = typer.Option("2k", help="prompt lengths in the model's tokens: whole tokens or k = 1,024 tokens, "
+                                       "e.g. 2k,4k,8000, or max"),
+    retention: str = typer.Option(None, help="budgets as fractions of the context, each in (0, 1] "
+                                  "(default 0.15,0.5: where the paper says SFI matches Full-KV, and where it says "
+                                  "eviction baselines need to be)"),
+    sfi_preset: str = typer.Option(None, help="instead of --retention, one --ctx: every method at the budget of the "
+                                   "authors' operating point, paper-2k (k_head 2048) or paper-4k (4096), with a "
+                                   "256-token recent window and SPEC's triggers"),
+    samples: str = typer.Option("4", help="samples per cell: one count, or one per --ctx (20,20,10)"),
+    longbench: Path = typer.Option(None, help="LongBench <dataset>.jsonl file or a directory of them (local)"),
+    chat: bool = typer.Option(True, "--chat/--no-chat", help="wrap prompts in the model's chat template"),
+    batch: int = typer.Option(4, min=1, help="prompts prefilled and decoded together (fewer weight reads per "
+                                             "token); keep it when resuming to reproduce the numbers exactly"),
+    seed: int = typer.Option(0),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    path: str = typer.Option("reference", help="the path every method runs on: " + PATH_HELP),
+    out: Path = typer.Option(None, help="run directory (default runs/quality-<time>)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier quality run in --out"),
+    resume: bool = typer.Option(False, "--resume", help="continue a stopped run in --out (same settings) from its "
+                                                        "first missing sample"),
+    no_prior: bool = typer.Option(False, "--no-prior", help="SFI ablation: Selector without the prior"),
+    no_nms: bool = typer.Option(False, "--no-nms", help="SFI ablation: Selector without Soft-NMS"),
+    no_cross_head: bool = typer.Option(False, "--no-cross-head", help="SFI ablation: no cross-head exclusivity"),
+    w_prefill: int = typer.Option(None, min=1, help="SFI: prompt queries used as bootstrap evidence (default 16)"),
+    nms_radius: int = typer.Option(None, min=0, help=f"{NMS_RADIUS_HELP} (default {SelectorConfig.nms_radius})"),
+    nms_alpha: float = typer.Option(None, min=0.0, help=f"{NMS_ALPHA_HELP} (default {SelectorConfig.nms_alpha:g})"),
+    evidence_norm: str = typer.Option(None, help=f"{EVIDENCE_NORM_HELP} (default {SelectorConfig.evidence_norm})"),
+    keep_neighbours: int = typer.Option(None, min=1, help=KEEP_NEIGHBOURS_HELP),
+    bridge_steps: int = typer.Option(None, min=0, help=f"{BRIDGE_STEPS_HELP} (default {SFIConfig.bridge_steps})"),
+    publish: str = typer.Option(None, help=f"{PUBLISH_HELP} (default {SFIConfig.publish})"),
+):
+    """Offline long-context tasks and fidelity to Full-KV, every method from one prefill; Ctrl-C keeps what is done."""
+    from sfibench.reporting.quality_report import results_table
+    from sfibench.reporting.results import read_results
+    from sfibench.runners.quality import run_quality
+
+    with user_errors():
+        if overwrite and resume:
+            raise UsageError("give --overwrite (replace the run in --out) or --resume (continue it), not both")
+        check_sfi_settings(evidence_norm, keep_neighbours, publish, path)
+        variant = {name: False for name, off in (("use_prior", no_prior), ("use_nms", no_nms),
+                                                  ("use_cross_head", no_cross_head)) if off}
+        # Recorded only when given, so a run at SPEC's settings records no variant.
+        variant.update({name: value for name, value in (
+            ("w_prefill", w_prefill), ("nms_radius", nms_radius), ("nms_alpha", nms_alpha),
+            ("evidence_norm", evidence_norm), ("keep_neighbours", keep_neighbours), ("bridge_steps", bridge_steps),
+            ("publish", publish)) if value is not None})
+        task_names = [task.strip() for task in tasks.split(",") if task.strip()]  # none is fine with --longbench
+        run_dir = run_quality(model, split_list(methods, "--methods"), task_names, split_list(ctx, "--ctx"),
+                              None if retention is None else split_list(retention, "--retention"),
+                              split_list(samples, "--samples"), out, overwrite, device, dtype, seed, batch, chat,
+                              longbench, err_console, resume, variant, path, sfi_preset)
+    console.print(results_table(read_results(run_dir)["results"]["cells"]))
+    console.print(f"report: {run_dir / 'report.md'}")

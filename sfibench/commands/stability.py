@@ -1,0 +1,53 @@
+"""`sfibench stability`: check the options, run the analysis (runners/stability.py), print its summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATH_HELP, console, user_errors
+from sfibench.config import SFIConfig
+from sfibench.options import check_session_options, check_top_p
+
+
+def stability(
+    model: str = typer.Option("smollm2-135m", help="preset name, HF checkpoint directory or .gguf file"),
+    text_file: Path = typer.Option(None, help="natural text to teacher-force (default: the shipped English essays)"),
+    generate: bool = typer.Option(False, "--generate", help="analyse the model's own sampled continuation of "
+                                                           "the text's prefix instead of the text itself"),
+    steps: int = typer.Option(2000, min=2, help="decode steps analysed"),
+    prefix: int = typer.Option(512, min=1, help="prompt tokens prefilled before the first analysed step"),
+    topk_frac: float = typer.Option(0.02, help="support size k as a fraction of the context, in (0, 1)"),
+    mass: float = typer.Option(0.9, help="second support: smallest candidate set holding this share of their mass"),
+    k_head: str = typer.Option("10%", help="SFI picks per KV head: whole tokens (300) or a percentage of the "
+                                           "context at the sentence start (10%)"),
+    max_offset: int = typer.Option(64, min=1, help="drift is binned by offset from the sentence start up to this"),
+    n_sink: int = typer.Option(4, min=0), n_recent: int = typer.Option(256, min=0), page: int = typer.Option(16, min=1),
+    temperature: float = typer.Option(0.7, min=0.0, help="--generate only"),
+    top_p: float = typer.Option(0.95, min=0.0, max=1.0, help="--generate only"),
+    seed: int = typer.Option(0),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    path: str = typer.Option("reference", help="path of the Full-KV method the dense probe stands for: " + PATH_HELP),
+    out: Path = typer.Option(None, help="run directory (default runs/stability-<time>)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier stability run in --out"),
+):
+    """Is the dominant attention support stable within a sentence? Dense attention over real text."""
+    from sfibench.methods import check_method
+    from sfibench.metrics.stability import StabilityConfig
+    from sfibench.reporting.results import read_results
+    from sfibench.reporting.stability_markdown import terminal_table
+    from sfibench.runners.stability import run_stability
+
+    cfg = StabilityConfig(model=model, text_file=None if text_file is None else str(text_file), generate=generate,
+                          steps=steps, prefix=prefix, topk_frac=topk_frac, mass=mass, k_head=k_head,
+                          max_offset=max_offset, temperature=temperature, top_p=top_p, seed=seed, device=device,
+                          dtype=dtype, path=path, sfi=SFIConfig(n_sink=n_sink, n_recent=n_recent, page=page))
+    with user_errors():
+        check_session_options(model, device, dtype)
+        check_method("full_kv", path)
+        check_top_p(top_p)
+        run_dir = run_stability(cfg, out, overwrite)
+    console.print(terminal_table(read_results(run_dir)))
+    console.print(f"report: {run_dir / 'report.md'}")

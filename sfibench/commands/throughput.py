@@ -1,0 +1,75 @@
+"""`sfibench throughput`: check the options, run the benchmark (runners/throughput.py), print the table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATHS, console, user_errors
+from sfibench.config import SFIConfig, TriggerConfig
+from sfibench.errors import UsageError
+from sfibench.options import (
+    check_choice,
+    check_context_limit,
+    check_shape_options,
+    check_trigger,
+    parse_counts,
+    parse_token_list,
+    split_list,
+)
+
+
+def throughput(
+    model: str = typer.Option(None, help="default: qwen3-4b (random weights) on a GPU, tiny-llama on a CPU"),
+    ctx: str = typer.Option(None, help="contexts in tokens (k = 1,024), e.g. 8k,32k,max; max = the model's limit "
+                                       "minus --steps (default: 8k,32k,max on a GPU, 1k,3k on a CPU)"),
+    batch: str = typer.Option(None, help="batch sizes, e.g. 1,4; 'max' = the largest that fits at the longest "
+                                         "context (default: 1,4 on a GPU, 1 on a CPU)"),
+    methods: str = typer.Option("full_kv,sfi,streaming_llm,snapkv", help="names, or name/path to pin a path"),
+    paths: str = typer.Option(None, help="reference,optimized (default: both on a GPU, reference on a CPU)"),
+    steps: int = typer.Option(None, min=2, help="decode steps per pass (default 128 on a GPU, 32 on a CPU)"),
+    repeats: int = typer.Option(3, min=1, help="timed passes (median and spread reported)"),
+    prefill: str = typer.Option("auto", help="real, synthetic, or auto (synthetic from 16K tokens)"),
+    graphs: bool = typer.Option(None, "--graphs/--no-graphs", help="CUDA graphs (default: on with a GPU)"),
+    length_bucket: int = typer.Option(256, min=1, help="graphed steps read up to a multiple of this"),
+    dense_kernels: bool = typer.Option(True, help="time Full-KV's kernel against every SDPA backend (GPU)"),
+    k_head: int = typer.Option(2048, min=1, help="SFI: selected tokens per KV head (whole tokens)"),
+    n_sink: int = typer.Option(4, min=0), n_recent: int = typer.Option(256, min=0),
+    t_max: int = typer.Option(96, min=1), min_gap: int = typer.Option(16, min=0),
+    trigger: str = typer.Option("punctuation_tmax", help="punctuation_tmax, fixed, random or bootstrap"),
+    device: str = typer.Option("auto", help=DEVICE_HELP),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    out: Path = typer.Option(None, help="run directory (default runs/throughput-<time>)"),
+    overwrite: bool = typer.Option(False, help="replace an earlier throughput run in --out"),
+):
+    """Decode speed of every method: tok/s, ms/step by kind, GB/s against the measured roofline."""
+    from sfibench.models.presets import PRESETS
+    from sfibench.reporting.results import read_results
+    from sfibench.reporting.throughput_report import terminal_table
+    from sfibench.runners.throughput import PREFILL_MODES, resolve_methods, run_throughput
+
+    with user_errors():
+        model, gpu = check_shape_options(model, device, dtype)
+        steps = steps or (128 if gpu else 32)
+        contexts = parse_token_list(ctx if ctx is not None else ("8k,32k,max" if gpu else "1k,3k"), "--ctx")
+        batches = parse_counts(batch if batch is not None else ("1,4" if gpu else "1"), "--batch", allow_max=True)
+        default_paths = "reference,optimized" if gpu else "reference"
+        path_list = [check_choice(p, PATHS, "--paths") for p in split_list(default_paths if paths is None else paths,
+                                                                          "--paths")]
+        method_list = split_list(methods, "--methods")
+        if not resolve_methods(method_list, path_list):
+            raise UsageError(f"--methods {methods} has no method registered on --paths {','.join(path_list)}; "
+                             "pin one with name/path, e.g. full_kv/optimized")
+        check_choice(prefill, PREFILL_MODES, "--prefill")
+        check_trigger(trigger)
+        if graphs and not gpu:
+            raise UsageError("--graphs needs a CUDA device; leave it out on a CPU")
+        check_context_limit(PRESETS.get(model), [c for c in contexts if c != "max"], steps)
+        sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head,
+                        trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap))
+        run_dir = run_throughput(model, device, dtype, contexts, batches, method_list, path_list, steps, repeats,
+                                 prefill, gpu if graphs is None else graphs, length_bucket, dense_kernels and gpu,
+                                 sfi, out, overwrite, console)
+    console.print(terminal_table(read_results(run_dir)))
+    console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, throughput.png, latency.png")

@@ -1,0 +1,14 @@
+"""How every report and summary spells a measured number and the commit a run came from, written once."""
+
+from __future__ import annotations
+
+
+def number(value: float | None, digits: int = 3, missing: str = "n/a") -> str:
+    """A measured value at fixed precision; `missing` where the run measured none."""
+    return missing if value is None else f"{value:.{digits}f}"
+
+
+def percent(value: float | None) -> str:
+    """A share in [0, 1] as a percentage with one decimal."""
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
