@@ -74,6 +74,20 @@ def default_num_splits(batch: int, kv_heads: int, max_len: int, sm_count: int = 
     return max(1, min(wanted, max_len // 128))
 
 
+# Keys per split for a sparse step's short read (see sparse_num_splits); set from
+# sfibench/optimized/bench_fast_path.py on an H200 (reports/attention-h200/fast-path.json).
+KEYS_PER_SPARSE_SPLIT = 512
+
+
+def sparse_num_splits(batch: int, kv_heads: int, rows: int, sm_count: int = 132) -> int:
+    """Splits for a fast step's few thousand rows per (sequence, KV head).
+
+    A split's fixed costs (its counts and queries, its partials, the merge) are paid per program, and
+    with ~2.3K rows they weigh as much as the loads: fewer, longer splits, merged inside the kernel,
+    beat the one-program-per-SM grid a long dense read wants. Never more than default_num_splits."""
+    return max(1, min(default_num_splits(batch, kv_heads, rows, sm_count), rows // KEYS_PER_SPARSE_SPLIT))
+
+
 @functools.cache
 def sm_count(device: torch.device) -> int:
     if device.type != "cuda":

@@ -23,10 +23,11 @@ import torch
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.methods import StepPlan, register
-from sfibench.optimized.decode_attention import default_num_splits, sm_count
+from sfibench.optimized.decode_attention import default_num_splits, sm_count, sparse_num_splits
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.two_segment import two_segment_decode
 from sfibench.optimized.selector_kernels import fused_select
+from sfibench.sfi import geometry
 from sfibench.sfi.method import SFIMethod
 from sfibench.sfi.transfer import layer_index
 
@@ -34,6 +35,7 @@ from sfibench.sfi.transfer import layer_index
 @dataclass(frozen=True)
 class OptimizedSFIPlan(StepPlan):
     evidence: bool = False  # some row refreshes after this step: the kernel writes its logits
+    dense: bool = False  # some row may read its whole history: split the kernel for a long read
 
 
 @register("sfi", "optimized")
@@ -46,10 +48,14 @@ class OptimizedSFI(SFIMethod):
         require_triton_device(device)
         layers, batch = mc.num_layers, cache.batch
         self.state("row_buffer", (layers, batch), torch.int32, device)  # compact buffer per row, -1 = dense
-        # Splits as if the batch were one sequence: a slow row reads its whole history while the others
-        # read ~2K tokens, and with the batch-sized split count (one program per SM over all rows) that
-        # one dense row would get only 1/B of the GPU. Fast rows' extra splits are short and cheap.
-        self.num_splits = default_num_splits(1, mc.num_kv_heads, cache.max_seq, sm_count(device))
+        # A step with a dense row splits as if the batch were one sequence: the slow row reads its whole
+        # history while the others read ~2K tokens, and with the batch-sized split count (one program
+        # per SM over all rows) that one row would get only 1/B of the GPU. A step of fast rows only
+        # reads a few thousand rows each (at most the memory right after a refresh plus t_max steps of
+        # growth), where fewer splits merged in the kernel win (sparse_num_splits).
+        self.dense_splits = default_num_splits(1, mc.num_kv_heads, cache.max_seq, sm_count(device))
+        fast_rows = geometry.tokens_read_after_refresh(cache.max_seq, self.cfg) + self.cfg.trigger.t_max
+        self.sparse_splits = sparse_num_splits(batch, mc.num_kv_heads, fast_rows, sm_count(device))
         # Dense logits of every query head at every slot, written only for refreshing rows.
         self.state("evidence", (layers, batch, mc.num_heads, cache.max_seq), torch.float32, device)
         async_refresh = self.cfg.publish == "when_ready" and device.type == "cuda"
@@ -62,13 +68,18 @@ class OptimizedSFI(SFIMethod):
     def bootstrap(self, cache: KVCache, prefilled) -> None:
         # Asynchronously, rows read densely until their bootstrap selection is published (the bridge).
         self._on_refresh_stream(lambda: super(OptimizedSFI, self).bootstrap(cache, prefilled), range(cache.batch))
+        self.unpublished = set(self.pending.values())  # the bootstrap's event, until it has run
 
     def path_plan(self, ctx: StepContext) -> OptimizedSFIPlan:
         # A row about to refresh again must not overwrite evidence or buffers its last refresh still reads.
         for row in self.refresh_host.any(dim=0).nonzero().flatten().tolist():
             if row in self.pending:
                 torch.cuda.current_stream().wait_event(self.pending.pop(row))
-        return OptimizedSFIPlan(evidence=bool(self.refresh_host.any()))
+        # Until the bootstrap is published rows read densely; the host cannot know when, so it asks the
+        # event (without waiting) and plans a dense split count until then.
+        self.unpublished = {event for event in self.unpublished if not event.query()}
+        dense = bool(self.dense_host.any()) or bool(self.unpublished)
+        return OptimizedSFIPlan(evidence=bool(self.refresh_host.any()), dense=dense)
 
     def begin_step(self, ctx: StepContext, plan: OptimizedSFIPlan) -> None:
         sel = self.sel
@@ -87,7 +98,7 @@ class OptimizedSFI(SFIMethod):
         out = two_segment_decode(
             q[:, :, 0], sel.compact_k[:, layer], sel.compact_v[:, layer], sel.compact_counts[:, layer],
             cache.k[layer], cache.v[layer], sel.tail_start[:, layer], ctx.kv_lengths, self.row_buffer[layer],
-            num_splits=self.num_splits,
+            num_splits=self.dense_splits if plan.dense else self.sparse_splits,
             **({"evidence": self.evidence[layer], "evidence_rows": self.refresh_rows[layer]} if plan.evidence else {}))
         return out[:, :, None]
 

@@ -17,6 +17,7 @@ from sfibench.baselines.streaming_llm import StreamingLLM
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.methods import register
+from sfibench.optimized.decode_attention import sm_count, sparse_num_splits
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.two_segment import two_segment_decode
 
@@ -24,10 +25,17 @@ from sfibench.optimized.two_segment import two_segment_decode
 class _TwoSegment:
     """Shared attend: per layer one launch over compact[layer] + the cache tail [tail_start, L)."""
 
+    def choose_splits(self, cache: KVCache) -> None:
+        """Split count for a read of about `budget` rows (SnapKV's grows by one row per step; the count
+        only changes speed), the rule the SFI fast step uses."""
+        self.num_splits = sparse_num_splits(cache.batch, self.model_config.num_kv_heads, self.cfg.budget,
+                                            sm_count(cache.k.device))
+
     def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan) -> torch.Tensor:
         layer = ctx.layer
         out = two_segment_decode(q[:, :, 0], *self.compact(cache, layer), self.counts[:, layer],
-                                 cache.k[layer], cache.v[layer], self.tail, ctx.kv_lengths, self.row_buffer)
+                                 cache.k[layer], cache.v[layer], self.tail, ctx.kv_lengths, self.row_buffer,
+                                 num_splits=self.num_splits)
         return out[:, :, None]
 
     def count_reads(self, ctx: StepContext) -> None:
@@ -40,6 +48,7 @@ class _TwoSegment:
 class OptimizedStreamingLLM(_TwoSegment, StreamingLLM):
     def start(self, cache: KVCache, prefilled) -> None:
         require_triton_device(cache.k.device)
+        self.choose_splits(cache)
         mc, device = self.model_config, cache.k.device
         self.state("counts", (1, mc.num_layers, cache.batch, mc.num_kv_heads), torch.int32, device)
         self.state("tail", (1, cache.batch), torch.int32, device)
@@ -61,6 +70,7 @@ class OptimizedStreamingLLM(_TwoSegment, StreamingLLM):
 class OptimizedSnapKV(_TwoSegment, SnapKV):
     def start(self, cache: KVCache, prefilled) -> None:
         require_triton_device(cache.k.device)
+        self.choose_splits(cache)
         super().start(cache, prefilled)  # chooses self.kept, self.kept_count and self.tail_start
         mc, device, keep = self.model_config, cache.k.device, self.kept.shape[-1]
         shape = (1, mc.num_layers, cache.batch, mc.num_kv_heads, keep, mc.head_dim)

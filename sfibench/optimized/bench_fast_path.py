@@ -1,0 +1,141 @@
+"""What the optimized SFI pays outside dense attention: fast-step attention over all layers, and a refresh.
+
+1. Fast-step attention (`--splits`): two_segment_decode as a fast step runs it, one launch per layer
+   over `layers` layers (each its own compact buffer and cache, so nothing is served from L2 that a
+   real step would read from HBM), captured in one CUDA graph and replayed, for each split count.
+   A fast step reads ~2.3K rows per (sequence, KV head): the fixed costs of a launch (reading the
+   row's counts, the queries, merging the splits) weigh as much as the loads, so the split count that
+   fills the GPU for a dense read is not the best one here. This is the evidence for sparse_num_splits.
+2. The Selector (`--selector`): one refresh of all layers at one context, the PyTorch Selector
+   (sfi/selector.select) against the Triton one (optimized/selector_kernels.fused_select), both on the
+   same evidence, with the share of positions they agree on.
+
+    python -m sfibench.optimized.bench_fast_path --out fast_path.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from sfibench.config import SelectorConfig
+from sfibench.optimized.decode_attention import default_num_splits, sm_count, sparse_num_splits
+from sfibench.optimized.selector_kernels import fused_select
+from sfibench.optimized.two_segment import two_segment_decode
+from sfibench.sfi.selector import select
+
+
+def _time_ms(fn, repeats: int = 5, calls: int = 20) -> list[float]:
+    """Per-call milliseconds of `fn`, median of `calls` calls per repeat, for each repeat."""
+    fn()
+    torch.cuda.synchronize()
+    medians = []
+    for _ in range(repeats):
+        times = []
+        for _ in range(calls):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        medians.append(statistics.median(times))
+    return medians
+
+
+def fast_step_attention(batch: int, kv_heads: int, group: int, head_dim: int, layers: int, compact_rows: int,
+                        tail: int, splits: list[int]) -> list[dict]:
+    """ms per fast step's attention (all layers, one graph) for each split count."""
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    context = 4 * tail
+    compact_k = torch.randn(layers, 1, batch, kv_heads, compact_rows, head_dim, device=device, dtype=dtype)
+    compact_v = torch.randn_like(compact_k)
+    k = torch.randn(layers, batch, kv_heads, context, head_dim, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    q = torch.randn(batch, kv_heads * group, head_dim, device=device, dtype=dtype)
+    counts = torch.full((1, batch, kv_heads), compact_rows, device=device, dtype=torch.int32)
+    tail_start = torch.full((1, batch), context - tail, device=device, dtype=torch.int32)
+    lengths = torch.full((batch,), context, device=device, dtype=torch.int32)
+    row_buffer = torch.zeros(batch, device=device, dtype=torch.int32)
+    rows = []
+    for num_splits in splits:
+        def step(num_splits=num_splits):
+            for layer in range(layers):
+                two_segment_decode(q, compact_k[layer], compact_v[layer], counts, k[layer], v[layer], tail_start,
+                                   lengths, row_buffer, num_splits=num_splits)
+        step()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        medians = _time_ms(graph.replay)
+        rows.append({"batch": batch, "group": group, "layers": layers, "rows_read": compact_rows + tail,
+                     "num_splits": num_splits, "ms_per_step": statistics.median(medians),
+                     "ms_spread": (max(medians) - min(medians)) / 2})
+        print(f"fast-step attention B={batch} G={group} splits={num_splits}: {rows[-1]['ms_per_step']:.4f} ms",
+              flush=True)
+    return rows
+
+
+def selector_refresh(context: int, layers: int, kv_heads: int, group: int, k_head: int) -> dict:
+    """ms of one refresh's Selector over all layers, PyTorch against Triton, on the same random evidence."""
+    device = torch.device("cuda")
+    n = context - 4 - 256
+    generator = torch.Generator(device).manual_seed(0)
+    logits = torch.randn(layers, kv_heads, group, n, device=device, generator=generator) * 2
+    norms = torch.rand(layers, kv_heads, n, device=device, generator=generator) * 10 + 1
+    cfg = SelectorConfig()
+    torch_ms = _time_ms(lambda: select(logits, norms, 4, k_head, cfg), repeats=3, calls=5)
+    triton_ms = _time_ms(lambda: fused_select(logits, norms, 4, k_head, cfg), repeats=3, calls=5)
+    a, b = select(logits, norms, 4, k_head, cfg), fused_select(logits, norms, 4, k_head, cfg)
+    same = (a[..., :, None] == b[..., None, :]).any(-1).float().mean().item() if a.numel() < 2e8 else None
+    row = {"context": context, "candidates": n, "layers": layers, "kv_heads": kv_heads, "group": group,
+           "k_head": k_head, "torch_ms": statistics.median(torch_ms), "triton_ms": statistics.median(triton_ms),
+           "torch_ms_rounds": torch_ms, "triton_ms_rounds": triton_ms, "position_overlap": same}
+    print(f"selector {context}: torch {row['torch_ms']:.2f} ms, triton {row['triton_ms']:.2f} ms, "
+          f"overlap {same}", flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sfibench.optimized.bench_fast_path",
+                                     description="Optimized SFI: fast-step attention by split count, and the "
+                                                 "Selector PyTorch vs Triton (Qwen3-4B shape: 36 layers, H_kv 8).")
+    parser.add_argument("--out", type=Path, help="write the rows and provenance here as JSON")
+    parser.add_argument("--batch", default="1,5")
+    parser.add_argument("--groups", default="4,2", help="GQA group sizes (4: Qwen3-4B, 2: Qwen3-0.6B)")
+    parser.add_argument("--splits", default="1,2,3,4,6,8,12,16")
+    parser.add_argument("--contexts", default="32768,130944", help="contexts of the Selector timing")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_fast_path times CUDA kernels and no CUDA device is visible here; nothing measured.",
+              file=sys.stderr)
+        return 2
+    from sfibench.reporting.results import provenance
+
+    sms = sm_count(torch.device("cuda"))
+    attention = []
+    for group in (int(g) for g in args.groups.split(",")):
+        layers = 36 if group == 4 else 28
+        for batch in (int(b) for b in args.batch.split(",")):
+            splits = sorted({int(s) for s in args.splits.split(",")} | {sparse_num_splits(batch, 8, 2308, sms)})
+            attention += fast_step_attention(batch, 8, group, 128, layers, 4 + 2048, 256, splits)
+    selector = [selector_refresh(int(c), 36, 8, 4, 2048) for c in args.contexts.split(",")]
+    payload = {"provenance": provenance(), "sm_count": sms,
+               "rule": {"dense_num_splits(B=1)": default_num_splits(1, 8, 130944, sms),
+                        **{f"sparse_num_splits(B={b})": sparse_num_splits(int(b), 8, 2308, sms)
+                           for b in args.batch.split(",")}},
+               "fast_step_attention": attention, "selector": selector}
+    if args.out:
+        args.out.write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
