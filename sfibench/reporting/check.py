@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sfibench.reporting.baseline import Baseline, BaselineError, load
+from sfibench.reporting.formatting import commit_label
 from sfibench.reporting.gate import Verdict, compare
 from sfibench.reporting.results import RESULTS_FILENAME
 from sfibench.reporting.run_files import load_run
@@ -83,8 +84,7 @@ def _print(verdicts: list[Verdict], baseline_docs: dict, current_docs: dict, con
     """Where each side ran, the table, then each failure again on one line so a long log ends with them."""
     for label, docs in (("baseline", baseline_docs), ("current", current_docs)):
         prov = next(iter(docs.values()))["provenance"]
-        commit = (prov.get("git_commit") or "unknown")[:10] + (" (dirty)" if prov.get("git_dirty") else "")
-        console.print(f"{label}: commit {commit}, {prov.get('timestamp_utc')}, {device_identity(prov)}",
+        console.print(f"{label}: commit {commit_label(prov)}, {prov.get('timestamp_utc')}, {device_identity(prov)}",
                       highlight=False)
     console.print(table(verdicts))
     notes: dict[tuple[str, str], int] = {}

@@ -17,6 +17,7 @@ from sfibench.reporting.run_files import load_run
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from sfibench.reporting.formatting import commit_label
 from sfibench.reporting.plot_style import context_axis, context_label, legend_below, save, yerr
 from sfibench.reporting.results import read_results, write_results, write_text_atomically
 from sfibench.reporting.run_dir import claimed_run_dir
@@ -77,8 +78,7 @@ def markdown(document: dict, plots: list[str]) -> str:
 
 def _describe(run_dir: Path, document: dict) -> dict:
     prov = document["provenance"]
-    commit = (prov.get("git_commit") or "unknown")[:10] + (" (dirty)" if prov.get("git_dirty") else "")
-    return {"dir": str(run_dir), "model": document["config"].get("model"), "commit": commit,
+    return {"dir": str(run_dir), "model": document["config"].get("model"), "commit": commit_label(prov),
             "device": device_identity(prov), "date": prov.get("timestamp_utc")}
 
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 from functools import partial
 
 from sfibench.metrics.quality import mean_ci
-from sfibench.reporting.formatting import number
+from sfibench.reporting.formatting import commit_label, number
 
 MATCH_TOLERANCE = 0.05
 SOLVED = 0.8
@@ -96,9 +96,9 @@ def markdown(results: dict, plots: list[str]) -> str:
     methods = [m for m in cfg["methods"] if m != "full_kv"]
     lines = [f"# sfibench quality — {cfg['model']}", "",
              (f"{prov.get('timestamp_utc')}, device {prov.get('device')} ({prov.get('cpu')}, "
-             f"torch threads: {cfg.get('threads')}), dtype {cfg['dtype']}, commit {str(prov.get('git_commit'))[:10]}"
-             f"{' (dirty)' if prov.get('git_dirty') else ''}, wall time {results['results']['wall_s'] / 60:.1f} min"
-             + "".join(f"; resumed after a session at commit {str(p.get('git_commit'))[:10]} ({p.get('timestamp_utc')})"
+             f"torch threads: {cfg.get('threads')}), dtype {cfg['dtype']}, commit {commit_label(prov)}, "
+             f"wall time {results['results']['wall_s'] / 60:.1f} min"
+             + "".join(f"; resumed after a session at commit {commit_label(p)} ({p.get('timestamp_utc')})"
                        for p in prov.get("resumed_from", [])) + "."), "",
              *_partial_note(results["results"]),
              "## What ran", "",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from sfibench.reporting.formatting import number, percent
+from sfibench.reporting.formatting import commit_label, number, percent
 from sfibench.reporting.stability_plots import MEMORY_LABELS, PLOTS
 
 DRIFT_ROWS = (1, 2, 4, 8, 16, 32)  # offsets shown in the drift table, plus the last (open) bin
@@ -103,7 +103,6 @@ def _recall(results: dict) -> list[str]:
 def write_report(run_dir: Path | str, document: dict) -> Path:
     """report.md from a results.json document (its config, results and provenance)."""
     cfg, results, prov = document["config"], document["results"], document["provenance"]
-    dirty = " (uncommitted changes)" if prov.get("git_dirty") else ""
     lines = [
         f"# Attention-support stability: {results['model']}", "", summary_sentences(results), "",
         "## Setup", "", *_setup(cfg, results), "",
@@ -112,7 +111,7 @@ def write_report(run_dir: Path | str, document: dict) -> Path:
         "## Memory recall over within-sentence steps (t > t0)", "", *_recall(results), "",
         "## Plots", "", *(f"![{title}]({name})\n" for name, title in PLOTS.items()),
         "## Definitions", "", *DEFINITIONS, "",
-        (f"Commit `{prov.get('git_commit')}`{dirty}, {prov.get('device')}, {prov.get('cpu')}, "
+        (f"Commit `{commit_label(prov)}`, {prov.get('device')}, {prov.get('cpu')}, "
          f"torch {prov.get('torch')}, {prov.get('timestamp_utc')}."), "",
     ]
     path = Path(run_dir) / "report.md"

@@ -12,6 +12,7 @@ from matplotlib.ticker import ScalarFormatter
 from rich.table import Table
 
 from sfibench.metrics.nvml import best_energy
+from sfibench.reporting.formatting import commit_label
 from sfibench.reporting.plot_style import context_axis, legend_below, save, yerr
 
 COLUMNS = ("method", "path", "ctx", "batch", "tok/s", "spread", "ms fast/dense", "ms slow", "floor ms",
@@ -192,19 +193,14 @@ def _prefill_times(rows: list[dict]) -> list[str]:
             "also pays one-time start-up (kernel compilation, library initialisation)."]
 
 
-def _commit(prov: dict) -> str:
-    if not prov.get("git_commit"):
-        return "git commit unknown (no .git where it ran)"
-    return f"commit {prov['git_commit'][:12]}{' + uncommitted changes' if prov.get('git_dirty') else ''}"
-
-
 def markdown(results: dict) -> str:
     cfg, res, prov = results["config"], results["results"], results["provenance"]
     rows = res["rows"]
     lines = [
         "# sfibench throughput", "",
         f"Model `{cfg['model']}` ({res['weights']}), dtype {res['dtype']}, device {prov.get('device')}, "
-        f"torch {prov.get('torch')}, triton {prov.get('triton')}, {_commit(prov)}, {prov.get('timestamp_utc')}.", "",
+        f"torch {prov.get('torch')}, triton {prov.get('triton')}, commit {commit_label(prov)}, "
+        f"{prov.get('timestamp_utc')}.", "",
         f"- Decode: {cfg['steps']} teacher-forced steps of a replayed real-text token stream per pass, one "
         f"untimed warm-up pass, median of {cfg['repeats']} timed passes (spread = (max-min)/median/2).",
         f"- CUDA graphs: {'yes' if cfg['graphs'] else 'no (eager)'}; graphed steps read up to the next multiple of "
