@@ -65,3 +65,27 @@ def test_readme_docs_and_help_point_only_inside_the_repository():
         for target in re.findall(r"\]\(([^)#]+)\)", text):
             if not target.startswith("http"):
                 assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_readme_results_blocks_are_what_the_committed_reports_generate():
+    from sfibench.reporting.readme_results import generate
+
+    assert README.count("<!-- results:begin ") >= 5
+    assert generate(README, ROOT / "reports") == README, \
+        "README.md's results blocks are stale: run python -m sfibench.reporting.readme_results"
+
+
+def test_readme_results_refuse_a_missing_or_garbled_results_json(tmp_path):
+    from sfibench.reporting.readme_results import ReadmeResultsError, generate
+
+    block = "<!-- results:begin {} -->\nold\n<!-- results:end -->\n"
+    (tmp_path / "truncated").mkdir()
+    (tmp_path / "truncated" / "results.json").write_text('{"schema_version": 1, "command": "quality", "con')
+    with pytest.raises(ReadmeResultsError, match=r"shows truncated, but .*not valid JSON"):
+        generate(block.format("truncated"), tmp_path)
+    with pytest.raises(ReadmeResultsError, match=r"shows gone, but .*gone/results.json does not exist"):
+        generate(block.format("gone"), tmp_path)
+    with pytest.raises(ReadmeResultsError, match="without its results:end"):
+        generate("<!-- results:begin gone -->\nno end\n", tmp_path)
+    with pytest.raises(ReadmeResultsError, match="names no report folder"):
+        generate(block.format(""), tmp_path)

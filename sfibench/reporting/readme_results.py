@@ -1,0 +1,94 @@
+"""README.md's results, generated from the committed reports so they can never drift from them.
+
+README.md marks each generated block with two comments; the first names the report folders to show:
+
+    <!-- results:begin throughput-qwen3-4b-h200 throughput-qwen3-0.6b-h200 -->
+    (generated: each run's conditions, a link to its folder, its table and plot)
+    <!-- results:end -->
+
+Only the text between the markers is rewritten; everything else in the README is prose written by
+hand. Regenerate after committing new reports (any folder under reports/ may be named):
+
+    python -m sfibench.reporting.readme_results            # rewrite README.md
+    python -m sfibench.reporting.readme_results --check    # exit 1 if README.md is out of date
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from sfibench.errors import UsageError
+from sfibench.reporting.readme_tables import run_block
+from sfibench.reporting.results import (
+    RESULTS_FILENAME,
+    InvalidResultsError,
+    read_results,
+    write_text_atomically,
+)
+
+BLOCK = re.compile(r"(<!-- results:begin (?P<names>[^>]*?) -->\n)(?P<body>.*?)(<!-- results:end -->)", re.DOTALL)
+MARKER = re.compile(r"<!-- results:(begin|end)\b")
+
+
+class ReadmeResultsError(UsageError):
+    """A results block cannot be generated: its markers are unbalanced or a named run is unusable."""
+
+
+def generate(readme: str, reports: Path, link_root: str = "reports") -> str:
+    """`readme` with every results block regenerated from `reports/<name>/results.json`."""
+    blocks = list(BLOCK.finditer(readme))
+    if len(MARKER.findall(readme)) != 2 * len(blocks):
+        raise ReadmeResultsError("README.md has a results:begin marker without its results:end (or the other way "
+                                 "round); each block is `<!-- results:begin NAME ... -->` ... `<!-- results:end -->`")
+    pieces, last = [], 0
+    for block in blocks:
+        names = block["names"].split()
+        if not names:
+            raise ReadmeResultsError("a results:begin marker names no report folder; list them after "
+                                     "`results:begin`, e.g. `<!-- results:begin stability-smollm2 -->`")
+        body = [line for name in names for line in run_block(reports / name, f"{link_root}/{name}",
+                                                             _load(reports / name))]
+        pieces += [readme[last:block.start("body")], "\n".join(body)]
+        last = block.end("body")
+    return "".join(pieces) + readme[last:]
+
+
+def _load(folder: Path) -> dict:
+    if not (folder / RESULTS_FILENAME).is_file():
+        raise ReadmeResultsError(f"README.md shows {folder.name}, but {folder / RESULTS_FILENAME} does not exist; "
+                                 "restore the report, or take its name out of the results:begin marker")
+    try:
+        return read_results(folder)
+    except InvalidResultsError as error:
+        raise ReadmeResultsError(f"README.md shows {folder.name}, but {error}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite README.md in the current directory (a checkout's root), or with --check only compare."""
+    args = sys.argv[1:] if argv is None else argv
+    if set(args) - {"--check"}:
+        print("usage: python -m sfibench.reporting.readme_results [--check]", file=sys.stderr)
+        return 2
+    readme = Path("README.md")
+    try:
+        current = readme.read_text(encoding="utf-8")
+        fresh = generate(current, Path("reports"))
+    except (OSError, UsageError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if "--check" in args:
+        if fresh != current:
+            print("README.md's results blocks differ from reports/; run python -m sfibench.reporting.readme_results",
+                  file=sys.stderr)
+            return 1
+        return 0
+    if fresh != current:
+        write_text_atomically(readme, fresh)
+    print(f"README.md: {len(BLOCK.findall(fresh))} results blocks {'rewritten' if fresh != current else 'up to date'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""Markdown for the README's results blocks: one committed run each, its conditions, a link and its table.
+
+Only the run's results.json is read, so the README says exactly what the committed reports hold; the
+prose around the blocks interprets the numbers and is written by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sfibench.reporting.formatting import commit_label, number, percent
+from sfibench.reporting.plot_style import context_label
+from sfibench.reporting.run_metrics import device_identity
+from sfibench.reporting.throughput_report import dense_kernel_verdicts, method_label
+
+
+def run_block(folder: Path, link: str, document: dict) -> list[str]:
+    """The lines for one run: a heading line with its conditions, then the command's table."""
+    command = document["command"]
+    if command not in TABLES:
+        raise ValueError(f"{folder} holds a `{command}` run; a README results block shows "
+                         f"{', '.join(TABLES)} runs")
+    conditions, table = TABLES[command](link, document)
+    prov = document["provenance"]
+    where = (f"{device_identity(prov)}, commit {commit_label(prov)}, "
+             f"{str(prov.get('timestamp_utc'))[:10]}")
+    return [f"**[{folder.name}]({link}/report.md)**: {conditions}; {where}.", "", *table, ""]
+
+
+def _throughput(link: str, document: dict) -> tuple[str, list[str]]:
+    cfg, results = document["config"], document["results"]
+    rows = results["rows"]
+    shapes = sorted({(r["batch"], r["context"]) for r in rows})
+    series = list(dict.fromkeys((method_label(r), r["path"]) for r in rows))
+    conditions = (f"{cfg['model']} ({results['weights']}), {results['dtype']}, {cfg['steps']} decode steps x "
+                  f"{cfg['repeats']} timed passes, copy bandwidth {results['copy_bandwidth_gb_s']:,.0f} GB/s; "
+                  "tok/s, median of the passes (speedup over the fastest Full-KV where the run supports one)")
+    lines = [f"![throughput]({link}/throughput.png)", "",
+             "| method | path | " + " | ".join(f"{context_label(c)} B={b}" for b, c in shapes) + " |",
+             "| --- | --- |" + " --- |" * len(shapes)]
+    for label, path in series:
+        cells = []
+        for batch, context in shapes:
+            row = next((r for r in rows if (method_label(r), r["path"], r["batch"], r["context"])
+                        == (label, path, batch, context)), None)
+            cells.append("-" if row is None else _tokens_per_s(row))
+        lines.append(f"| {label} | {path} | " + " | ".join(cells) + " |")
+    roofline = {}  # bytes bound of SFI's first row at each shape: it depends on that row's measured slow rate
+    for r in rows:
+        if r.get("roofline_speedup"):
+            roofline.setdefault((r["batch"], r["context"]), r["roofline_speedup"])
+    if roofline:
+        lines.append("| sfi roofline speedup (bytes) | | "
+                     + " | ".join(f"{roofline[s]:.2f}x" if s in roofline else "-" for s in shapes) + " |")
+    verdicts = dense_kernel_verdicts(results.get("dense_kernels") or [])
+    if verdicts:
+        lines += ["", "Full-KV's kernel against the fastest SDPA backend, one layer's K/V bytes over time (GB/s): "
+                  + "; ".join(f"{context_label(c)} B={b} {ours['gb_s']:,.0f} vs {best['gb_s']:,.0f} "
+                              f"({best['kernel']})" for b, c, ours, best in verdicts) + "."]
+    return conditions, lines
+
+
+def _tokens_per_s(row: dict) -> str:
+    text = f"{row['tokens_per_s']:,.1f}"
+    if row["method"] != "full_kv" and row.get("speedup_vs_full_kv") and row.get("speedup_supported"):
+        text += f" ({row['speedup_vs_full_kv']:.2f}x)"
+    return text
+
+
+def _quality(link: str, document: dict) -> tuple[str, list[str]]:
+    cfg, cells = document["config"], document["results"]["cells"]
+    methods = list(dict.fromkeys(["full_kv", *cfg["methods"]]))
+    retentions = " / ".join(f"{r:g}" for r in cfg["retentions"])
+    variant = cfg.get("sfi_variant")
+    conditions = (f"{cfg['model']}, {', '.join(cfg['tasks'])}, samples {'/'.join(map(str, cfg['samples']))} per "
+                  f"context, {cfg.get('path', 'reference')} path"
+                  + (f", SFI with {', '.join(f'{k}={v}' for k, v in variant.items())}" if variant else "")
+                  + ("" if document["results"].get("complete", True) else ", **stopped early (partial)**")
+                  + f"; accuracy (ppl: KL to Full-KV in nats, Full-KV: perplexity) at retention {retentions}")
+    lines = ["| task | context | " + " | ".join(methods) + " |", "| --- | --- |" + " --- |" * len(methods)]
+    for task in cfg["tasks"]:
+        for context in cfg["contexts"]:
+            here = [c for c in cells if (c["task"], c["context"]) == (task, context)]
+            if here:
+                lines.append(f"| {task} | {context_label(context)} | "
+                             + " | ".join(_quality_cell(here, m, cfg["retentions"]) for m in methods) + " |")
+    return conditions, lines
+
+
+def _quality_cell(cells: list[dict], method: str, retentions: list[float]) -> str:
+    if method == "full_kv":
+        dense = next((c for c in cells if c["method"] == "full_kv"), None)
+        if dense is None:
+            return "-"
+        return number(dense["accuracy"], 2) if dense["accuracy"] is not None else f"ppl {number(dense['perplexity'], 2)}"
+    values = []
+    for retention in retentions:
+        cell = next((c for c in cells if c["method"] == method and c["retention"] == retention), None)
+        if cell is None:
+            values.append("-")
+        else:
+            values.append(number(cell["accuracy"], 2) if cell["accuracy"] is not None else number(cell["kl"], 3))
+    return " / ".join(values)
+
+
+def _stability(link: str, document: dict) -> tuple[str, list[str]]:
+    cfg, results = document["config"], document["results"]
+    topk, mass, recall = results["consecutive"]["topk"], results["consecutive"]["mass"], results["recall"]
+    drift = results["drift"]["topk_overlap"]
+    late = min(len(drift), 16)
+    conditions = (f"{results['model']}, {results['steps']:,} {results['mode']} steps, context "
+                  f"{results['context']['first']:,} to {results['context']['last']:,} tokens, "
+                  f"{results['sentences']['starts']} sentence starts, top-{cfg['topk_frac']:g}L and "
+                  f"{cfg['mass']:g}-mass supports")
+    lines = [f"![overlap by offset]({link}/overlap_vs_offset.png)", "",
+             "| measure | within a sentence | across a boundary |", "| --- | --- | --- |",
+             f"| consecutive-step overlap, top-k | {percent(topk['within']['overlap_mean'])} | "
+             f"{percent(topk['across']['overlap_mean'])} |",
+             f"| consecutive-step overlap, mass | {percent(mass['within']['overlap_mean'])} | "
+             f"{percent(mass['across']['overlap_mean'])} |",
+             f"| overlap with the sentence's first step, offset 1 / {late} | {percent(drift[0])} / "
+             f"{percent(drift[late - 1])} | |",
+             *(f"| recall: {name} | {percent(recall[memory]['mean'])} | |"
+               for memory, name in (("stale", "SFI selection from the sentence start"),
+                                    ("fresh", "SFI selection at every step"),
+                                    ("streaming", "StreamingLLM, as many tokens")))]
+    return conditions, lines
+
+
+TABLES = {"throughput": _throughput, "quality": _quality, "stability": _stability}
