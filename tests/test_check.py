@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from sfibench.cli import app
@@ -198,10 +197,17 @@ def test_update_needs_a_reason_and_a_writable_baseline(baseline, tmp_path, monke
     assert snapshot(baseline) == before
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_a_gpu_baseline_is_not_rerun_without_a_gpu(baseline):
+@pytest.mark.parametrize("here", ["cpu", "NVIDIA A100-SXM4-80GB"])
+def test_a_gpu_baseline_is_skipped_with_a_note_on_another_device(baseline, monkeypatch, here):
+    from sfibench.reporting import check as check_module
+
+    monkeypatch.setattr(check_module, "device_name", lambda: here)
     status, output = check("--baseline", baseline)
-    assert status == 2 and "recorded on NVIDIA H200 and this machine has no CUDA device" in output
+    assert status == 0, output
+    assert f"skipped throughput: recorded on NVIDIA H200 and this machine is {here}" in output
+    assert "SKIPPED: no run of" in output and "rerunning" not in output
+    status, output = check("--baseline", baseline, "--update", "--reason", "new numbers")
+    assert status == 2 and "throughput need another device" in output
 
 
 def snapshot(folder: Path) -> dict:

@@ -23,7 +23,7 @@ from rich.table import Table
 from sfibench.reporting.baseline import Baseline, BaselineError, load
 from sfibench.reporting.formatting import commit_label
 from sfibench.reporting.gate import Verdict, compare
-from sfibench.reporting.results import RESULTS_FILENAME
+from sfibench.reporting.results import RESULTS_FILENAME, device_name
 from sfibench.reporting.run_files import load_run
 from sfibench.reporting.run_metrics import Metric, device_identity
 
@@ -54,13 +54,25 @@ def run_check(baseline_dir: Path, current_dir: Path | None, update: bool, reason
     if update:
         baseline.check_writable()
     if current_dir is None:
-        _check_device(baseline_docs)
+        elsewhere = _recorded_elsewhere(baseline_docs, device_name())
+        if update and elsewhere:
+            raise BaselineError(f"--update reruns every run of {baseline.directory}, but {', '.join(elsewhere)} "
+                                "need another device; update it there, or give --current DIR with runs made on one")
+        for name, device in elsewhere.items():
+            console.print(f"[yellow]skipped[/] {name}: recorded on {device} and this machine is {device_name()}; "
+                          "its command needs that device, so none of its metrics is judged here (run the check "
+                          "there, or give --current DIR with runs made on one)", highlight=False, soft_wrap=True)
+        if len(elsewhere) == len(baseline.runs):
+            console.print(f"[yellow]SKIPPED[/]: no run of {baseline.directory} can be rerun on this machine",
+                          highlight=False)
+            return 0
+        baseline_docs = {name: doc for name, doc in baseline_docs.items() if name not in elsewhere}
         current_dir = Path(tempfile.mkdtemp(prefix="sfibench-check-"))
-        current = rerun(baseline, current_dir, console)
+        current = rerun(baseline, current_dir, console, list(baseline_docs))
     else:
         current = _locate(Path(current_dir), baseline)
     current_docs = {name: load_run(path, f"current run {name!r}") for name, path in current.items()}
-    verdicts = [v for name in baseline.runs for v in compare(name, baseline_docs[name], current_docs[name], baseline)]
+    verdicts = [v for name in baseline_docs for v in compare(name, baseline_docs[name], current_docs[name], baseline)]
     _print(verdicts, baseline_docs, current_docs, console)
     if update:
         replaced = next(iter(baseline_docs.values()))["provenance"].get("git_commit")
@@ -102,10 +114,11 @@ def _print(verdicts: list[Verdict], baseline_docs: dict, current_docs: dict, con
     console.print(", ".join(f"{n} {state}" for state, n in counts.items() if n), highlight=False)
 
 
-def rerun(baseline: Baseline, workdir: Path, console: Console) -> dict[str, Path]:
-    """Run each recorded command into workdir/<name>; returns the run directories."""
+def rerun(baseline: Baseline, workdir: Path, console: Console, names: list[str]) -> dict[str, Path]:
+    """Run the recorded commands of `names` into workdir/<name>; returns the run directories."""
     runs = {}
-    for name, recipe in baseline.runs.items():
+    for name in names:
+        recipe = baseline.runs[name]
         out = workdir / name
         argv = [*recipe["argv"], "--out", str(out)]
         console.print(f"rerunning {name}: sfibench {' '.join(argv)}", highlight=False, soft_wrap=True)
@@ -121,14 +134,11 @@ def rerun(baseline: Baseline, workdir: Path, console: Console) -> dict[str, Path
     return runs
 
 
-def _check_device(baseline_docs: dict) -> None:
-    """A GPU baseline's commands cannot be rerun without a GPU: say so before starting them."""
-    import torch
-
-    gpus = sorted({d["provenance"].get("device") for d in baseline_docs.values()} - {"cpu", None})
-    if gpus and not torch.cuda.is_available():
-        raise BaselineError(f"the baseline was recorded on {', '.join(gpus)} and this machine has no CUDA device; "
-                            "run the check on a matching GPU, or give --current DIR with runs made on one")
+def _recorded_elsewhere(baseline_docs: dict, here: str) -> dict[str, str]:
+    """Runs recorded on a GPU other than this machine's device (name -> that GPU): their commands cannot be
+    rerun here, or would measure another device. A CPU run reruns on any machine."""
+    recorded = {name: doc["provenance"].get("device") for name, doc in baseline_docs.items()}
+    return {name: device for name, device in recorded.items() if device not in (None, "cpu", here)}
 
 
 def _locate(current_dir: Path, baseline: Baseline) -> dict[str, Path]:

@@ -73,7 +73,7 @@ def provenance() -> dict:
         "triton": _package_version("triton"),
         "transformers": _package_version("transformers"),
         "sfibench": _sfibench_version(),
-        "device": _device_name(),
+        "device": device_name(),
         "cuda": _cuda_version(),
         "gpu_driver": gpu_driver_version(),
         "cpu": cpu_model(),
@@ -127,7 +127,8 @@ def _sfibench_version() -> str | None:
         return _package_version("sfibench")
 
 
-def _device_name() -> str:
+def device_name() -> str:
+    """The device results are measured on, as provenance records it: the GPU's name, or "cpu"."""
     try:
         import torch
 

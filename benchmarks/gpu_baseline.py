@@ -1,0 +1,83 @@
+"""Make reports/ci-h200: the GPU regression baseline `sfibench check` judges speedups against.
+
+    bash benchmarks/gpu_baseline.sh        (on the GPU; about 3 minutes on an H200)
+
+A small throughput run (the Qwen3-0.6B shape, random weights, 8K and 32K, batch 1, every method on the
+optimized path, the optimized SFI synchronous and asynchronous) is recorded three times: the first run
+is the baseline, the other two measure how far a rerun of unchanged code moves. Rules, first match wins:
+
+- accounting (tokens read, slow steps and their interval) exactly, as on the CPU baseline; where the
+  three runs disagree (the asynchronous SFI's dense bridge lasts until its selection is published, which
+  is timing), that key may move by twice the measured range;
+- each speedup over Full-KV by max(twice the run-to-run range, the baseline's own spread over its timed
+  passes), relative, judged only on the same GPU and only when even the current run's best pass is below.
+
+The CPU baseline's runner and accounting rules (reports/ci/derive_tolerances.py) are reused, not copied.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "reports" / "ci"))
+from derive_tolerances import ENV, EXACT, gated, run
+
+from sfibench.reporting.baseline import FORMAT, save_manifest
+
+OUT = ROOT / "reports" / "ci-h200"
+ARGV = ["throughput", "--model", "qwen3-0.6b", "--device", "cuda", "--dtype", "bfloat16", "--ctx", "8k,32k",
+        "--batch", "1", "--steps", "64", "--repeats", "3", "--no-dense-kernels",
+        "--methods", "full_kv/optimized,sfi/optimized,streaming_llm/optimized,snapkv/optimized"]
+ACCOUNTING = [(pattern, how) for pattern, how in EXACT if pattern.startswith("throughput/")]
+
+
+def derive(baseline: dict, others: list[dict]) -> list[dict]:
+    """Per-key rules where reruns disagree, then the exact accounting patterns, then one rule per speedup."""
+    metrics, reruns = gated(baseline), [gated(d) for d in others]
+    varied, speedups = [], []
+    for key, metric in metrics.items():
+        values = [metric.value, *(r[key].value for r in reruns if key in r)]
+        if metric.name == "speedup_vs_full_kv":
+            run_range = (max(values) - min(values)) / statistics.median(values)
+            passes = (metric.high - metric.low) / metric.value if metric.low is not None else 0.0
+            speedups.append({"match": key, "rel": max(2 * run_range, passes), "how": (
+                f"3 runs: {', '.join(f'{v:.3f}' for v in values)} (range {100 * run_range:.1f}% of the median); "
+                f"the baseline's timed passes span {100 * passes:.1f}%; tolerance = the larger of twice the "
+                "range and that span")})
+        elif len(set(values)) > 1:
+            varied.append({"match": key, "abs": 2 * (max(values) - min(values)), "how": (
+                f"accounting that moved between 3 runs of unchanged code: {', '.join(f'{v:.6g}' for v in values)}; "
+                "tolerance = twice the range")})
+    return [*varied, *({"match": p, "abs": 0.0, "how": how} for p, how in ACCOUNTING), *speedups]
+
+
+def main() -> None:
+    started = datetime.now(timezone.utc)
+    baseline = run(ARGV, OUT / "throughput")
+    work = Path(tempfile.mkdtemp(prefix="sfibench-ci-h200-"))
+    others = [run(ARGV, work / f"again{i}") for i in (1, 2)]
+    manifest = {
+        "format": FORMAT,
+        "about": (f"GPU regression baseline ({baseline['provenance'].get('device')}): qwen3-0.6b shape, random "
+                  "weights, bf16, 8K and 32K at batch 1, every method on the optimized path. Made by "
+                  "benchmarks/gpu_baseline.sh; a check on another device skips it. Rules are tried in order and "
+                  "the first whose pattern matches a metric key applies."),
+        "runs": {"throughput": {"argv": ARGV, "env": ENV}},
+        "tolerances": derive(baseline, others),
+        "history": [{"date": started.isoformat(timespec="seconds"), "reason": "first GPU baseline",
+                     "commit": baseline["provenance"].get("git_commit"), "replaced_commit": None,
+                     "runs": ["throughput"]}],
+    }
+    save_manifest(OUT, manifest)
+    print(json.dumps({"wrote": str(OUT / "baseline.json"), "rules": len(manifest["tolerances"]),
+                      "reruns in": str(work)}))
+
+
+if __name__ == "__main__":
+    main()
