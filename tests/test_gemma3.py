@@ -208,7 +208,8 @@ def test_gemma3_270m_logits_match_transformers(gemma):
     twin.load_state_dict(gemma.model.state_dict(), strict=False)
     text = ("The lighthouse keeper climbed the stairs at dusk, as he had done for forty years. "
             "Ships passed in the night and the light turned slowly above them. ")
-    ids = gemma.tokenizer.backend(text * 12)["input_ids"]  # with <bos>, as Gemma expects
+    ids = gemma.tokenizer.backend(text * 30)["input_ids"]  # with <bos>, as Gemma expects
+    assert len(ids) > 708
     for prompt, forced in ((ids[:9], ids[9:17]), (ids[:700], ids[700:708])):
         ours = engine_logits(gemma, prompt, forced, chunk=256)
         diff = (ours - reference_logits(twin, prompt, forced)).abs().max()
