@@ -1,6 +1,8 @@
 """Paths agree on the GPU in bf16: the optimized path against the reference, one JSON record per method.
 
-python benchmarks/paths_agree_gpu.py MODEL CONTEXT OUT.json [--forced]
+python benchmarks/paths_agree_gpu.py MODEL CONTEXT OUT.json [--forced] [--steps N] [--device D]
+
+MODEL is a preset name or a .gguf path (real weights: the H200 run reads smollm2-135m's GGUF this way).
 
 Both paths decode greedily from one shared real-text prefill (`steps` tokens, batch 2). For every method
 with both paths: the first step where the emitted tokens differ (None = identical) and whether the
@@ -12,8 +14,8 @@ unless the model has real ones here.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 import torch
 
@@ -24,7 +26,7 @@ from sfibench.engine.session import Session
 from sfibench.methods import create_method
 from sfibench.workloads.replay import load_replay, take
 
-STEPS, BATCH = 64, 2
+BATCH = 2
 
 
 def selection_overlap(a, b) -> list[float]:
@@ -41,18 +43,19 @@ def selection_overlap(a, b) -> list[float]:
     return overlaps
 
 
-def main(model: str, context: int, out: str) -> None:
-    session = Session.open(model, "cuda")
+def main(model: str, context: int, out: str, forced_run: bool, steps: int, device: str) -> None:
+    session = Session.open(model, device)
     stream, _ = load_replay(session.loaded.config.vocab_size, session.loaded.tokenizer)
     prompts = [take(stream, 1000 * row, context).tolist() for row in range(BATCH)]
-    prefilled = session.prefill(prompts, STEPS)
+    prefilled = session.prefill(prompts, steps)
     budget = 4 + 512 + 256
-    # With FORCED set, both paths are fed the same replayed text (teacher forcing), so a bf16 rounding
+    # With --forced, both paths are fed the same replayed text (teacher forcing), so a bf16 rounding
     # flip of one greedy token cannot make the two runs see different streams; the emitted (argmax)
     # tokens are still compared step by step, and the selections are made from identical inputs.
-    forced = torch.stack([take(stream, 1000 * row + context, STEPS) for row in range(BATCH)]).to("cuda") if FORCED else None
+    forced = torch.stack([take(stream, 1000 * row + context, steps) for row in range(BATCH)]).to(device) \
+        if forced_run else None
     records = []
-    for name in METHODS:
+    for name in ("full_kv", "sfi") if forced_run else ("full_kv", "sfi", "streaming_llm", "snapkv"):
         runs = {}
         for path in ("reference", "optimized"):
             # a refresh every 16 steps: random weights emit no sentence enders, and the check needs refreshes
@@ -60,13 +63,13 @@ def main(model: str, context: int, out: str) -> None:
             spec = MethodSpec(name=name, path=path, sfi=sfi,
                               streaming=StreamingLLMConfig(budget=budget), snapkv=SnapKVConfig(budget=budget))
             method = create_method(spec, session.loaded.config, session.loaded.tokenizer)
-            trace = generate(session.loaded.model, session.cache, method, prefilled, STEPS,
+            trace = generate(session.loaded.model, session.cache, method, prefilled, steps,
                              Sampler(SamplingConfig(), session.device), forced=forced)
             runs[path] = (trace, method)
         (ref, ref_m), (opt, opt_m) = runs["reference"], runs["optimized"]
         differs = (ref.tokens != opt.tokens).any(dim=0).nonzero().flatten().tolist()
-        record = {"method": name, "model": model, "context": context, "batch": BATCH, "steps": STEPS,
-                  "teacher_forced": FORCED, "argmax_agreement": float((ref.tokens == opt.tokens).float().mean()),
+        record = {"method": name, "model": model, "context": context, "batch": BATCH, "steps": steps,
+                  "teacher_forced": forced_run, "argmax_agreement": float((ref.tokens == opt.tokens).float().mean()),
                   "dtype": str(session.dtype), "first_token_difference": differs[0] if differs else None,
                   "tokens_identical": not differs,
                   "reads_equal_steps": sum(torch.equal(a.tokens_read, b.tokens_read) for a, b in zip(ref.steps, opt.steps)),
@@ -78,10 +81,17 @@ def main(model: str, context: int, out: str) -> None:
         records.append(record)
         print(json.dumps(record))
     with open(out, "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "records": records}, f, indent=1)
+        name = torch.cuda.get_device_name() if device == "cuda" else device
+        json.dump({"device": name, "records": records}, f, indent=1)
 
 
 if __name__ == "__main__":
-    FORCED = "--forced" in sys.argv
-    METHODS = ("full_kv", "sfi") if FORCED else ("full_kv", "sfi", "streaming_llm", "snapkv")
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("context", type=int)
+    parser.add_argument("out")
+    parser.add_argument("--forced", action="store_true", help="teacher-force both paths with the same text")
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    main(args.model, args.context, args.out, args.forced, args.steps, args.device)
