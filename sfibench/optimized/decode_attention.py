@@ -74,17 +74,18 @@ def default_num_splits(batch: int, kv_heads: int, max_len: int, sm_count: int = 
     return max(1, min(wanted, max_len // 128))
 
 
-# Keys per split for a sparse step's short read (see sparse_num_splits); set from
-# sfibench/optimized/bench_fast_path.py on an H200 (reports/attention-h200/fast-path.json).
-KEYS_PER_SPARSE_SPLIT = 512
+# Keys per split for a sparse step's short read (see sparse_num_splits). Measured on an H200
+# (sfibench/optimized/bench_fast_path.py -> reports/attention-h200/fast-path.json, ~2.3K rows, 36 layers
+# graphed): at B = 1 more splits stayed faster up to one program per SM (16 splits 0.47 ms, 4 splits
+# 0.58 ms, 1 split 1.36 ms), and at B = 5 the one-per-SM count (3) was also the best. So a split is
+# only kept from going below two tiles, as for dense reads; the gap to the ~0.1 ms of bytes is the
+# kernel's fixed cost per launch, not its split count.
+KEYS_PER_SPARSE_SPLIT = 128
 
 
 def sparse_num_splits(batch: int, kv_heads: int, rows: int, sm_count: int = 132) -> int:
-    """Splits for a fast step's few thousand rows per (sequence, KV head).
-
-    A split's fixed costs (its counts and queries, its partials, the merge) are paid per program, and
-    with ~2.3K rows they weigh as much as the loads: fewer, longer splits, merged inside the kernel,
-    beat the one-program-per-SM grid a long dense read wants. Never more than default_num_splits."""
+    """Splits for a fast step's few thousand rows per (sequence, KV head): one program per SM as for a
+    dense read (default_num_splits), but counted from the rows the step reads, not the cache's length."""
     return max(1, min(default_num_splits(batch, kv_heads, rows, sm_count), rows // KEYS_PER_SPARSE_SPLIT))
 
 

@@ -50,9 +50,9 @@ class OptimizedSFI(SFIMethod):
         self.state("row_buffer", (layers, batch), torch.int32, device)  # compact buffer per row, -1 = dense
         # A step with a dense row splits as if the batch were one sequence: the slow row reads its whole
         # history while the others read ~2K tokens, and with the batch-sized split count (one program
-        # per SM over all rows) that one row would get only 1/B of the GPU. A step of fast rows only
-        # reads a few thousand rows each (at most the memory right after a refresh plus t_max steps of
-        # growth), where fewer splits merged in the kernel win (sparse_num_splits).
+        # per SM over all rows) that one row would get only 1/B of the GPU. A step of fast rows reads a
+        # few thousand rows each (at most the memory right after a refresh plus t_max steps of growth):
+        # its split count is counted from those rows (sparse_num_splits).
         self.dense_splits = default_num_splits(1, mc.num_kv_heads, cache.max_seq, sm_count(device))
         fast_rows = geometry.tokens_read_after_refresh(cache.max_seq, self.cfg) + self.cfg.trigger.t_max
         self.sparse_splits = sparse_num_splits(batch, mc.num_kv_heads, fast_rows, sm_count(device))
