@@ -5,8 +5,8 @@
    real step would read from HBM), captured in one CUDA graph and replayed, for each split count.
    A fast step reads ~2.3K rows per (sequence, KV head): the fixed costs of a launch (reading the
    row's counts, the queries, merging the splits) weigh as much as the loads, so the split count that
-   fills the GPU for a dense read is not the best one here. This is the evidence for sparse_num_splits.
-2. The Selector (`--selector`): one refresh of all layers at one context, the PyTorch Selector
+   fills the GPU for a dense read may not be the best one here; this measures it (default_num_splits).
+2. The Selector (`--contexts`): one refresh of all layers at one context, the PyTorch Selector
    (sfi/selector.select) against the Triton one (optimized/selector_kernels.fused_select), both on the
    same evidence, with the share of positions they agree on.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from sfibench.config import SelectorConfig
-from sfibench.optimized.decode_attention import default_num_splits, sm_count, sparse_num_splits
+from sfibench.optimized.decode_attention import default_num_splits, sm_count
 from sfibench.optimized.selector_kernels import fused_select
 from sfibench.optimized.two_segment import two_segment_decode
 from sfibench.sfi.selector import select
@@ -123,12 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     for group in (int(g) for g in args.groups.split(",")):
         layers = 36 if group == 4 else 28
         for batch in (int(b) for b in args.batch.split(",")):
-            splits = sorted({int(s) for s in args.splits.split(",")} | {sparse_num_splits(batch, 8, 2308, sms)})
+            splits = sorted({int(s) for s in args.splits.split(",")} | {default_num_splits(batch, 8, 2308, sms)})
             attention += fast_step_attention(batch, 8, group, 128, layers, 4 + 2048, 256, splits)
     selector = [selector_refresh(int(c), 36, 8, 4, 2048) for c in args.contexts.split(",")]
     payload = {"provenance": provenance(), "sm_count": sms,
-               "rule": {"dense_num_splits(B=1)": default_num_splits(1, 8, 130944, sms),
-                        **{f"sparse_num_splits(B={b})": sparse_num_splits(int(b), 8, 2308, sms)
+               "rule": {"dense read (B=1, 128K)": default_num_splits(1, 8, 130944, sms),
+                        **{f"fast step (B={b}, 2,308 rows)": default_num_splits(int(b), 8, 2308, sms)
                            for b in args.batch.split(",")}},
                "fast_step_attention": attention, "selector": selector}
     if args.out:

@@ -69,24 +69,13 @@ def default_num_splits(batch: int, kv_heads: int, max_len: int, sm_count: int = 
     two per SM (the previous rule) by 1-6% at 8K-128K and B = 1, 5, 8; a grid just past a whole
     wave (e.g. 5 splits x 40 heads = 200 programs) is the worst case. Splits never go below 128 keys at
     full length (two tiles), so short caches are not cut into slivers.
+
+    A fast step passes the rows it reads (~2.3K) as `max_len`: measured on an H200
+    (bench_fast_path.py -> reports/attention-h200/fast-path.json, 36 layers graphed), one program per
+    SM was best there too (B = 1: 16 splits 0.47 ms, 4 splits 0.58, 1 split 1.36; B = 5: 3 splits).
     """
     wanted = sm_count // (batch * kv_heads)
     return max(1, min(wanted, max_len // 128))
-
-
-# Keys per split for a sparse step's short read (see sparse_num_splits). Measured on an H200
-# (sfibench/optimized/bench_fast_path.py -> reports/attention-h200/fast-path.json, ~2.3K rows, 36 layers
-# graphed): at B = 1 more splits stayed faster up to one program per SM (16 splits 0.47 ms, 4 splits
-# 0.58 ms, 1 split 1.36 ms), and at B = 5 the one-per-SM count (3) was also the best. So a split is
-# only kept from going below two tiles, as for dense reads; the gap to the ~0.1 ms of bytes is the
-# kernel's fixed cost per launch, not its split count.
-KEYS_PER_SPARSE_SPLIT = 128
-
-
-def sparse_num_splits(batch: int, kv_heads: int, rows: int, sm_count: int = 132) -> int:
-    """Splits for a fast step's few thousand rows per (sequence, KV head): one program per SM as for a
-    dense read (default_num_splits), but counted from the rows the step reads, not the cache's length."""
-    return max(1, min(default_num_splits(batch, kv_heads, rows, sm_count), rows // KEYS_PER_SPARSE_SPLIT))
 
 
 @functools.cache

@@ -17,7 +17,7 @@ from sfibench.baselines.streaming_llm import StreamingLLM
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.methods import register
-from sfibench.optimized.decode_attention import sm_count, sparse_num_splits
+from sfibench.optimized.decode_attention import default_num_splits, sm_count
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.two_segment import two_segment_decode
 
@@ -28,7 +28,7 @@ class _TwoSegment:
     def choose_splits(self, cache: KVCache) -> None:
         """Split count for a read of about `budget` rows (SnapKV's grows by one row per step; the count
         only changes speed), the rule the SFI fast step uses."""
-        self.num_splits = sparse_num_splits(cache.batch, self.model_config.num_kv_heads, self.cfg.budget,
+        self.num_splits = default_num_splits(cache.batch, self.model_config.num_kv_heads, self.cfg.budget,
                                             sm_count(cache.k.device))
 
     def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan) -> torch.Tensor:
