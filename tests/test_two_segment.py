@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
 # After the env setup, on purpose; the shared helpers come from test_kernels.py.
 from test_kernels import DEVICE, NEVER_READ_KEY, NEVER_READ_VALUE, assert_matches, random_qkv
 
-from sfibench.optimized.decode_attention import _done_counters, dense_decode
+from sfibench.optimized.decode_attention import KernelConfig, _done_counters, dense_decode
 from sfibench.optimized.decode_reference import two_segment_decode_reference
 from sfibench.optimized.two_segment import two_segment_decode
 
@@ -88,9 +88,10 @@ CASES = [  # kv_heads, group, head_dim, width N, slots S, dtype, num_splits, see
 ]
 
 
+@pytest.mark.parametrize("one_loop", [False, True], ids=["two-loops", "one-loop"])
 @pytest.mark.parametrize("kv_heads,group,head_dim,width,slots,dtype,num_splits,seed,rows", CASES)
 def test_two_segment_matches_reference_and_writes_evidence_only_where_asked(
-        kv_heads, group, head_dim, width, slots, dtype, num_splits, seed, rows):
+        kv_heads, group, head_dim, width, slots, dtype, num_splits, seed, rows, one_loop):
     inputs = two_segment_inputs(kv_heads, group, head_dim, width, slots, dtype, seed, rows,
                                 buffer_major=seed % 3 != 0)
     batch, q_heads = len(rows), kv_heads * group
@@ -101,7 +102,8 @@ def test_two_segment_matches_reference_and_writes_evidence_only_where_asked(
     evidence = torch.full((batch, q_heads, evidence_slots), EVIDENCE_POISON, device=DEVICE)
     out = torch.full_like(inputs["q"], float("nan"))
 
-    two_segment_decode(**inputs, evidence=evidence, evidence_rows=evidence_rows, num_splits=num_splits, out=out)
+    two_segment_decode(**inputs, evidence=evidence, evidence_rows=evidence_rows, num_splits=num_splits, out=out,
+                       one_loop=one_loop)
 
     reference, logits = two_segment_decode_reference(**inputs, evidence_rows=evidence_rows)
     assert_matches(out, reference, dtype)
@@ -152,6 +154,18 @@ def test_repeated_launches_follow_the_lengths_and_leave_the_counters_zeroed():
         assert int(_done_counters(torch.device(DEVICE), 2 * 3).abs().sum()) == 0
 
 
+@pytest.mark.parametrize("num_splits,merge_in_kernel", [(12, True), (2, False)])
+def test_the_merge_can_be_placed_against_the_split_count_rule(num_splits, merge_in_kernel):
+    # MAX_SPLITS_MERGED_IN_KERNEL would pick the other place for these split counts.
+    rows = [(0, 70, 130), (DENSE, 0, 90)]
+    inputs = two_segment_inputs(2, 3, 64, 24, 160, torch.float32, 15, rows)
+    config = KernelConfig(block_n=16, num_warps=4, num_stages=2, merge_in_kernel=merge_in_kernel)
+    for one_loop in (False, True):
+        out = two_segment_decode(**inputs, num_splits=num_splits, config=config, one_loop=one_loop)
+        assert_matches(out, two_segment_decode_reference(**inputs)[0], torch.float32)
+    assert int(_done_counters(torch.device(DEVICE), 2 * 2).abs().sum()) == 0
+
+
 def test_bad_inputs_are_refused_with_the_reason():
     inputs = two_segment_inputs(2, 2, 64, 16, 40, torch.float32, 13, [(0, 20, 40)])
     with pytest.raises(ValueError, match="compact_k and compact_v"):
@@ -177,8 +191,10 @@ def test_long_context_bf16_on_gpu_and_under_cuda_graph_replay():
     evidence_rows = torch.tensor([0, 0, 1], device="cuda")
     evidence = torch.full((3, kv_heads * group, slots), EVIDENCE_POISON, device="cuda")
     reference, logits = two_segment_decode_reference(**inputs, evidence_rows=evidence_rows)
-    for splits in (None, 3, 16):  # default (merged in the split kernel), few, many (a second kernel merges)
-        out = two_segment_decode(**inputs, evidence=evidence, evidence_rows=evidence_rows, num_splits=splits)
+    for splits, one_loop in ((None, False), (3, False), (16, False), (16, True), (40, True)):
+        # default (merged in the split kernel), few, many (a second kernel merges); both loop forms
+        out = two_segment_decode(**inputs, evidence=evidence, evidence_rows=evidence_rows, num_splits=splits,
+                                 one_loop=one_loop)
         assert_matches(out, reference, torch.bfloat16)
     torch.testing.assert_close(evidence.double(), logits.nan_to_num(nan=EVIDENCE_POISON), rtol=1e-3, atol=1e-3)
 

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 from sfibench.config import SelectorConfig
-from sfibench.optimized.decode_attention import default_num_splits, sm_count
+from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
 from sfibench.optimized.selector_kernels import fused_select
 from sfibench.optimized.two_segment import two_segment_decode
 from sfibench.sfi.selector import select
@@ -49,8 +50,9 @@ def _time_ms(fn, repeats: int = 5, calls: int = 20) -> list[float]:
 
 
 def fast_step_attention(batch: int, kv_heads: int, group: int, head_dim: int, layers: int, compact_rows: int,
-                        tail: int, splits: list[int]) -> list[dict]:
-    """ms per fast step's attention (all layers, one graph) for each split count."""
+                        tail: int, splits: list[int], variants: list[tuple[KernelConfig, bool]]) -> list[dict]:
+    """ms per fast step's attention (all layers, one graph) for each split count and kernel variant
+    (tile config incl. where the splits merge, and one loop over both segments or two)."""
     device, dtype = torch.device("cuda"), torch.bfloat16
     context = 4 * tail
     compact_k = torch.randn(layers, 1, batch, kv_heads, compact_rows, head_dim, device=device, dtype=dtype)
@@ -63,11 +65,11 @@ def fast_step_attention(batch: int, kv_heads: int, group: int, head_dim: int, la
     lengths = torch.full((batch,), context, device=device, dtype=torch.int32)
     row_buffer = torch.zeros(batch, device=device, dtype=torch.int32)
     rows = []
-    for num_splits in splits:
-        def step(num_splits=num_splits):
+    for num_splits, (config, one_loop) in itertools.product(splits, variants):
+        def step(num_splits=num_splits, config=config, one_loop=one_loop):
             for layer in range(layers):
                 two_segment_decode(q, compact_k[layer], compact_v[layer], counts, k[layer], v[layer], tail_start,
-                                   lengths, row_buffer, num_splits=num_splits)
+                                   lengths, row_buffer, num_splits=num_splits, config=config, one_loop=one_loop)
         step()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
@@ -75,10 +77,12 @@ def fast_step_attention(batch: int, kv_heads: int, group: int, head_dim: int, la
             step()
         medians = _time_ms(graph.replay)
         rows.append({"batch": batch, "group": group, "layers": layers, "rows_read": compact_rows + tail,
-                     "num_splits": num_splits, "ms_per_step": statistics.median(medians),
-                     "ms_spread": (max(medians) - min(medians)) / 2})
-        print(f"fast-step attention B={batch} G={group} splits={num_splits}: {rows[-1]['ms_per_step']:.4f} ms",
-              flush=True)
+                     "num_splits": num_splits, "block_n": config.block_n, "num_stages": config.num_stages,
+                     "merge_in_kernel": config.merge_in_kernel, "one_loop": one_loop,
+                     "ms_per_step": statistics.median(medians), "ms_spread": (max(medians) - min(medians)) / 2})
+        print(f"fast-step attention B={batch} G={group} splits={num_splits} {config} one_loop={one_loop}: "
+              f"{rows[-1]['ms_per_step']:.4f} ms", flush=True)
+        del graph
     return rows
 
 
@@ -109,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the rows and provenance here as JSON")
     parser.add_argument("--batch", default="1,5")
     parser.add_argument("--groups", default="4,2", help="GQA group sizes (4: Qwen3-4B, 2: Qwen3-0.6B)")
-    parser.add_argument("--splits", default="1,2,3,4,6,8,12,16")
+    parser.add_argument("--splits", default="4,8,16,24,32,48,64")
+    parser.add_argument("--block-n", default="32,64", help="keys per tile")
+    parser.add_argument("--stages", default="2,4", help="software-pipelining stages")
+    parser.add_argument("--merge", default="kernel,separate", help="where splits merge: kernel (the last split "
+                        "to finish) and/or separate (a second kernel)")
+    parser.add_argument("--one-loop", default="0,1", help="0: a loop per segment, 1: one loop over both")
     parser.add_argument("--contexts", default="32768,130944", help="contexts of the Selector timing")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -119,13 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     from sfibench.reporting.results import provenance
 
     sms = sm_count(torch.device("cuda"))
+    merges = {"kernel": True, "separate": False}
+    variants = [(KernelConfig(block_n=int(n), num_warps=4, num_stages=int(st), merge_in_kernel=merges[m]), o == "1")
+                for n, st, m, o in itertools.product(args.block_n.split(","), args.stages.split(","),
+                                                     args.merge.split(","), args.one_loop.split(","))]
     attention = []
     for group in (int(g) for g in args.groups.split(",")):
         layers = 36 if group == 4 else 28
         for batch in (int(b) for b in args.batch.split(",")):
             splits = sorted({int(s) for s in args.splits.split(",")} | {default_num_splits(batch, 8, 2308, sms)})
-            attention += fast_step_attention(batch, 8, group, 128, layers, 4 + 2048, 256, splits)
-    selector = [selector_refresh(int(c), 36, 8, 4, 2048) for c in args.contexts.split(",")]
+            attention += fast_step_attention(batch, 8, group, 128, layers, 4 + 2048, 256, splits, variants)
+    selector = [selector_refresh(int(c), 36, 8, 4, 2048) for c in args.contexts.split(",") if c]
     payload = {"provenance": provenance(), "sm_count": sms,
                "rule": {"dense read (B=1, 128K)": default_num_splits(1, 8, 130944, sms),
                         **{f"fast step (B={b}, 2,308 rows)": default_num_splits(int(b), 8, 2308, sms)

@@ -42,6 +42,7 @@ class KernelConfig:
     block_n: int  # keys per tile
     num_warps: int
     num_stages: int  # K/V tiles in flight (software pipelining of the loads)
+    merge_in_kernel: bool | None = None  # None: MAX_SPLITS_MERGED_IN_KERNEL decides
 
 
 def default_config(head_dim: int, dtype: torch.dtype, shared_memory: int = 227 * 1024) -> KernelConfig:
@@ -128,19 +129,32 @@ def _attend_tile(q, acc, running_max, running_sum, k_head, v_head, pos_head, idx
                  scores * 0.6931471805599453, mask=written)  # log2 domain -> natural log (x ln 2)
     if MASKED:
         scores = tl.where(in_split[None, :], scores, float("-inf"))
-    new_max = tl.maximum(running_max, tl.max(scores, 1))
-    rescale = tl.exp2(running_max - new_max)
-    probs = tl.exp2(scores - new_max[:, None])
-    running_sum = running_sum * rescale + tl.sum(probs, 1)
+    probs, rescale, new_max, running_sum = _softmax_weights(scores, running_max, running_sum)
     if MASKED:
         v = tl.load(v_ptrs, mask=in_split[:, None], other=0.0)
     else:
         v = tl.load(v_ptrs)
+    acc = _accumulate(acc, probs, rescale, v, DOT_PRECISION, DOT_IN_FP32)
+    return acc, new_max, running_sum
+
+
+@triton.jit
+def _softmax_weights(scores, running_max, running_sum):
+    """Online softmax over one tile of log2-domain scores `[G, N]`: the tile's unnormalised
+    probabilities, the factor that rescales what was accumulated so far, and the new max and sum."""
+    new_max = tl.maximum(running_max, tl.max(scores, 1))
+    rescale = tl.exp2(running_max - new_max)
+    probs = tl.exp2(scores - new_max[:, None])
+    return probs, rescale, new_max, running_sum * rescale + tl.sum(probs, 1)
+
+
+@triton.jit
+def _accumulate(acc, probs, rescale, v, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """acc * rescale + probs @ v, with probs rounded to v's dtype as a 16-bit MMA would."""
     probs = probs.to(v.dtype)  # the rounding a 16-bit MMA applies, kept when DOT_IN_FP32
     if DOT_IN_FP32:
         probs, v = probs.to(tl.float32), v.to(tl.float32)
-    acc = acc * rescale[:, None] + tl.dot(probs, v, input_precision=DOT_PRECISION)
-    return acc, new_max, running_sum
+    return acc * rescale[:, None] + tl.dot(probs, v, input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -371,7 +385,9 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     part_sum = torch.empty_like(part_max)
 
     done = _done_counters(q.device, batch * kv_heads)
-    merge_in_kernel = num_splits <= MAX_SPLITS_MERGED_IN_KERNEL
+    merge_in_kernel = config.merge_in_kernel
+    if merge_in_kernel is None:
+        merge_in_kernel = num_splits <= MAX_SPLITS_MERGED_IN_KERNEL
     block_s = min(16, triton.next_power_of_2(num_splits))
     group = q_heads // kv_heads
     kernel[(num_splits, kv_heads, batch)](

@@ -30,11 +30,13 @@ import triton.language as tl
 
 from sfibench.optimized.decode_attention import (
     KernelConfig,
+    _accumulate,
     _attend_range,
     _check_inputs,
     _finish_split,
     _launch_split_kernel,
     _load_group_queries,
+    _softmax_weights,
     _split_range,
 )
 
@@ -55,7 +57,7 @@ def _two_segment_split_kernel(
     n_buffers, n_compact, n_slots, n_evidence,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr,
+    BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
@@ -86,8 +88,30 @@ def _two_segment_split_kernel(
     running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    if EVIDENCE:
+        writes = tl.load(evidence_rows_ptr + seq * stride_evidence_rows) != 0
+        evidence_end = tl.where(writes, n_evidence, 0)  # no slot is below 0: nothing written
+    else:
+        evidence_end = 0
+    to_slot = tail_start - count  # union index i >= count is cache slot i + to_slot
 
-    # Compact rows: indices [start, min(end, count)) of this split are rows of the compact buffer.
+    if ONE_LOOP:
+        acc, running_max, running_sum = _attend_both_segments(
+            q, acc, running_max, running_sum,
+            compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh,
+            compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh,
+            k_ptr + seq * stride_kb + kv_head * stride_kh, v_ptr + seq * stride_vb + kv_head * stride_vh,
+            start, end, count, to_slot, stride_ckn, stride_ckd, stride_cvn, stride_cvd,
+            stride_ks, stride_kd, stride_vs, stride_vd, qk_scale_log2,
+            evidence_ptr + seq * stride_eb + kv_head * GROUP * stride_eh, stride_eh, stride_es, evidence_end,
+            GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, WRITE_LOGITS=EVIDENCE,
+            DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+        _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
+                      stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
+                      GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL)
+        return
+
+    # Two loops: compact rows: indices [start, min(end, count)) of this split are rows of the compact buffer.
     acc, running_max, running_sum = _attend_range(
         q, acc, running_max, running_sum,
         compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh,
@@ -98,12 +122,6 @@ def _two_segment_split_kernel(
 
     # Tail: index i >= count is cache slot i - count + tail_start. Iterating over slots runs the tail
     # through the dense tile code unchanged, and the slot is where its evidence goes.
-    to_slot = tail_start - count
-    if EVIDENCE:
-        writes = tl.load(evidence_rows_ptr + seq * stride_evidence_rows) != 0
-        evidence_end = tl.where(writes, n_evidence, 0)  # no slot is below 0: nothing written
-    else:
-        evidence_end = 0
     acc, running_max, running_sum = _attend_range(
         q, acc, running_max, running_sum, k_ptr + seq * stride_kb + kv_head * stride_kh,
         v_ptr + seq * stride_vb + kv_head * stride_vh, q_ptr,
@@ -117,6 +135,52 @@ def _two_segment_split_kernel(
                   GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL)
 
 
+@triton.jit
+def _attend_both_segments(q, acc, running_max, running_sum, compact_k_head, compact_v_head, k_head, v_head,
+                          start, end, count, to_slot, stride_ckn, stride_ckd, stride_cvn, stride_cvd,
+                          stride_ks, stride_kd, stride_vs, stride_vd, qk_scale_log2,
+                          evidence_head, stride_eh, stride_es, evidence_end,
+                          GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                          WRITE_LOGITS: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    """The online softmax over union indices [start, end) in one loop: index i < count is compact row i,
+    any other is cache slot i + to_slot.
+
+    A split that straddles the two segments would otherwise run two loops, each ending in a partial
+    tile: at ~150 rows per split every loop is a serial round trip to memory, and the two loads of a
+    tile (K, then V after the scores) are two more. Here each tile issues four masked loads at once (K
+    and V from the compact buffer and from the cache; every row comes from exactly one of them, the
+    other reads nothing and gives zeros), and the loop's tiles are pipelined as one stream.
+    """
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    for block_start in range(start, end, BLOCK_N):
+        idx = block_start + offs_n
+        in_split = idx < end
+        from_compact = (in_split & (idx < count))[:, None]
+        from_cache = in_split & (idx >= count)
+        slots = idx + to_slot
+        k = tl.load(compact_k_head + idx[:, None] * stride_ckn + offs_d[None, :] * stride_ckd, mask=from_compact,
+                    other=0.0) + \
+            tl.load(k_head + slots[:, None] * stride_ks + offs_d[None, :] * stride_kd, mask=from_cache[:, None],
+                    other=0.0)
+        v = tl.load(compact_v_head + idx[:, None] * stride_cvn + offs_d[None, :] * stride_cvd, mask=from_compact,
+                    other=0.0) + \
+            tl.load(v_head + slots[:, None] * stride_vs + offs_d[None, :] * stride_vd, mask=from_cache[:, None],
+                    other=0.0)
+        if DOT_IN_FP32:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        if WRITE_LOGITS:  # the evidence of cache slots (a dense row's every slot), natural-log domain
+            written = (offs_g < GROUP)[:, None] & (from_cache & (slots < evidence_end))[None, :]
+            tl.store(evidence_head + offs_g[:, None] * stride_eh + slots[None, :] * stride_es,
+                     scores * 0.6931471805599453, mask=written)
+        scores = tl.where(in_split[None, :], scores, float("-inf"))
+        probs, rescale, running_max, running_sum = _softmax_weights(scores, running_max, running_sum)
+        acc = _accumulate(acc, probs, rescale, v, DOT_PRECISION, DOT_IN_FP32)
+    return acc, running_max, running_sum
+
+
 def _check_index(name: str, tensor: torch.Tensor, shape: tuple) -> None:
     if tensor.shape != shape:
         raise ValueError(f"{name} must be {list(shape)}, got {list(tensor.shape)}")
@@ -128,7 +192,8 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
                        compact_counts: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tail_start: torch.Tensor,
                        lengths: torch.Tensor, row_buffer: torch.Tensor, evidence: torch.Tensor | None = None,
                        evidence_rows: torch.Tensor | None = None, num_splits: int | None = None, *,
-                       config: KernelConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                       config: KernelConfig | None = None, out: torch.Tensor | None = None,
+                       one_loop: bool = False) -> torch.Tensor:
     """q `[B, H_q, D]` over compact rows plus a cache tail, one softmax per query head; -> `[B, H_q, D]`.
 
     Row b reads buffer p = row_buffer[b] and attends over compact rows [0, compact_counts[p, b, h]) of
@@ -176,4 +241,4 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
         *compact_k.stride(), *compact_v.stride(), *compact_counts.stride(), *k.stride(), *v.stride(),
         *tail_start.stride(), lengths.stride(0), row_buffer.stride(0), *evidence_strides,
         n_buffers, n_compact, n_slots, n_evidence,
-        BLOCK_P=max(2, triton.next_power_of_2(n_buffers)), EVIDENCE=write_evidence)
+        BLOCK_P=max(2, triton.next_power_of_2(n_buffers)), EVIDENCE=write_evidence, ONE_LOOP=one_loop)
