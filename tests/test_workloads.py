@@ -196,3 +196,29 @@ def test_longbench_bad_input(tmp_path):
     bad = _write_jsonl(tmp_path / "sub" / "qasper.jsonl", [{"question": "q", "context": "c"}])
     with pytest.raises(LongBenchError, match="lacks the field.*input.*answers"):
         longbench_samples(PromptFormat(Tokenizer(ByteTokenizer())), bad, 500, 1, seed=0)
+
+
+class BosAddingBackend:
+    """A Hugging Face-like tokenizer over bytes that puts a BOS first by default, as Gemma's does."""
+
+    bos_token_id, eos_token_id, chat_template = 300, None, None
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [self.bos_token_id] * add_special_tokens + list(text.encode("utf-8"))}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("task", ["niah_single", "niah_multiturn", "ppl"])
+def test_prompts_start_with_the_bos_the_tokenizer_adds_by_default(task):
+    fmt = PromptFormat(Tokenizer(BosAddingBackend()), chat=False)
+    for sample in make_samples(task, fmt, 1500, 2, seed=0):
+        assert sample.prompt[0] == BosAddingBackend.bos_token_id
+        assert BosAddingBackend.bos_token_id not in sample.prompt[1:] + list(itertools.chain(*sample.follow_ups))
+        assert (1 - LENGTH_TOLERANCE) * 1500 <= len(sample.prompt) <= 1500
+
+
+def test_no_bos_is_added_where_the_tokenizer_adds_none(byte_fmt, smollm2_fmt):
+    assert byte_fmt.bos == [] and smollm2_fmt.bos == []  # smollm2's prompts are as before
+    assert make_samples("niah_single", byte_fmt, 1500, 1, seed=0)[0].prompt[0] != ByteTokenizer.bos_token_id

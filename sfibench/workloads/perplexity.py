@@ -18,7 +18,7 @@ def long_text(fmt, target, rng, index):
     haystack = Haystack(rng)
 
     def render(n: int) -> list[int]:
-        return fmt.tokenizer.encode(" ".join(haystack.filler(n)))
+        return fmt.starting(fmt.tokenizer.encode(" ".join(haystack.filler(n))))
 
     _, ids = fit_to_tokens(render, target + CONTINUATION, most=target + CONTINUATION, what="ppl")
     return Sample("ppl", index, ids[:-CONTINUATION], [], max_answer_tokens=0, teacher=ids[-CONTINUATION:],
