@@ -137,23 +137,29 @@ def memory_mask(fixed: torch.Tensor, n_sink: int, window_start: int) -> torch.Te
 
 
 class Mean:
-    """Running sum and count, elementwise over a fixed shape."""
+    """Running sum, sum of squares and count, elementwise over a fixed shape: each `add` is one sample."""
 
     def __init__(self, *shape: int):
         self.total = torch.zeros(shape, dtype=torch.float64)
+        self.squares = torch.zeros(shape, dtype=torch.float64)
         self.count = torch.zeros(shape, dtype=torch.float64)
 
     def add(self, values: torch.Tensor, index: int | None = None) -> None:
         """Add `values` (the whole shape), or one scalar at `index` of a 1-D accumulator."""
-        if index is None:
-            self.total += values.double().cpu()
-            self.count += 1
-        else:
-            self.total[index] += values.double().cpu()
-            self.count[index] += 1
+        values = values.double().cpu()
+        where = ... if index is None else index
+        self.total[where] += values
+        self.squares[where] += values * values
+        self.count[where] += 1
 
     def mean(self) -> torch.Tensor:
         return torch.where(self.count > 0, self.total / self.count.clamp_min(1), float("nan"))
+
+    def ci95(self) -> torch.Tensor:
+        """Half-width of the normal 95% interval of each mean over its samples; NaN below two samples."""
+        n = self.count
+        variance = (self.squares - self.total * self.total / n.clamp_min(1)) / (n - 1).clamp_min(1)
+        return torch.where(n > 1, 1.96 * (variance.clamp_min(0) / n.clamp_min(1)).sqrt(), float("nan"))
 
 
 def _grow(mask: torch.Tensor, length: int) -> torch.Tensor:
@@ -182,6 +188,7 @@ class StabilityReducer:
                             for kind in KINDS for side in SIDES for metric in ("overlap", "jaccard")}
         self.hist = {key: torch.zeros(HIST_BINS, dtype=torch.float64) for key in self.consecutive}
         self.drift = {kind: Mean(bins) for kind in KINDS}
+        self.layer_overlap = {side: Mean(num_layers) for side in SIDES}  # top-k, one sample per step pair
         self.recall = {name: Mean(*shape) for name in MEMORIES}
         self.recall_by_offset = {name: Mean(bins) for name in MEMORIES}
         self.captured = {name: Mean(*shape) for name in MEMORIES}  # mass read inside C
@@ -212,6 +219,8 @@ class StabilityReducer:
                 for metric, values in (("overlap", overlap), ("jaccard", jaccard)):
                     self.consecutive[kind, side, metric].add(values)
                     self.hist[kind, side, metric] += torch.histc(values.double().cpu(), HIST_BINS, 0, 1)
+                if kind == "topk":
+                    self.layer_overlap[side].add(overlap.mean(dim=-1))
         if sentence_start:
             k_sel = parse_budget(cfg.k_head, length, "--k-head", at_most_context=False)
             self.start = {"step": self.step, "supports": current, "anchor": hi, "k": k_sel,
@@ -254,6 +263,8 @@ class StabilityReducer:
                for metric in ("overlap", "jaccard")},
             **{f"{metric}_hist": self.hist[kind, side, metric].tolist() for metric in ("overlap", "jaccard")},
         } for side in SIDES} for kind in KINDS}
+        for side in SIDES:  # over step pairs, of the layer's mean over its KV heads
+            consecutive["topk"][side]["overlap_per_layer_ci95"] = self.layer_overlap[side].ci95().tolist()
         candidate_mass = self.candidate_mass.total
         recall = {name: {
             "mean": overall(self.recall[name]),
@@ -263,6 +274,7 @@ class StabilityReducer:
             "per_layer_head": self.recall[name].mean().tolist(),
             "candidate_per_layer_head": (self.captured[name].total / candidate_mass.clamp_min(1e-30)).tolist(),
             "by_offset": self.recall_by_offset[name].mean()[1:].tolist(),
+            "by_offset_ci95": self.recall_by_offset[name].ci95()[1:].tolist(),  # over sentences
         } for name in MEMORIES}
         starts = torch.tensor(self.sentence_starts, dtype=torch.float64)
         return {
@@ -273,7 +285,8 @@ class StabilityReducer:
             "hist_edges": torch.linspace(0, 1, HIST_BINS + 1).tolist(),
             "drift": {"offsets": list(range(1, self.cfg.max_offset + 1)),
                       "samples": self.drift["topk"].count[1:].long().tolist(),
-                      **{f"{kind}_overlap": self.drift[kind].mean()[1:].tolist() for kind in KINDS}},
+                      **{f"{kind}_overlap": self.drift[kind].mean()[1:].tolist() for kind in KINDS},
+                      **{f"{kind}_overlap_ci95": self.drift[kind].ci95()[1:].tolist() for kind in KINDS}},
             "recall": recall,
             "candidate_mass_share": overall(self.candidate_mass),
             "chance_topk_overlap": float(self.chance_overlap.mean()),

@@ -1,8 +1,9 @@
 """Plots for `sfibench stability`, drawn only from the results dict (as saved in results.json).
 
-The reducer keeps running means, not per-point variances, so the drift and recall curves carry no
-error bars; the sample count behind each offset is drawn instead (offsets seen in fewer than
-MIN_SAMPLES sentences are left out), and the histograms show the whole distribution.
+Every curve carries its 95% interval: over sentences for the drift and recall by offset, over step
+pairs for the per-layer overlap (runs saved before the reducer kept sums of squares have none to
+draw). The sample count behind each offset is drawn too (offsets seen in fewer than MIN_SAMPLES
+sentences are left out), and the histograms show the whole distribution.
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ def _array(values) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
+def _curve(ax, x, values, half_widths, hidden=None, **style) -> None:
+    """A mean with its 95% interval as error bars; `hidden` points (too few samples) are left out."""
+    y = _array(values)
+    half = np.zeros_like(y) if half_widths is None else np.nan_to_num(_array(half_widths))
+    if hidden is not None:
+        y = np.where(hidden, np.nan, y)
+    ax.errorbar(x, y, yerr=half, marker=".", capsize=2, elinewidth=0.8, **style)
+
+
 def write_plots(run_dir: Path, results: dict) -> list[Path]:
     run_dir = Path(run_dir)
     paths = []
@@ -48,8 +58,8 @@ def _offset_plot(results: dict):
     sparse = np.array(drift["samples"]) < MIN_SAMPLES  # a handful of long sentences: noise, not a trend
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
     for kind, label in (("topk", "top-k support"), ("mass", "90%-mass support")):
-        left.plot(offsets, np.where(sparse, np.nan, _array(drift[f"{kind}_overlap"])), marker=".",
-                  label=f"{label} vs t0")
+        _curve(left, offsets, drift[f"{kind}_overlap"], drift.get(f"{kind}_overlap_ci95"), sparse,
+               label=f"{label} vs t0 (95% CI over sentences)")
     for side, style in (("within", "--"), ("across", ":")):
         if consecutive["topk"][side]["overlap_mean"] is not None:  # None: no such step pair was seen
             left.axhline(consecutive["topk"][side]["overlap_mean"], color="grey", linestyle=style,
@@ -63,8 +73,8 @@ def _offset_plot(results: dict):
     left.set_zorder(counts.get_zorder() + 1)
     left.patch.set_visible(False)
     for name, label in MEMORY_LABELS.items():
-        right.plot(offsets, np.where(sparse, np.nan, _array(results["recall"][name]["by_offset"])), marker=".",
-                   label=label)
+        recall = results["recall"][name]
+        _curve(right, offsets, recall["by_offset"], recall.get("by_offset_ci95"), sparse, label=label)
     right.set(xlabel="offset t - t0 (decode steps)", ylabel="share of dense attention mass read")
     legend_below(fig, [left, counts, right], columns=3)
     left.set_title(f"{drift['samples'][0]} sentences; offsets seen in fewer than {MIN_SAMPLES} are not drawn",
@@ -90,9 +100,12 @@ def _split_plot(results: dict):
         ax.set(xlabel=f"{title} (share)", ylabel="share of (step pair, layer, KV head)")
         ax.set_title(f"consecutive steps: {title}\nmean " + ", ".join(means), fontsize=9)
     for side, (color, label) in SIDES.items():
-        per_layer = _array(consecutive["topk"][side]["overlap_per_layer"])
-        axes[2].plot(np.arange(len(per_layer)), per_layer, marker=".", color=color, label=label)
-    axes[2].set(xlabel="layer", ylabel="mean top-k overlap (share)", title="per layer", ylim=(0, 1.02))
+        stats = consecutive["topk"][side]
+        per_layer = stats["overlap_per_layer"]
+        _curve(axes[2], np.arange(len(per_layer)), per_layer, stats.get("overlap_per_layer_ci95"), color=color,
+               label=label)
+    axes[2].set(xlabel="layer", ylabel="mean top-k overlap (share)", ylim=(0, 1.02))
+    axes[2].set_title("per layer (95% CI over step pairs)", fontsize=9)
     axes[2].set_xticks(range(0, len(per_layer), max(1, len(per_layer) // 10)))
     legend_below(fig, axes, columns=2)
     return fig

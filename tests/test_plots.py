@@ -1,0 +1,53 @@
+"""Plots a reader can trust: every measured curve carries its spread (stability runs here; throughput and
+comparison plots draw theirs from the timed passes), and the stability reducer's intervals are right."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
+from matplotlib.container import ErrorbarContainer
+
+from sfibench.config import SFIConfig
+from sfibench.metrics.stability import Mean, StabilityConfig, StabilityReducer
+from sfibench.reporting import stability_plots
+
+
+def test_mean_keeps_the_95_percent_interval_of_its_samples():
+    samples = [0.2, 0.5, 0.4, 0.9]
+    scalar, binned = Mean(), Mean(3)
+    for value in samples:
+        scalar.add(torch.tensor(value))
+        binned.add(torch.tensor(value), 1)
+    expected = 1.96 * np.std(samples, ddof=1) / np.sqrt(len(samples))
+    assert float(scalar.ci95()) == pytest.approx(expected)
+    assert float(binned.ci95()[1]) == pytest.approx(expected)
+    assert torch.isnan(binned.ci95()[0]) and torch.isnan(binned.ci95()[2])  # no samples: no interval
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    """A reducer fed random attention for 60 steps, a sentence every 6 steps (only its summary is plotted)."""
+    generator = torch.Generator().manual_seed(0)
+    cfg = StabilityConfig(topk_frac=0.05, k_head="20", max_offset=8, sfi=SFIConfig(n_sink=2, n_recent=16, page=4))
+    reducer = StabilityReducer(cfg, num_layers=3, num_kv_heads=2)
+    for step in range(60):
+        length = 80 + step
+        reducer.update(torch.randn(3, 2, 2, length, generator=generator) * 2,
+                       torch.rand(3, 2, length, generator=generator) + 0.5, sentence_start=step % 6 == 0)
+    return {"model": "random", "mode": "teacher-forced", **reducer.summary()}
+
+
+@pytest.mark.parametrize("draw", [stability_plots._offset_plot, stability_plots._split_plot])
+def test_every_stability_curve_has_error_bars(results, draw):
+    figure = draw(results)
+    with_bars = [c for ax in figure.axes for c in ax.containers if isinstance(c, ErrorbarContainer) and c.has_yerr]
+    caps = {id(cap) for container in with_bars for cap in container.lines[1]}
+    curves = [line for ax in figure.axes for line in ax.lines  # lines with markers are measured points
+              if line.get_marker() not in (None, "None", "") and id(line) not in caps]
+    plt.close(figure)
+    assert curves and len(with_bars) == len(curves)
+    for container in with_bars:  # bars of real length, not zeros standing in for a missing interval
+        segments = [s for collection in container.lines[2] for s in collection.get_segments()]
+        assert any(abs(s[1][1] - s[0][1]) > 0 for s in segments)
