@@ -75,6 +75,15 @@ def test_readme_results_blocks_are_what_the_committed_reports_generate():
         "README.md's results blocks are stale: run python -m sfibench.reporting.readme_results"
 
 
+def test_every_readme_results_run_shows_its_plot_and_conditions():
+    blocks = re.findall(r"<!-- results:begin [^>]*-->\n(.*?)<!-- results:end -->", README, flags=re.DOTALL)
+    runs = [run for block in blocks for run in re.split(r"\n(?=\*\*\[)", block.strip())]
+    assert len(runs) >= 8
+    for run in runs:
+        assert re.match(r"\*\*\[[\w.-]+\]\(reports/[\w.-]+/report\.md\)\*\*: ", run), run[:80]
+        assert re.search(r"!\[[^\]]*\]\(reports/[\w.-]+/\w+\.png\)", run), f"no plot in {run[:80]}"
+
+
 def test_readme_results_refuse_a_missing_or_garbled_results_json(tmp_path):
     from sfibench.reporting.readme_results import ReadmeResultsError, generate
 

@@ -1,4 +1,5 @@
-"""Markdown for the README's results blocks: one committed run each, its conditions, a link and its table.
+"""Markdown for the README's results blocks: one committed run each, its conditions, a link, its main plot
+and its table.
 
 Only the run's results.json is read, so the README says exactly what the committed reports hold; the
 prose around the blocks interprets the numbers and is written by hand.
@@ -77,7 +78,9 @@ def _quality(link: str, document: dict) -> tuple[str, list[str]]:
                   + (f", SFI with {', '.join(f'{k}={v}' for k, v in variant.items())}" if variant else "")
                   + ("" if document["results"].get("complete", True) else ", **stopped early (partial)**")
                   + f"; accuracy (ppl: KL to Full-KV in nats, Full-KV: perplexity) at retention {retentions}")
-    lines = ["| task | context | " + " | ".join(methods) + " |", "| --- | --- |" + " --- |" * len(methods)]
+    plot = ("accuracy_vs_retention.png" if set(cfg["tasks"]) - {"ppl"} else "fidelity_vs_retention.png")
+    lines = [f"![{plot.removesuffix('.png').replace('_', ' ')}]({link}/{plot})", "",
+             "| task | context | " + " | ".join(methods) + " |", "| --- | --- |" + " --- |" * len(methods)]
     for task in cfg["tasks"]:
         for context in cfg["contexts"]:
             here = [c for c in cells if (c["task"], c["context"]) == (task, context)]
