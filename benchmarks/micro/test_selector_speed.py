@@ -1,4 +1,5 @@
-"""The SFI Selector, whole and stage by stage, on random evidence at real model shapes (CPU or GPU).
+"""The SFI Selector, whole (PyTorch and, on a GPU, Triton) and stage by stage, on random evidence at real
+model shapes (CPU or GPU).
 
 Shapes: one slow step of every layer at once, as the reference SFI calls it (evidence rows R = G query
 heads, one decode query each). smollm2-135m at 2K tokens runs anywhere; the Qwen3-4B shape at 32K
@@ -54,6 +55,16 @@ def run(benchmark, cuda_sync, name: str, stage, fn) -> None:
 def test_select(benchmark, cuda_sync, name):
     x = inputs(name)
     run(benchmark, cuda_sync, name, "select", lambda: select(x["logits"], x["norms"], 4, x["k"], x["cfg"]))
+
+
+@pytest.mark.parametrize("name", SHAPES)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton Selector is timed on a GPU only")
+def test_select_triton(benchmark, cuda_sync, name):
+    from sfibench.optimized.selector_kernels import fused_select
+
+    x = inputs(name)
+    run(benchmark, cuda_sync, name, "select (Triton)",
+        lambda: fused_select(x["logits"], x["norms"], 4, x["k"], x["cfg"]))
 
 
 @pytest.mark.parametrize("name", SHAPES)
