@@ -71,7 +71,10 @@ def test_runs_of_different_commands_are_refused(tmp_path):
 
 def test_a_missing_or_truncated_results_json_is_one_error(tmp_path):
     (tmp_path / "empty").mkdir()
-    assert report(tmp_path / "empty")[0] == 2
+    status, output = report(tmp_path / "empty")
+    assert status == 2 and "holds no results.json" in output and "rerun its command" in output
+    status, output = report(tmp_path / "gone")
+    assert status == 2 and "gone does not exist" in output
     run = copy_results(RUNS[0], tmp_path / "cut")
     text = (run / "results.json").read_text()
     (run / "results.json").write_text(text[:1000])

@@ -20,6 +20,8 @@ class RunFilesError(UsageError):
 
 def load_run(run_dir: Path, what: str) -> dict:
     """A run's results.json; a truncated file, a foreign JSON or a newer schema are read_results' errors."""
+    if not Path(run_dir).exists():
+        raise RunFilesError(f"{what}: {run_dir} does not exist; give the directory a run wrote (its --out)")
     if not (Path(run_dir) / RESULTS_FILENAME).is_file():
         raise RunFilesError(f"{what}: {run_dir} holds no {RESULTS_FILENAME}; give a run's directory, or rerun "
                             "its command to regenerate it")
