@@ -22,7 +22,7 @@ from test_kernels import DEVICE, NEVER_READ_KEY, NEVER_READ_VALUE, assert_matche
 
 from sfibench.optimized.decode_attention import KernelConfig, _done_counters, dense_decode
 from sfibench.optimized.decode_reference import two_segment_decode_reference
-from sfibench.optimized.two_segment import two_segment_decode
+from sfibench.optimized.two_segment import fast_read_launch, two_segment_decode
 
 EVIDENCE_POISON = 7777.0
 DENSE = -1
@@ -164,6 +164,14 @@ def test_the_merge_can_be_placed_against_the_split_count_rule(num_splits, merge_
         out = two_segment_decode(**inputs, num_splits=num_splits, config=config, one_loop=one_loop)
         assert_matches(out, two_segment_decode_reference(**inputs)[0], torch.float32)
     assert int(_done_counters(torch.device(DEVICE), 2 * 2).abs().sum()) == 0
+
+
+def test_fast_reads_take_one_loop_only_when_their_splits_are_short():
+    # Qwen3-4B shape, 2,308 rows per (sequence, KV head) at a fast step, 132 SMs (the H200 measurement).
+    one = fast_read_launch(1, 8, 2308, torch.device("cpu"))
+    five = fast_read_launch(5, 8, 2308, torch.device("cpu"))
+    assert one == {"num_splits": 16, "one_loop": True}  # ~144 rows per split
+    assert five == {"num_splits": 3, "one_loop": False}  # ~770 rows per split
 
 
 def test_bad_inputs_are_refused_with_the_reason():

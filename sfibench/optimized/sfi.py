@@ -26,7 +26,7 @@ from sfibench.methods import StepPlan, register
 from sfibench.optimized.decode_attention import default_num_splits, sm_count
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.selector_kernels import fused_select
-from sfibench.optimized.two_segment import two_segment_decode
+from sfibench.optimized.two_segment import fast_read_launch, two_segment_decode
 from sfibench.sfi import geometry
 from sfibench.sfi.method import SFIMethod
 from sfibench.sfi.transfer import layer_index
@@ -52,10 +52,10 @@ class OptimizedSFI(SFIMethod):
         # history while the others read ~2K tokens, and with the batch-sized split count (one program
         # per SM over all rows) that one row would get only 1/B of the GPU. A step of fast rows reads a
         # few thousand rows each (at most the memory right after a refresh plus t_max steps of growth):
-        # its split count is counted from those rows.
+        # its split count and loop form are chosen for those rows.
         self.dense_splits = default_num_splits(1, mc.num_kv_heads, cache.max_seq, sm_count(device))
         fast_rows = geometry.tokens_read_after_refresh(cache.max_seq, self.cfg) + self.cfg.trigger.t_max
-        self.sparse_splits = default_num_splits(batch, mc.num_kv_heads, fast_rows, sm_count(device))
+        self.fast_launch = fast_read_launch(batch, mc.num_kv_heads, fast_rows, device)
         # Dense logits of every query head at every slot, written only for refreshing rows.
         self.state("evidence", (layers, batch, mc.num_heads, cache.max_seq), torch.float32, device)
         async_refresh = self.cfg.publish == "when_ready" and device.type == "cuda"
@@ -98,7 +98,7 @@ class OptimizedSFI(SFIMethod):
         out = two_segment_decode(
             q[:, :, 0], sel.compact_k[:, layer], sel.compact_v[:, layer], sel.compact_counts[:, layer],
             cache.k[layer], cache.v[layer], sel.tail_start[:, layer], ctx.kv_lengths, self.row_buffer[layer],
-            num_splits=self.dense_splits if plan.dense else self.sparse_splits,
+            **({"num_splits": self.dense_splits} if plan.dense else self.fast_launch),
             **({"evidence": self.evidence[layer], "evidence_rows": self.refresh_rows[layer]} if plan.evidence else {}))
         return out[:, :, None]
 

@@ -17,25 +17,23 @@ from sfibench.baselines.streaming_llm import StreamingLLM
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.methods import register
-from sfibench.optimized.decode_attention import default_num_splits, sm_count
 from sfibench.optimized.full_kv import require_triton_device
-from sfibench.optimized.two_segment import two_segment_decode
+from sfibench.optimized.two_segment import fast_read_launch, two_segment_decode
 
 
 class _TwoSegment:
     """Shared attend: per layer one launch over compact[layer] + the cache tail [tail_start, L)."""
 
     def choose_splits(self, cache: KVCache) -> None:
-        """Split count for a read of about `budget` rows (SnapKV's grows by one row per step; the count
+        """Split count and loop form for a read of about `budget` rows (SnapKV's grows by one row per step; the count
         only changes speed), the rule the SFI fast step uses."""
-        self.num_splits = default_num_splits(cache.batch, self.model_config.num_kv_heads, self.cfg.budget,
-                                            sm_count(cache.k.device))
+        self.launch = fast_read_launch(cache.batch, self.model_config.num_kv_heads, self.cfg.budget, cache.k.device)
 
     def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan) -> torch.Tensor:
         layer = ctx.layer
         out = two_segment_decode(q[:, :, 0], *self.compact(cache, layer), self.counts[:, layer],
                                  cache.k[layer], cache.v[layer], self.tail, ctx.kv_lengths, self.row_buffer,
-                                 num_splits=self.num_splits)
+                                 **self.launch)
         return out[:, :, None]
 
     def count_reads(self, ctx: StepContext) -> None:

@@ -38,6 +38,8 @@ from sfibench.optimized.decode_attention import (
     _load_group_queries,
     _softmax_weights,
     _split_range,
+    default_num_splits,
+    sm_count,
 )
 
 
@@ -179,6 +181,22 @@ def _attend_both_segments(q, acc, running_max, running_sum, compact_k_head, comp
         probs, rescale, running_max, running_sum = _softmax_weights(scores, running_max, running_sum)
         acc = _accumulate(acc, probs, rescale, v, DOT_PRECISION, DOT_IN_FP32)
     return acc, running_max, running_sum
+
+
+# A split reading at most this many rows runs one loop over both segments; a longer one runs a loop
+# per segment. Measured on an H200 (bench_fast_path.py -> reports/attention-h200/fast-path-sweep.json,
+# Qwen3-4B shape, 2,308 rows, 36 layers graphed): at B = 1 (16 splits, ~144 rows each) one loop takes
+# 0.367 ms against 0.481 for two, because each loop and each partial tile is a serial round trip to
+# memory; at B = 5 (3 splits, ~770 rows each) two loops win, 0.765 ms against 0.799, since there the
+# tiles are many and one loop's four masked loads per tile cost more than they save.
+ONE_LOOP_MAX_ROWS_PER_SPLIT = 256
+
+
+def fast_read_launch(batch: int, kv_heads: int, rows: int, device: torch.device) -> dict:
+    """two_segment_decode's split count and loop form for steps reading about `rows` rows per
+    (sequence, KV head): one program per SM (default_num_splits), one loop when the splits are short."""
+    splits = default_num_splits(batch, kv_heads, rows, sm_count(device))
+    return {"num_splits": splits, "one_loop": rows <= splits * ONE_LOOP_MAX_ROWS_PER_SPLIT}
 
 
 def _check_index(name: str, tensor: torch.Tensor, shape: tuple) -> None:

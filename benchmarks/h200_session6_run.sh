@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Session 6's report call: `bash benchmarks/h200_session6_run.sh 4b|0.6b` runs the README throughput
+# report for that model shape (every method, both paths, sync + async SFI; 8K, 32K, 128K; B = 1 and the
+# largest batch), then, in the time left of the call, the optimized SFI's profile at 128K.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+started=$SECONDS
+cat DEVICE_COMMIT 2>/dev/null
+run=$OUT/throughput-qwen3-$1-h200
+timeout "${2:-540}" python -m sfibench throughput --model "qwen3-$1" --ctx 8k,32k,130944 --batch 1,max \
+    --methods full_kv/optimized,sfi,streaming_llm,snapkv --paths reference,optimized --steps 96 --out "$run" \
+    > "$OUT/run.log" 2>&1
+echo "throughput rc=$? after $((SECONDS - started)) s"
+cp "$OUT/run.log" "$run/run.log" 2>/dev/null
+grep -v "^ *$" "$OUT/run.log" | tail -45
+left=$(( ${3:-585} - (SECONDS - started) ))
+if [ "$left" -gt 60 ]; then
+    timeout "$left" python -m sfibench profile --model "qwen3-$1" --ctx 130944 --method sfi --path optimized \
+        --steps 64 --out "$OUT/profile-qwen3-$1-optimized-h200" > "$OUT/profile.log" 2>&1
+    echo "profile rc=$? after $((SECONDS - started)) s"; tail -14 "$OUT/profile.log"
+fi
+cd "$OUT" && for d in */; do tar -cf "${d%/}.tar" "$d" && rm -rf "$d"; done
