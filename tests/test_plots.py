@@ -51,3 +51,25 @@ def test_every_stability_curve_has_error_bars(results, draw):
     for container in with_bars:  # bars of real length, not zeros standing in for a missing interval
         segments = [s for collection in container.lines[2] for s in collection.get_segments()]
         assert any(abs(s[1][1] - s[0][1]) > 0 for s in segments)
+
+
+def test_profile_keeps_each_components_spread_over_the_steps_and_draws_it(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from sfibench.cli import app
+    from sfibench.reporting.profile_report import chart
+    from sfibench.reporting.results import read_results
+
+    out = tmp_path / "profile"
+    result = CliRunner().invoke(app, ["profile", "--ctx", "1500", "--steps", "4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = read_results(out)["results"]
+    for name, (low, high) in saved["ms_per_step_range"].items():
+        assert low <= saved["ms_per_step"][name] + 1e-9 and saved["ms_per_step"][name] <= high + 1e-9, name
+    assert saved["wall_ms_range"][0] <= saved["wall_ms_per_step"] <= saved["wall_ms_range"][1]
+    assert "| attention |" in (out / "report.md").read_text()
+    drawn = []
+    monkeypatch.setattr(plt.Figure, "savefig", lambda figure, *args, **kwargs: drawn.append(figure))
+    chart(saved, tmp_path / "profile.png")
+    bars = [c for c in drawn[0].axes[0].containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 1 and bars[0].has_xerr

@@ -35,4 +35,4 @@ def profile(
         check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)
         run_dir = run_profile(model, device, dtype, method, path, context, steps, out, overwrite)
     console.print(terminal_table(read_results(run_dir)))
-    console.print(f"[green]wrote[/] {run_dir}/results.json and profile.png")
+    console.print(f"[green]wrote[/] {run_dir}/results.json, report.md and profile.png")

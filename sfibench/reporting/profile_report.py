@@ -1,4 +1,4 @@
-"""A `sfibench profile` run drawn from its results.json: the bar chart and the terminal table."""
+"""A `sfibench profile` run drawn from its results.json: the bar chart, report.md and the terminal table."""
 
 from __future__ import annotations
 
@@ -10,19 +10,50 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from rich.table import Table
 
+from sfibench.reporting.formatting import commit_label
+from sfibench.reporting.plot_style import save, yerr
+
+
+def _ordered(result: dict) -> list[tuple[str, float, float | None, float | None]]:
+    """(component, ms per step, lowest, highest) by time; the bounds are None for runs that kept no spread."""
+    ranges = result.get("ms_per_step_range", {})
+    rows = [(name, ms, *ranges.get(name, (None, None))) for name, ms in result["ms_per_step"].items()]
+    return sorted(rows, key=lambda row: row[1])
+
 
 def chart(result: dict, path: Path) -> Path:
-    names, values = zip(*sorted(result["ms_per_step"].items(), key=lambda kv: kv[1]))
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5))
-    ax.barh(names, values, color="C0")
+    """Horizontal bars: each component's time per step, with its range over the profiled steps."""
+    names, values, lows, highs = zip(*_ordered(result))
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5), layout="constrained")
+    ranged = "ms_per_step_range" in result
+    ax.barh(names, values, color="C0", xerr=yerr(list(values), list(lows), list(highs)) if ranged else None,
+            capsize=3, error_kw={"elinewidth": 0.8})
     ax.set_xlabel(f"ms per decode step ({result['clock']})")
     ax.set_title(f"{result['method']}/{result['path']} at {result['context']:,} tokens, "
                  f"{result['steps']} {'graphed' if result['graphs'] else 'eager'} steps "
-                 f"({result['step_kinds'].count('slow')} slow)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+                 f"({result['step_kinds'].count('slow')} slow)\n"
+                 + ("bars: mean; whiskers: fastest to slowest step" if ranged else
+                    "no per-step spread recorded (run made before profile kept one)"), fontsize=9)
+    save(fig, path)
     return path
+
+
+def markdown(document: dict) -> str:
+    result, prov = document["results"], document["provenance"]
+    lines = [f"# sfibench profile: {result['method']}/{result['path']} at {result['context']:,} tokens", "",
+             f"Model `{document['config']['model']}`, device {prov.get('device')}, torch {prov.get('torch')}, commit "
+             f"{commit_label(prov)}, {prov.get('timestamp_utc')}. {result['steps']} "
+             f"{'CUDA-graphed' if result['graphs'] else 'eager'} decode steps "
+             f"({result['step_kinds'].count('slow')} slow), {result['clock']}.", "",
+             "| component | ms per step | fastest step | slowest step |", "|---|---|---|---|"]
+    for name, ms, low, high in reversed(_ordered(result)):
+        lines.append(f"| {name} | {ms:.3f} | " + (" | ".join(f"{v:.3f}" for v in (low, high)) if low is not None
+                                                  else "- | -") + " |")
+    wall = result.get("wall_ms_range", (None, None))
+    lines += [f"| wall time | {result['wall_ms_per_step']:.3f} | "
+              + (" | ".join(f"{v:.3f}" for v in wall) if wall[0] is not None else "- | -") + " |", "",
+              "![profile](profile.png)", ""]
+    return "\n".join(lines)
 
 
 def terminal_table(document: dict) -> Table:

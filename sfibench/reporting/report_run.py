@@ -50,9 +50,11 @@ def _stability(run_dir: Path, document: dict) -> list[Path]:
 
 
 def _profile(run_dir: Path, document: dict) -> list[Path]:
-    from sfibench.reporting.profile_report import chart
+    from sfibench.reporting.profile_report import chart, markdown
+    from sfibench.reporting.results import write_text_atomically
 
-    return [chart(document["results"], run_dir / "profile.png")]
+    write_text_atomically(run_dir / "report.md", markdown(document))
+    return [chart(document["results"], run_dir / "profile.png"), run_dir / "report.md"]
 
 
 def _comparison(run_dir: Path, document: dict) -> list[Path]:

@@ -14,10 +14,11 @@ after each refresh would show.
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, schedule
 
 from sfibench.config import MethodSpec
 from sfibench.engine.cache import KVCache
@@ -88,37 +89,52 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) 
         method.observe(inputs[step:step + 1])
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    kinds = []
-    with profile(activities=activities) as prof:
-        started = time.perf_counter()
-        for step in range(3, 3 + steps):
-            ctx = driver.step(inputs[step - 1:step].to(device)).ctx
-            kinds.append("slow" if bool(ctx.slow.any()) else "fast")
-            method.observe(inputs[step:step + 1])
-        if cuda:
-            torch.cuda.synchronize()
-        wall_us = (time.perf_counter() - started) * 1e6
+    kinds, walls_us, per_step = [], [], []
+    # One profiler window per step (`schedule`), so each component gets a time per step and a spread; the
+    # untimed steps above warmed up, so the profiler's warnings about warm-up and per-cycle events do not apply.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(warmup|clears events).*", category=UserWarning)
+        with profile(activities=activities, schedule=schedule(wait=0, warmup=0, active=1, repeat=steps),
+                     on_trace_ready=lambda prof: per_step.append(_components(prof, cuda, walls_us[-1]))) as prof:
+            for step in range(3, 3 + steps):
+                started = time.perf_counter()
+                ctx = driver.step(inputs[step - 1:step].to(device)).ctx
+                if cuda:
+                    torch.cuda.synchronize()
+                walls_us.append((time.perf_counter() - started) * 1e6)
+                kinds.append("slow" if bool(ctx.slow.any()) else "fast")
+                method.observe(inputs[step:step + 1])
+                prof.step()
+    per_step_ms = {name: [step[name] / 1e3 for step in per_step] for name in per_step[0]}
+    return {"method": spec.name, "path": spec.path, "context": context, "steps": steps, "step_kinds": kinds,
+            "ms_per_step": {name: sum(values) / len(values) for name, values in per_step_ms.items()},
+            "ms_per_step_range": {name: [min(values), max(values)] for name, values in per_step_ms.items()},
+            "wall_ms_per_step": sum(walls_us) / steps / 1e3,
+            "wall_ms_range": [min(walls_us) / 1e3, max(walls_us) / 1e3],
+            "clock": "device kernel time" if cuda else "host time", "graphs": False}
+
+
+def _components(prof, cuda: bool, wall_us: float) -> dict[str, float]:
+    """Microseconds of each component in one profiled step; the rows add up to the step."""
     totals = {name: 0.0 for name, _ in LABELS.values()}
-    for event in prof.key_averages():
+    events = prof.key_averages()
+    for event in events:
         # On CUDA a label also appears as a GPU-side range of the same name, whose length (kernels and
         # the gaps between them) would be counted on top of its CPU event's kernel time: skip it.
         if event.key in LABELS and event.device_type.name == "CPU":
             totals[LABELS[event.key][0]] += _times(event, cuda)
     totals = exclusive_times(totals)
-    busy = sum(_times(e, True) for e in prof.key_averages()  # kernels only, not the labels' GPU ranges
+    busy = sum(_times(e, True) for e in events  # kernels only, not the labels' GPU ranges
                if e.device_type.name == "CUDA" and e.key not in LABELS) if cuda else wall_us
     totals["other model ops"] = max(busy - sum(totals.values()), 0.0)
     if cuda:
         totals["launch gaps (idle device)"] = max(wall_us - busy, 0.0)
-    per_step = {name: value / steps / 1e3 for name, value in totals.items()}  # ms per step
-    return {"method": spec.name, "path": spec.path, "context": context, "steps": steps, "step_kinds": kinds,
-            "ms_per_step": per_step, "wall_ms_per_step": wall_us / steps / 1e3,
-            "clock": "device kernel time" if cuda else "host time", "graphs": False}
+    return totals
 
 
 def run_profile(model: str, device: str, dtype: str, method: str, path: str, context: int, steps: int,
                 out: Path | None, overwrite: bool) -> Path:
-    """Profile `steps` decode steps into a claimed run directory and return it (results.json, profile.png)."""
+    """Profile `steps` decode steps into a claimed run directory and return it (results.json, plot, report.md)."""
     with claimed_run_dir(out, "profile", overwrite=overwrite) as run_dir:
         session = Session.open(model, device, dtype)
         check_context_limit(session.loaded.config, [context], steps + PROFILE_MARGIN)

@@ -31,6 +31,8 @@ from sfibench.sfi.geometry import candidate_range
 from sfibench.sfi.selector import select
 from sfibench.workloads.replay import load_replay, take
 
+REST = "the rest (norms, RoPE, append, SwiGLU, gaps)"
+
 
 @torch.no_grad()
 def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int, margin: int) -> dict:
@@ -59,20 +61,27 @@ def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int
         by_kind.setdefault(kind, []).append(seconds * 1e3)
     main_kind = next(k for k in ("fast", "dense", "sparse") if k in by_kind)
     step_ms = statistics.median(by_kind[main_kind])
-    weights_ms = weights_floor_seconds(model, 1, device)["seconds"] * 1e3
-    attention_ms = _attention_alone(driver, method, cache, cfg) * 1e3
+    floor = weights_floor_seconds(model, 1, device)
+    weights_ms = floor["seconds"] * 1e3
+    attention = [seconds * 1e3 for seconds in _attention_alone(driver, method, cache, cfg)]
+    attention_ms = statistics.median(attention)
+    rest = [max(ms - weights_ms - attention_ms, 0.0) for ms in (step_ms, min(by_kind[main_kind]), max(by_kind[main_kind]))]
     result = {"method": spec.name, "path": spec.path, "context": context, "steps": steps, "step_kinds": kinds,
               "ms_per_step": {"weights GEMMs (floor chain)": weights_ms, "attention kernels": attention_ms,
-                              "the rest (norms, RoPE, append, SwiGLU, gaps)": max(step_ms - weights_ms - attention_ms, 0.0)},
+                              REST: rest[0]},
+              # range over the repeats of each timing; the rest takes the spread of the replayed steps
+              "ms_per_step_range": {"weights GEMMs (floor chain)": [floor["min_seconds"] * 1e3, floor["max_seconds"] * 1e3],
+                                    "attention kernels": [min(attention), max(attention)], REST: rest[1:]},
               "step_ms_by_kind": {k: statistics.median(v) for k, v in by_kind.items()},
-              "wall_ms_per_step": step_ms, "clock": f"CUDA-graph replays, {main_kind} step", "graphs": True}
+              "wall_ms_per_step": step_ms, "wall_ms_range": [min(by_kind[main_kind]), max(by_kind[main_kind])],
+              "clock": f"CUDA-graph replays, {main_kind} step", "graphs": True}
     if spec.name == "sfi":
         result["per_refresh_ms"] = _refresh_parts(method, cache, int(cache.lengths_host[0]))
     return result
 
 
-def _attention_alone(driver: StepDriver, method, cache: KVCache, cfg) -> float:
-    """Seconds of one step's attention launches, from a graph of them alone (a fast step's plan)."""
+def _attention_alone(driver: StepDriver, method, cache: KVCache, cfg) -> list[float]:
+    """Seconds of one step's attention launches per timed replay of a graph of them alone (a fast step's plan)."""
     ctx = StepContext(step=0, positions=cache.lengths, kv_lengths=driver.kv_lengths,
                       kv_lengths_host=cache.lengths_host + 1, slow=torch.zeros(cache.batch, dtype=torch.bool),
                       tokens_read=driver.tokens_read, length_bucket=driver.length_bucket)
@@ -85,7 +94,7 @@ def _attention_alone(driver: StepDriver, method, cache: KVCache, cfg) -> float:
             ctx.layer = layer
             method.attend(q, cache, ctx, plan)
 
-    return statistics.median(time_region(graph_replay(attention), cache.k.device, warmup=2, repeats=20))
+    return time_region(graph_replay(attention), cache.k.device, warmup=2, repeats=20)
 
 
 def _refresh_parts(method, cache: KVCache, length: int) -> dict:
