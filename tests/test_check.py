@@ -175,8 +175,14 @@ def from_the_future(folder: Path) -> None:
     path.write_text(json.dumps({**json.loads(path.read_text()), "schema_version": 99}))
 
 
+def manifest_from_the_future(folder: Path) -> None:
+    path = folder / MANIFEST
+    path.write_text(json.dumps({**json.loads(path.read_text()), "format": 99}))
+
+
 @pytest.mark.parametrize("damage, message", [
     (without_manifest, "has no baseline.json"),
+    (manifest_from_the_future, "is baseline format 99, but this sfibench reads up to 1; upgrade sfibench"),
     (without_results, "holds no results.json"),
     (from_the_future, "schema version 99"),
 ])

@@ -175,6 +175,8 @@ def _latency_figure(rows: list[dict], path: Path) -> Path:
     ax.set_xticks(range(len(labels)), [f"{method_label(r)}/{r['path']}\nB={r['batch']} {kind} (n={r['ms_per_step'][kind]['n']})"
                                        for r, kind in labels], fontsize=7, rotation=30, ha="right")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())  # 4, 6, 10: not 4 x 10^0
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.set_ylabel("ms per decode step (log scale)")
     ax.set_title(f"step latency by kind at {longest:,} tokens: spread over every timed step", fontsize=9)
     ax.grid(alpha=0.3)
