@@ -102,3 +102,16 @@ def test_out_is_only_for_comparisons(tmp_path):
     run = copy_results(RUNS[0], tmp_path / "run")
     status, output = report(run, "--out", tmp_path / "x")
     assert status == 2 and "--out" in output
+
+
+def test_a_change_against_run_1_carries_both_runs_intervals():
+    from sfibench.reporting.compare import _change
+
+    first = {"value": 0.5, "low": 0.4, "high": 0.7}
+    later = {"value": 0.2, "low": 0.1, "high": 0.25}
+    delta, low, high = _change(first, later)
+    assert delta == pytest.approx(-0.3)
+    assert low == pytest.approx(-0.3 - (0.1 ** 2 + 0.2 ** 2) ** 0.5)  # later's lower side, first's upper side
+    assert high == pytest.approx(-0.3 + (0.05 ** 2 + 0.1 ** 2) ** 0.5)
+    assert _change(first, {"value": 0.6, "low": None, "high": None}) == (pytest.approx(0.1), None, None)
+    assert _change({"value": None, "low": None, "high": None}, later) is None

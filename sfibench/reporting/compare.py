@@ -99,8 +99,21 @@ def _cell(point: dict, first: float | None) -> str:
     return text
 
 
+def _change(first: dict, point: dict) -> tuple[float, float | None, float | None] | None:
+    """point - first with an interval combined from both (MOVER: each side's distance to its bound, added in
+    quadrature); no interval unless both points have one; None unless both were measured."""
+    if first["value"] is None or point["value"] is None:
+        return None
+    delta = point["value"] - first["value"]
+    if None in (first["low"], first["high"], point["low"], point["high"]):
+        return delta, None, None
+    below = ((point["value"] - point["low"]) ** 2 + (first["high"] - first["value"]) ** 2) ** 0.5
+    above = ((point["high"] - point["value"]) ** 2 + (first["value"] - first["low"]) ** 2) ** 0.5
+    return delta, delta - below, delta + above
+
+
 def _plot_metric(name: str, rows: list[dict], runs: list[dict], run_dir: Path) -> str:
-    """Values with their intervals per run, and under each panel the change against run 1.
+    """Values with their intervals per run, and under each panel the change against run 1 with its interval.
 
     Series measured at several contexts get a panel each with a context axis (four panels a row);
     otherwise all series sit side by side in one panel.
@@ -132,12 +145,14 @@ def _plot_metric(name: str, rows: list[dict], runs: list[dict], run_dir: Path) -
                          marker="o", ms=4, capsize=3, ls="none", color=f"C{i}",
                          label=f"run {i + 1}: {run['commit']}, {run['device']}, {run['model']}")
             if i:
-                first = [r["values"][0]["value"] for r in panel_rows]
-                delta = [float("nan") if v is None or f is None else v - f for v, f in zip(values, first)]
-                bottom.plot(shifted, delta, marker="s", ms=4, ls="none", color=f"C{i}")
+                changes = [_change(r["values"][0], point) for r, point in zip(panel_rows, points)]
+                delta = [float("nan") if c is None else c[0] for c in changes]
+                bottom.errorbar(shifted, delta, yerr=yerr(delta, [None if c is None else c[1] for c in changes],
+                                                          [None if c is None else c[2] for c in changes]),
+                                marker="s", ms=4, capsize=3, ls="none", color=f"C{i}")
         bottom.axhline(0.0, color="grey", lw=0.8)
         top.set_ylabel(f"{name} ({unit})" if unit else name, fontsize=8)
-        bottom.set_ylabel("change vs run 1", fontsize=8)
+        bottom.set_ylabel(f"change vs run 1 ({unit})" if unit else "change vs run 1", fontsize=8)
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
         if by_context:
