@@ -19,6 +19,7 @@ from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import prefill
 from sfibench.engine.sampling import Sampler
 from sfibench.methods import available, create_method
+from sfibench.metrics.bytes_model import refresh_bytes
 from sfibench.models import gemma3, loading
 from sfibench.models.loading import GEMMA3_INSTALL, MissingWeightsError, load_model
 from sfibench.models.presets import ModelConfig, get_preset
@@ -187,6 +188,49 @@ def test_sliding_layers_see_the_same_attention_under_every_method(tiny, monkeypa
     for key, calls in outputs.items():
         layer0 = calls[0::2]  # calls alternate layer 0, layer 2
         assert all(torch.equal(a, b) for a, b in zip(layer0, first[0::2], strict=True)), key
+
+
+def test_sfi_refreshes_only_global_layers_and_alternates_groups_among_them():
+    """Six layers, global at 1, 3, 5: the bootstrap, every refresh and every bridge (dense) step touch only
+    those; with layer_groups = 2 slow steps alternate {1, 5} and {3} (the global layers' order, not the
+    layer index); sliding layers read min(L, window) tokens at every step and never get a selection."""
+    config = replace(get_preset("tiny-gemma3"), num_layers=6, layer_is_global=(False, True) * 3)
+    loaded = loading._load_random(config, "cpu", torch.float32, seed=3)
+    prompt = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(8)).tolist()
+    spec = small_spec("sfi", "reference")
+    spec.sfi.layer_groups, spec.sfi.bridge_steps = 2, 2
+    spec.sfi.trigger.policy, spec.sfi.trigger.interval = "fixed", 4
+    cache = KVCache(config, 1, len(prompt) + 24, "cpu", torch.float32)
+    pre = prefill(loaded.model, cache, [prompt], chunk=32)
+    method = create_method(spec, config, loaded.tokenizer)
+    plans = []  # (layers refreshed, layers read densely) per step
+    method_plan = method.plan
+
+    def plan(ctx):
+        out = method_plan(ctx)
+        plans.append((set(method.refresh_host[:, 0].nonzero().flatten().tolist()),
+                      set(method.dense_host[:, 0].nonzero().flatten().tolist())))
+        return out
+
+    method.plan = plan
+    trace = generate(loaded.model, cache, method, pre, 24, Sampler(SamplingConfig(), "cpu"))
+    published = method.sel.published_host[:, 0]
+    assert (published[[0, 2, 4]] == -1).all() and (published[[1, 3, 5]] >= 0).all(), published
+    refreshed = [layers for layers, _ in plans if layers]
+    assert len(refreshed) >= 4 and refreshed[:4] == [{1, 5}, {3}, {1, 5}, {3}]
+    for step, (layers, dense) in enumerate(plans, start=1):
+        assert dense == (layers | ({1, 3, 5} if step <= 2 else set()))
+    for record in trace.steps:
+        window = record.kv_lengths.clamp(max=config.sliding_window)
+        assert (record.tokens_read[[0, 2, 4]] == window).all()
+        assert (record.tokens_read[[1, 3, 5]] <= record.kv_lengths[0]).all()
+
+
+def test_refresh_bytes_count_only_the_global_layers():
+    gemma = get_preset("gemma3-270m")  # 3 global layers of 18
+    all_global = replace(gemma, layer_is_global=())
+    assert refresh_bytes(gemma, 4000, 2048, 1) == refresh_bytes(gemma, 4000, 2048, 1, layers_refreshed=3)
+    assert refresh_bytes(gemma, 4000, 2048, 1) * 6 == refresh_bytes(all_global, 4000, 2048, 1)
 
 
 # --- the real gemma3-270m ----------------------------------------------------------------------------

@@ -103,8 +103,9 @@ def refresh_bytes(model_cfg: ModelConfig, candidates, k_head: int, batch: int, d
                                    step (no compact buffer: fast steps gather through the position list)
 
     This is the minimum for each path's algorithm (the Selector's internal stages assumed fused).
-    `candidates` is a scalar (same for every sequence) or one value per sequence;
-    `layers_refreshed` < num_layers models `layer_groups` = 2.
+    `candidates` is a scalar (same for every sequence) or one value per sequence. Only global layers
+    refresh (a sliding-window layer has no selection): `layers_refreshed` defaults to all of them, and
+    fewer models `layer_groups` = 2.
     """
     if path not in ("optimized", "reference"):
         raise ValueError(f"unknown path {path!r}; valid: optimized, reference")
@@ -115,7 +116,7 @@ def refresh_bytes(model_cfg: ModelConfig, candidates, k_head: int, batch: int, d
         raise ValueError("candidates must be non-negative")
     selected = np.minimum(per_sequence, k_head)
     rows = model_cfg.group_size if evidence_rows is None else evidence_rows
-    layers = model_cfg.num_layers if layers_refreshed is None else layers_refreshed
+    layers = len(model_cfg.global_layers) if layers_refreshed is None else layers_refreshed
     evidence = 2 * rows * per_sequence * FLOAT32_BYTES
     norms = per_sequence * FLOAT32_BYTES
     selection = selected * INDEX_BYTES

@@ -46,9 +46,10 @@ class ReferenceSFI(SFIMethod):
         super().start(cache, prefilled)
 
     def path_plan(self, ctx: StepContext) -> ReferenceSFIPlan:
-        dense = self.dense_host | (self.sel.published_host < 0)  # [L, B]; the host knows what is published
+        # [L, B]; the host knows what is published. Sliding layers (never published) attend in the engine.
+        dense = (self.dense_host | (self.sel.published_host < 0)) & self.global_rows
         lengths = ctx.kv_lengths_host[None, :]
-        window = torch.where(dense, 0, lengths - self.sel.tail_start_host)
+        window = torch.where(dense | ~self.global_rows, 0, lengths - self.sel.tail_start_host)
         dense_lengths = ctx.kv_lengths_host[dense.any(dim=0)]
         capacity = ctx.bucketed(int(dense_lengths.max())) if len(dense_lengths) else 0
         return ReferenceSFIPlan(tail_width=ctx.bucketed(max(int(window.max()), 1)), dense_capacity=capacity,

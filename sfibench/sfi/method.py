@@ -5,6 +5,10 @@ comes from. Per step, on the host, `plan` asks the trigger scheduler which seque
 that into per-(layer, sequence) masks (which layers refresh under `layer_groups`, which read densely),
 and copies them to the device, where the captured step reads them. After the step, `after_step` runs
 the Selector for every refreshed (layer, sequence) and publishes the new selection (sfi/state.py).
+
+Only global layers select, refresh or read densely: a sliding-window layer (Gemma-3's local layers)
+attends its window in the engine whatever the method, so it never has a selection. `layer_groups` = 2
+alternates over the global layers in order (the 1st, 3rd, ... one, then the 2nd, 4th, ...).
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ class SFIMethod(AttentionMethod):
         self.token_bytes = token_byte_table(tokenizer.backend, model_config.vocab_size)
         self.is_ender, self.is_blank = token_classes(tokenizer.backend, model_config.vocab_size, self.token_bytes)
         self.sel: SelectionState | None = None
+        global_layers = model_config.global_layers
+        self.global_rows = torch.zeros(model_config.num_layers, 1, dtype=torch.bool)  # [L, 1]: this layer selects
+        self.global_rows[global_layers] = True
+        # The layer group of each layer under layer_groups = 2: its index among the global layers, mod 2
+        self.layer_group = torch.zeros(model_config.num_layers, 1, dtype=torch.long)
+        self.layer_group[global_layers, 0] = torch.arange(len(global_layers)) % 2
 
     # --- per batch -------------------------------------------------------------------------------
     def start(self, cache: KVCache, prefilled: Prefilled) -> None:
@@ -62,7 +72,7 @@ class SFIMethod(AttentionMethod):
         """The first selection of every row, from its prompt (the optimized path may run it on a side stream)."""
         for row in range(cache.batch):
             rows = min(self.cfg.w_prefill, int(prefilled.query_counts[row]))
-            self.refresh(cache, row, list(range(self.model_config.num_layers)), int(prefilled.lengths[row]),
+            self.refresh(cache, row, self.model_config.global_layers, int(prefilled.lengths[row]),
                          lambda lo, hi, layers, row=row: self.bootstrap_evidence(cache, prefilled, row, layers, lo, hi),
                          query_rows=rows)
 
@@ -89,11 +99,10 @@ class SFIMethod(AttentionMethod):
         self.scheduler.record_refresh(ctx.step, slow)
         self.slow_steps_taken += slow.long()
         ctx.slow = slow
-        refresh = slow[None, :].expand(self.model_config.num_layers, -1).clone()
-        if self.cfg.layer_groups == 2:  # alternate even and odd layers on successive slow steps
-            group = (self.slow_steps_taken - 1) % 2
-            refresh &= group[None, :] == torch.arange(refresh.shape[0])[:, None] % 2
-        dense = refresh | (ctx.step <= self.cfg.bridge_steps)
+        refresh = slow[None, :] & self.global_rows  # [L, B]
+        if self.cfg.layer_groups == 2:  # alternate the two groups of global layers on successive slow steps
+            refresh &= self.layer_group == (self.slow_steps_taken - 1) % 2
+        dense = refresh | (self.global_rows & (ctx.step <= self.cfg.bridge_steps))
         self.refresh_host, self.dense_host = refresh, dense
         # Through pinned memory: a copy from pageable memory would wait for the stream to drain, so the
         # host could never queue the next step ahead of the GPU.
