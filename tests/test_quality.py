@@ -16,7 +16,7 @@ from sfibench.engine.turns import Script, run_scripts
 from sfibench.errors import UsageError
 from sfibench.methods import create_method
 from sfibench.metrics import longbench, quality
-from sfibench.runners.quality import run_quality
+from sfibench.runners.quality import _preset_retentions, run_quality
 from sfibench.runners.quality_batch import conditions, make_condition, preset_retention, recent_for_budget
 from sfibench.runners.quality_inputs import parse_context, parse_retentions
 
@@ -162,6 +162,12 @@ def test_sfi_preset_run_records_the_preset_and_its_retention(tmp_path):
     assert config["sfi_preset"] == "paper-2k" and config["retentions"] == [2308 / 2400]
 
 
+def test_sfi_presets_share_one_run():
+    """paper-2k,paper-4k: both operating points from the same prefills, one retention each."""
+    assert _preset_retentions("paper-2k,paper-4k", ["8k"], None) == [2308 / 8192, 4356 / 8192]
+    assert list(_preset_retentions(None, ["8k"], None)) == [0.15, 0.5]
+
+
 def test_end_to_end_on_tiny_llama(tmp_path):
     run_dir = run_quality("tiny-llama", ["sfi", "streaming_llm", "snapkv"], ["niah_single", "ppl"], ["600"],
                           ["0.5"], ["2"], out=tmp_path / "run", device="cpu", chat=False, batch=2)
@@ -212,6 +218,14 @@ def test_ablation_run_records_the_sfi_variant(tmp_path):
     (["--retention", "0.2,1.5"], "outside (0, 1]"),
     (["--methods", "sfi,quest"], "unknown method 'quest'"),
     (["--longbench", "/nonexistent/longbench"], "does not exist"),
+    # SFI ablation settings
+    (["--evidence-norm", "all"], "--evidence-norm 'all' is not one of: candidates, visible"),
+    (["--keep-neighbours", "4"], "--keep-neighbours 4 is even"),
+    (["--keep-neighbours", "0"], "Invalid value for '--keep-neighbours'"),
+    (["--nms-radius", "-1"], "Invalid value for '--nms-radius'"),
+    (["--nms-alpha", "-0.5"], "Invalid value for '--nms-alpha'"),
+    (["--bridge-steps", "-2"], "Invalid value for '--bridge-steps'"),
+    (["--ctx", "8k", "--sfi-preset", "paper-2k,paper-8k"], "unknown --sfi-preset 'paper-8k'"),
 ])
 def test_bad_input_is_one_clear_error(tmp_path, args, message):
     out = tmp_path / "run"

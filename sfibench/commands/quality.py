@@ -39,7 +39,7 @@ def quality(
                                   "eviction baselines need to be)"),
     sfi_preset: str = typer.Option(None, help="instead of --retention, one --ctx: every method at the budget of the "
                                    "authors' operating point, paper-2k (k_head 2048) or paper-4k (4096), with a "
-                                   "256-token recent window and SPEC's triggers"),
+                                   "256-token recent window and SPEC's triggers; both: paper-2k,paper-4k"),
     samples: str = typer.Option("4", help="samples per cell: one count, or one per --ctx (20,20,10)"),
     longbench: Path = typer.Option(None, help="LongBench <dataset>.jsonl file or a directory of them (local)"),
     chat: bool = typer.Option(True, "--chat/--no-chat", help="wrap prompts in the model's chat template"),

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from sfibench.engine.session import Session
 from sfibench.errors import RunInterrupted, UsageError
 from sfibench.metrics.longbench import DATASETS
-from sfibench.options import check_session_options
+from sfibench.options import check_session_options, split_list
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import provenance, read_results
 from sfibench.reporting.run_dir import claimed_run_dir
@@ -100,10 +100,11 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
 
 
 def _preset_retentions(preset: str | None, contexts, retentions) -> list:
-    """The retentions to run: given, the default ones, or the one that is a preset's budget at its context.
+    """The retentions to run: given, the default ones, or those that are the presets' budgets at the context.
 
-    A preset's budget is fixed in tokens, so its retention differs per context; the run's conditions
-    are the same at every context, hence one context per preset run."""
+    `preset` is one name or several, comma-separated (paper-2k,paper-4k: both share each prefill). A
+    preset's budget is fixed in tokens, so its retention differs per context; the run's conditions are
+    the same at every context, hence one context per preset run."""
     if preset is None:
         return DEFAULT_RETENTIONS if retentions is None else retentions
     if retentions is not None:
@@ -111,7 +112,7 @@ def _preset_retentions(preset: str | None, contexts, retentions) -> list:
     if len(contexts) != 1 or parse_context(contexts[0]) == "max":
         raise UsageError(f"--sfi-preset needs exactly one --ctx in tokens, got {','.join(map(str, contexts))}: "
                          "its budget is fixed in tokens, so each context is a run of its own")
-    return [preset_retention(preset, parse_context(contexts[0]))]
+    return [preset_retention(name, parse_context(contexts[0])) for name in split_list(preset, "--sfi-preset")]
 
 
 def _fit_contexts(session: Session, fmt: PromptFormat, inputs: QualityInputs, seed: int) -> list[int]:
