@@ -147,8 +147,14 @@ def empty(folder: Path) -> Path:
     return folder
 
 
+def run_folder_without_results(folder: Path) -> Path:
+    (folder / "throughput").mkdir(parents=True)
+    return folder
+
+
 @pytest.mark.parametrize("current, message", [
-    (empty, "holds no results.json"),
+    (empty, "has no throughput folder; lay it out like the baseline, one folder per run (throughput)"),
+    (run_folder_without_results, "throughput holds no results.json; give a run's directory, or rerun its command"),
     (truncated, "is not valid JSON"),
     (future_schema, "schema version 99"),
     (other_command, "the baseline is a `throughput` run of qwen3-4b, the current one a `stability` run"),

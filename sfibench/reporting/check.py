@@ -151,6 +151,10 @@ def _locate(current_dir: Path, baseline: Baseline) -> dict[str, Path]:
         return {names[0]: current_dir}
     if not current_dir.is_dir():
         raise BaselineError(f"--current {current_dir} is not a directory")
+    missing = [name for name in names if not (current_dir / name).is_dir()]
+    if missing:
+        raise BaselineError(f"--current {current_dir} has no {', '.join(missing)} folder; lay it out like the "
+                            f"baseline, one folder per run ({', '.join(names)}), each holding its results.json")
     return {name: current_dir / name for name in names}
 
 
