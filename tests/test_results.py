@@ -28,6 +28,7 @@ from sfibench.reporting.results import (
 PROVENANCE_KEYS = {
     "git_commit",
     "git_dirty",
+    "git_commit_source",
     "python",
     "torch",
     "triton",
@@ -176,6 +177,21 @@ def test_provenance_tolerates_missing_git(monkeypatch):
     monkeypatch.setattr(results_module.subprocess, "run", no_git)
     info = provenance()
     assert info["git_commit"] is None and info["git_dirty"] is None
+
+
+@pytest.mark.parametrize("status,dirty", [("", False), ("?? DEVICE_COMMIT\n?? out/", False),
+                                          (" M sfibench/cli.py\n?? DEVICE_COMMIT", True)])
+def test_a_recorded_device_commit_wins_over_a_stale_checkout(tmp_path, status, dirty):
+    # A copy of the tree on another machine may carry an old .git: the commit recorded before the copy wins.
+    recorded = tmp_path / "DEVICE_COMMIT"
+    recorded.write_text("a" * 40 + "\n" + status)
+    assert results_module._recorded_commit(recorded) == ("a" * 40, dirty)
+
+
+def test_a_missing_or_malformed_device_commit_is_ignored(tmp_path):
+    assert results_module._recorded_commit(tmp_path / "DEVICE_COMMIT") == (None, None)
+    (tmp_path / "DEVICE_COMMIT").write_text("not a commit\n")
+    assert results_module._recorded_commit(tmp_path / "DEVICE_COMMIT") == (None, None)
 
 
 # --------------------------------------------------------------------------------------------------

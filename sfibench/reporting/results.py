@@ -62,12 +62,20 @@ class UnsupportedSchemaError(InvalidResultsError):
 # Provenance
 
 
+DEVICE_COMMIT = "DEVICE_COMMIT"  # written beside the package before a copy of the tree runs elsewhere
+
+
 def provenance() -> dict:
     """Where and with what a result was produced. Never raises: unknown facts are None."""
-    commit, dirty = _git_state(Path(__file__).resolve().parents[1])
+    root = Path(__file__).resolve().parents[1].parent
+    commit, dirty = _recorded_commit(root / DEVICE_COMMIT)
+    source = DEVICE_COMMIT if commit else "git"
+    if not commit:
+        commit, dirty = _git_state(root / "sfibench")
     return {
         "git_commit": commit,
         "git_dirty": dirty,
+        "git_commit_source": source,
         "python": platform.python_version(),
         "torch": _package_version("torch"),
         "triton": _package_version("triton"),
@@ -81,6 +89,21 @@ def provenance() -> dict:
         "hostname": socket.gethostname(),
         "timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _recorded_commit(path: Path) -> tuple[str | None, bool | None]:
+    """(commit, dirty) from a DEVICE_COMMIT file: `git rev-parse HEAD` then `git status --short`.
+
+    A tree copied to another machine (the lent GPU) may carry a stale .git or none, so the commit is
+    recorded on the machine that has the real one just before the copy; this file then wins."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None, None
+    if not lines or len(lines[0].strip()) != 40:
+        return None, None
+    changed = [line for line in lines[1:] if line[:2].strip() and not line.startswith("??")]
+    return lines[0].strip(), bool(changed)
 
 
 def _git_state(package_dir: Path) -> tuple[str | None, bool | None]:

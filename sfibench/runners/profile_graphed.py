@@ -28,7 +28,6 @@ from sfibench.methods import create_method
 from sfibench.metrics.floor import graph_replay, weights_floor_seconds
 from sfibench.metrics.timing import StepTimer, time_region
 from sfibench.sfi.geometry import candidate_range
-from sfibench.sfi.selector import select
 from sfibench.workloads.replay import load_replay, take
 
 REST = "the rest (norms, RoPE, append, SwiGLU, gaps)"
@@ -105,8 +104,9 @@ def _refresh_parts(method, cache: KVCache, length: int) -> dict:
     picks = []
 
     def selector():
-        picks[:] = [select(method.decode_evidence(0, layers, lo, hi), norms, lo, method.cfg.k_head,
-                           method.cfg.selector)]
+        # the method's own Selector: the Triton one on the optimized path, the PyTorch one on the reference
+        picks[:] = [method.select(method.decode_evidence(0, layers, lo, hi), norms, lo, method.cfg.k_head,
+                                  method.cfg.selector)]
 
     def rebuild():
         method.sel.publish(layers, 0, method.sel.write(layers, 0, picks[0], length, cache))
