@@ -11,6 +11,9 @@ The index space of a (sequence, KV head) is the compact rows followed by the tai
 [0, count + tail_len), and it is cut into splits exactly as in decode_attention.py: the grid and the
 split count come from static shapes, the counts and lengths are read on the device, and the same
 tile, merge and launch code is used. So one CUDA graph serves every step however the lengths grow.
+A split walks its part of that index space either as two loops (compact rows, then tail slots, each
+through the dense tile code) or, when splits are short, as one loop whose tiles load from both
+segments at once (`one_loop`; fast_read_launch picks it from a measurement).
 
 The compact buffer is double-buffered (`P` = 2): a refresh writes the idle copy on a side stream while
 steps keep reading the published one, and publishing is a device write to `row_buffer`. A negative
