@@ -32,7 +32,7 @@ def chart(result: dict, path: Path) -> Path:
     ax.set_title(f"{result['method']}/{result['path']} at {result['context']:,} tokens, "
                  f"{result['steps']} {'graphed' if result['graphs'] else 'eager'} steps "
                  f"({result['step_kinds'].count('slow')} slow)\n"
-                 + ("bars: mean; whiskers: fastest to slowest step" if ranged else
+                 + ("whiskers: fastest to slowest " + ("timing repeat" if result["graphs"] else "step") if ranged else
                     "no per-step spread recorded (run made before profile kept one)"), fontsize=9)
     save(fig, path)
     return path
