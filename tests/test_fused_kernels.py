@@ -56,6 +56,35 @@ def test_qk_norm_rope_matches_reference(batch, seq, heads, kv_heads, head_dim, q
         torch.testing.assert_close(out.float(), ref.float(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("batch,heads,kv_heads,head_dim,qk_norm,dtype,positions", [
+    (1, 4, 2, 16, True, torch.float32, [3]),
+    (3, 8, 2, 128, True, torch.float32, [0, 11, 19]),
+    (2, 6, 2, 80, False, torch.bfloat16, [7, 19]),
+    (2, 4, 1, 64, True, torch.bfloat16, [-1, 20]),  # out of the cache: that row writes nothing
+])
+def test_qk_norm_rope_append_is_both_kernels_in_one(batch, heads, kv_heads, head_dim, qk_norm, dtype, positions):
+    gen = torch.Generator().manual_seed(head_dim + batch)
+    qkv = torch.randn(batch, 1, (heads + 2 * kv_heads) * head_dim, generator=gen).to(DEVICE, dtype)
+    weights = [(1 + 0.1 * torch.randn(head_dim, generator=gen)).to(DEVICE, dtype) for _ in range(2)] \
+        if qk_norm else [None, None]
+    inv_freq, _ = inverse_frequencies(head_dim, 1e6, None)
+    cos, sin = (t.to(DEVICE) for t in rope_cos_sin(inv_freq, 1.0, torch.tensor([[9], [50], [70]])[:batch], dtype))
+    positions = torch.tensor(positions, device=DEVICE)
+    expected, got = (poisoned_cache(batch, kv_heads, head_dim, 20, dtype) for _ in range(2))
+    ref_q = fused.qk_norm_rope(qkv, *weights, 1e-6, cos, sin, heads, kv_heads)[0]
+    for row in range(batch):  # the torch reference, row by row (it has no bounds check: valid rows only)
+        if 0 <= positions[row] < 20:
+            rows = slice(row, row + 1)  # views, so the reference writes into `expected`
+            fused.qk_norm_rope_append(qkv[rows], *weights, 1e-6, cos[rows], sin[rows], heads, kv_heads,
+                                      *(t[rows] for t in expected), positions[rows])
+    q = layer_kernels.qk_norm_rope_append(qkv, *weights, 1e-6, cos, sin, heads, kv_heads, *got, positions)
+    assert q.shape == (batch, heads, 1, head_dim) and q.dtype == dtype
+    torch.testing.assert_close(q.float(), ref_q.float(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    for out, ref in zip(got, expected):  # NaN (never written) exactly where the reference left it
+        torch.testing.assert_close(out.float(), ref.float(), rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype],
+                                   equal_nan=True)
+
+
 APPEND_CASES = [  # batch, kv_heads, head_dim, slots, positions, dtype
     (1, 1, 16, 8, [0], torch.float32),
     (3, 2, 128, 40, [39, 0, 17], torch.float32),

@@ -95,7 +95,8 @@ class StepDriver:
 
         def attend(layer, q, k, v):
             ctx.layer = layer
-            self.cache.write_step(layer, ctx.positions, k[:, :, 0], v[:, :, 0])
+            if k is not None:  # None: the layer already appended them (append_target below)
+                self.cache.write_step(layer, ctx.positions, k[:, :, 0], v[:, :, 0])
             with label("sfibench.attend"):  # a label for `sfibench profile`
                 if not cfg.is_global(layer):  # a sliding layer attends its window, whatever the method
                     ctx.tokens_read[layer] = window_tokens_read(ctx.kv_lengths, cfg.sliding_window)[:, None]
@@ -103,6 +104,10 @@ class StepDriver:
                                                    cfg.sliding_window)
                 return self.method.attend(q, self.cache, ctx, plan)
 
+        # Where each layer's new k/v go: the decoder appends them in the kernel that rotates k (one
+        # launch fewer per layer than rotating, then appending).
+        attend.append_target = lambda layer: (self.cache.k[layer], self.cache.v[layer], self.cache.key_norms[layer],
+                                              ctx.positions)
         return self.model(self.tokens[:, None], ctx.positions[:, None], attend)[:, -1]
 
     def _capture(self, plan: StepPlan, ctx: StepContext) -> _Captured:

@@ -5,17 +5,19 @@ Gemma-3 (models/gemma3.py) is built from the same pieces and overrides the hooks
 
 RMSNorm, RoPE, grouped-query attention and a SwiGLU MLP. The decoder knows nothing about caches or
 attention methods: each layer hands its post-RoPE q, k, v to an `attend(layer, q, k, v)` callable the
-engine supplies, which stores k/v and returns the attention output.
+engine supplies, which stores k/v and returns the attention output. At decode the engine may instead
+name the cache slots (`attend.append_target(layer)`): the layer then writes k/v there itself, in the
+kernel that rotates them, and calls `attend(layer, q, None, None)`.
 
 Laid out for few kernels per decode step, where launches, not bytes, cost: q/k/v and gate/up are each
 one GEMM over stacked weights (the state dict still uses Hugging Face's names, so checkpoints and
 transformers load and compare as is), and each residual add is folded into the RMSNorm after it (the
 MLP's into the next layer's input norm, the last layer's into the final norm). With fusion on
-(models/fused.py) a layer's decode step is 9 launches plus attention: add+norm, qkv GEMM, q/k
-norm+RoPE, cache append, o_proj, add+norm, gate_up GEMM, silu*mul, down_proj. It was 20: norm,
+(models/fused.py) a layer's decode step is 8 launches plus attention: add+norm, qkv GEMM, q/k
+norm+RoPE with the cache append, o_proj, add+norm, gate_up GEMM, silu*mul, down_proj. It was 20: norm,
 3 GEMMs, 2 q/k norms, 2 RoPEs, 5 for the cache append (3 scatters, a cast, a norm), o_proj,
 add+norm, 2 GEMMs, silu*mul, down_proj and the residual add. Counted with torch.profiler on the
-CPU, each `fused.ops` call as one launch: a Qwen3 step is 9 L + 14 launches now, 20 L + 14 before
+CPU, each `fused.ops` call as one launch: a Qwen3 step is 8 L + 14 launches now, 20 L + 14 before
 (the 14: embedding, the RoPE cos/sin table, final norm, LM head, cast of the logits).
 """
 
@@ -88,9 +90,17 @@ class SelfAttention(nn.Module):
         with label("sfibench.projections"):  # a label for `sfibench profile`
             qkv = self.qkv_proj(x)
         norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
-        q, k = fused.ops["qk_norm_rope"](qkv, *norms, cos, sin, self.num_heads, self.num_kv_heads)
-        v = qkv.view(batch, seq, -1, self.head_dim)[:, :, self.num_heads + self.num_kv_heads:]
-        out = attend(layer, q, k, v.transpose(1, 2))  # [B, H_q, T, D]
+        append_target = getattr(attend, "append_target", None)
+        if seq == 1 and append_target is not None:
+            # Decode: the engine names where this layer's new k/v go, and one kernel normalises, rotates
+            # and appends them; attend gets no k/v to store.
+            q = fused.ops["qk_norm_rope_append"](qkv, *norms, cos, sin, self.num_heads, self.num_kv_heads,
+                                                 *append_target(layer))
+            out = attend(layer, q, None, None)
+        else:
+            q, k = fused.ops["qk_norm_rope"](qkv, *norms, cos, sin, self.num_heads, self.num_kv_heads)
+            v = qkv.view(batch, seq, -1, self.head_dim)[:, :, self.num_heads + self.num_kv_heads:]
+            out = attend(layer, q, k, v.transpose(1, 2))  # [B, H_q, T, D]
         with label("sfibench.projections"):
             return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 

@@ -71,8 +71,20 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Ten
     key_norms.scatter_(2, index[..., 0], k.float().norm(dim=-1).unsqueeze(2))
 
 
+def qk_norm_rope_append(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                        eps: float, cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+                        k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Tensor,
+                        positions: torch.Tensor) -> torch.Tensor:
+    """Decode, one token per sequence: qk_norm_rope, then the new k and v appended to one layer's cache
+    at slot positions[b] (append_kv). Returns q `[B, H_q, 1, D]`; fused, one launch does both."""
+    q, k = qk_norm_rope(qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_kv_heads)
+    v = qkv.view(qkv.shape[0], -1, cos.shape[-1])[:, num_heads + num_kv_heads:]
+    append_kv(k_cache, v_cache, key_norms, positions, k[:, :, 0], v)
+    return q
+
+
 EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope, "silu_mul": silu_mul,
-         "gelu_tanh_mul": gelu_tanh_mul, "append_kv": append_kv}
+         "gelu_tanh_mul": gelu_tanh_mul, "append_kv": append_kv, "qk_norm_rope_append": qk_norm_rope_append}
 COMPILED = ("rms_norm", "add_rms_norm", "silu_mul", "gelu_tanh_mul")
 ops = dict(EAGER)
 
@@ -98,3 +110,4 @@ def enable_fusion(enabled: bool = True) -> None:
         ops[name] = torch.compile(EAGER[name], fullgraph=True, dynamic=False)
     ops["qk_norm_rope"] = layer_kernels.qk_norm_rope
     ops["append_kv"] = layer_kernels.append_kv
+    ops["qk_norm_rope_append"] = layer_kernels.qk_norm_rope_append

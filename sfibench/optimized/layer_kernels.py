@@ -7,12 +7,14 @@ program per (token, head) reads its head straight out of the stacked qkv project
 per-head RMSNorm and "rotate half" RoPE in float32, and writes q `[B, H_q, T, D]` or k
 `[B, H_kv, T, D]`. `append_kv` replaces the five launches of the cache write (three scatters, a cast
 and a norm) with one: a program per (sequence, KV head) copies the new key and value to slot
-`positions[b]` and stores the key's float32 L2 norm.
+`positions[b]` and stores the key's float32 L2 norm. At decode `qk_norm_rope_append` does both in one
+launch: the key heads' programs write the rotated key straight into the cache slot (with its norm) and
+extra programs copy the value heads, so the step has one launch per layer fewer and no k in between.
 
-Both read positions and weights from device memory and size their grids from static shapes only, so
+All read positions and weights from device memory and size their grids from static shapes only, so
 they are CUDA-graph safe (launch each shape once before capture: the first call compiles). Their
-torch references, which the CPU path runs, are `fused.qk_norm_rope` and `fused.append_kv`;
-tests/test_fused_kernels.py checks the two against each other under TRITON_INTERPRET=1.
+torch references, which the CPU path runs, are the functions of the same names in models/fused.py;
+tests/test_fused_kernels.py checks each pair against each other under TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations
@@ -45,30 +47,53 @@ def _norm_rope_head(src, dst, weight_ptr, cos_row, sin_row, eps,
     sin_first = tl.load(sin_row + offs, mask=mask, other=0.0).to(tl.float32)
     sin_second = tl.load(sin_row + half + offs, mask=mask, other=0.0).to(tl.float32)
     # rotate half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
-    tl.store(dst + offs, (first * cos_first - second * sin_first).to(dst.dtype.element_ty), mask=mask)
-    tl.store(dst + half + offs, (second * cos_second + first * sin_second).to(dst.dtype.element_ty), mask=mask)
+    out_first = (first * cos_first - second * sin_first).to(dst.dtype.element_ty)
+    out_second = (second * cos_second + first * sin_second).to(dst.dtype.element_ty)
+    tl.store(dst + offs, out_first, mask=mask)
+    tl.store(dst + half + offs, out_second, mask=mask)
+    return out_first.to(tl.float32), out_second.to(tl.float32)  # as stored, for the key's norm
 
 
 @triton.jit
 def _qk_norm_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_weight_ptr, k_weight_ptr, q_out_ptr, k_out_ptr,
+                         v_out_ptr, norms_ptr, positions_ptr,
                          stride_xb, stride_xt, stride_cb, stride_ct, stride_sb, stride_st,
                          stride_qb, stride_qh, stride_qt, stride_kb, stride_kh, stride_kt,
+                         stride_vb, stride_vh, stride_vt, stride_nb, stride_nh, stride_nt, stride_p, n_slots,
                          seq_len, eps,
-                         NUM_HEADS: tl.constexpr, HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_HALF: tl.constexpr):
+                         NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HAS_NORM: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, APPEND: tl.constexpr):
     token = tl.program_id(0)
-    head = tl.program_id(1)  # query heads first, then key heads: the qkv layout's order
+    head = tl.program_id(1)  # query heads first, then key heads (then value heads with APPEND): qkv's order
     batch = (token // seq_len).to(tl.int64)
     t = (token % seq_len).to(tl.int64)
     src = qkv_ptr + batch * stride_xb + t * stride_xt + head * HEAD_DIM
     cos_row = cos_ptr + batch * stride_cb + t * stride_ct
     sin_row = sin_ptr + batch * stride_sb + t * stride_st
+    if APPEND:  # k and v go straight to cache slot positions[b]; a bad position writes nothing
+        slot = tl.load(positions_ptr + batch * stride_p).to(tl.int64)
+        in_cache = (slot >= 0) & (slot < n_slots)
+    else:
+        slot = t
+        in_cache = t >= 0
     if head < NUM_HEADS:
         dst = q_out_ptr + batch * stride_qb + head * stride_qh + t * stride_qt
         _norm_rope_head(src, dst, q_weight_ptr, cos_row, sin_row, eps, HAS_NORM, HEAD_DIM, BLOCK_HALF)
-    else:
-        dst = k_out_ptr + batch * stride_kb + (head - NUM_HEADS) * stride_kh + t * stride_kt
-        _norm_rope_head(src, dst, k_weight_ptr, cos_row, sin_row, eps, HAS_NORM, HEAD_DIM, BLOCK_HALF)
+    elif head < NUM_HEADS + NUM_KV_HEADS:
+        if in_cache:
+            kv_head = head - NUM_HEADS
+            dst = k_out_ptr + batch * stride_kb + kv_head * stride_kh + slot * stride_kt
+            first, second = _norm_rope_head(src, dst, k_weight_ptr, cos_row, sin_row, eps, HAS_NORM, HEAD_DIM,
+                                            BLOCK_HALF)
+            if APPEND:  # the stored key's float32 L2 norm, as append_kv keeps it
+                tl.store(norms_ptr + batch * stride_nb + kv_head * stride_nh + slot * stride_nt,
+                         tl.sqrt(tl.sum(first * first, 0) + tl.sum(second * second, 0)))
+    elif in_cache:  # a value head (APPEND only): copied as it is
+        offs = tl.arange(0, 2 * BLOCK_HALF)
+        mask = offs < HEAD_DIM
+        value = tl.load(src + offs, mask=mask)
+        kv_head = head - NUM_HEADS - NUM_KV_HEADS
+        tl.store(v_out_ptr + batch * stride_vb + kv_head * stride_vh + slot * stride_vt + offs, value, mask=mask)
 
 
 def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
@@ -84,16 +109,56 @@ def qk_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: tor
         raise ValueError("qkv, cos and sin need a contiguous last dimension")
     q = torch.empty(batch, num_heads, seq, head_dim, device=qkv.device, dtype=qkv.dtype)
     k = torch.empty(batch, num_kv_heads, seq, head_dim, device=qkv.device, dtype=qkv.dtype)
+    _launch_qk_norm_rope(qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_kv_heads, q, k)
+    return q, k
+
+
+def qk_norm_rope_append(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                        cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+                        k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Tensor,
+                        positions: torch.Tensor) -> torch.Tensor:
+    """Decode (one token per sequence): qk_norm_rope and append_kv in one launch; returns q `[B, H_q, 1, D]`.
+
+    The key heads write their rotated key straight to slot `positions[b]` of `k_cache [B, H_kv, S, D]`
+    (and its norm to `key_norms [B, H_kv, S]`), and value heads copy theirs to `v_cache`: one launch
+    where a decode step had two, with no intermediate k. Same results as the two, bit for bit."""
+    batch, seq, _ = qkv.shape
+    head_dim = cos.shape[-1]
+    if seq != 1:
+        raise ValueError(f"qk_norm_rope_append appends one token per sequence; got {seq}")
+    if k_cache.shape != (batch, num_kv_heads, k_cache.shape[2], head_dim) or v_cache.shape != k_cache.shape \
+            or key_norms.shape != k_cache.shape[:3]:
+        raise ValueError(f"caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)}, norms {tuple(key_norms.shape)} "
+                         f"do not hold [B, H_kv, S, D] = [{batch}, {num_kv_heads}, S, {head_dim}]")
+    if positions.shape != (batch,) or positions.device != qkv.device:
+        raise ValueError(f"positions must be [B] = [{batch}] on {qkv.device}, got {tuple(positions.shape)} on "
+                         f"{positions.device}")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("the caches need a contiguous last dimension")
+    q = torch.empty(batch, num_heads, 1, head_dim, device=qkv.device, dtype=qkv.dtype)
+    _launch_qk_norm_rope(qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_kv_heads, q, k_cache,
+                         (v_cache, key_norms, positions))
+    return q
+
+
+def _launch_qk_norm_rope(qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_kv_heads, q, k, append=None):
+    """One program per (token, head); with `append` = (v_cache, key_norms, positions), k is the key cache
+    and the value heads get programs too."""
+    batch, seq, _ = qkv.shape
+    head_dim = cos.shape[-1]
     has_norm = q_weight is not None
-    _qk_norm_rope_kernel[(batch * seq, num_heads + num_kv_heads)](
-        qkv, cos, sin, q_weight if has_norm else qkv, k_weight if has_norm else qkv, q, k,
+    v, norms, positions = append if append is not None else (q, q, q)  # unused pointers without APPEND
+    v_strides = v.stride()[:3] if append is not None else (0, 0, 0)
+    n_strides = norms.stride() if append is not None else (0, 0, 0)
+    _qk_norm_rope_kernel[(batch * seq, num_heads + num_kv_heads * (2 if append is not None else 1))](
+        qkv, cos, sin, q_weight if has_norm else qkv, k_weight if has_norm else qkv, q, k, v, norms, positions,
         qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        seq, eps,
-        NUM_HEADS=num_heads, HAS_NORM=has_norm, HEAD_DIM=head_dim,
-        BLOCK_HALF=triton.next_power_of_2(head_dim // 2), num_warps=1,
+        *v_strides, *n_strides, positions.stride(0) if append is not None else 0,
+        k.shape[2] if append is not None else 0, seq, eps,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HAS_NORM=has_norm, HEAD_DIM=head_dim,
+        BLOCK_HALF=triton.next_power_of_2(head_dim // 2), APPEND=append is not None, num_warps=1,
     )
-    return q, k
 
 
 @triton.jit
