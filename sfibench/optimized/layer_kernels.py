@@ -121,7 +121,8 @@ def qk_norm_rope_append(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weig
 
     The key heads write their rotated key straight to slot `positions[b]` of `k_cache [B, H_kv, S, D]`
     (and its norm to `key_norms [B, H_kv, S]`), and value heads copy theirs to `v_cache`: one launch
-    where a decode step had two, with no intermediate k. Same results as the two, bit for bit."""
+    where a decode step had two, with no intermediate k. The same values as the two, up to the
+    summation order of the key's norm."""
     batch, seq, _ = qkv.shape
     head_dim = cos.shape[-1]
     if seq != 1:

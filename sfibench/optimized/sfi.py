@@ -53,7 +53,8 @@ class OptimizedSFI(SFIMethod):
         # per SM over all rows) that one row would get only 1/B of the GPU. A step of fast rows reads a
         # few thousand rows each (at most the memory right after a refresh plus t_max steps of growth):
         # its split count and loop form are chosen for those rows.
-        self.dense_splits = default_num_splits(1, mc.num_kv_heads, cache.max_seq, sm_count(device))
+        dense_splits = default_num_splits(1, mc.num_kv_heads, cache.max_seq, sm_count(device))
+        self.dense_launch = {"num_splits": dense_splits}
         fast_rows = geometry.tokens_read_after_refresh(cache.max_seq, self.cfg) + self.cfg.trigger.t_max
         self.fast_launch = fast_read_launch(batch, mc.num_kv_heads, fast_rows, device)
         # Dense logits of every query head at every slot, written only for refreshing rows.
@@ -98,7 +99,7 @@ class OptimizedSFI(SFIMethod):
         out = two_segment_decode(
             q[:, :, 0], sel.compact_k[:, layer], sel.compact_v[:, layer], sel.compact_counts[:, layer],
             cache.k[layer], cache.v[layer], sel.tail_start[:, layer], ctx.kv_lengths, self.row_buffer[layer],
-            **({"num_splits": self.dense_splits} if plan.dense else self.fast_launch),
+            **(self.dense_launch if plan.dense else self.fast_launch),
             **({"evidence": self.evidence[layer], "evidence_rows": self.refresh_rows[layer]} if plan.evidence else {}))
         return out[:, :, None]
 
