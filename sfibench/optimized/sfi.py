@@ -23,6 +23,7 @@ import torch
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.methods import StepPlan, register
+from sfibench.optimized.compact_kernels import gather_compact
 from sfibench.optimized.decode_attention import default_num_splits, sm_count
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.selector_kernels import fused_select
@@ -40,7 +41,7 @@ class OptimizedSFIPlan(StepPlan):
 
 @register("sfi", "optimized")
 class OptimizedSFI(SFIMethod):
-    compact = True
+    compact = staticmethod(gather_compact)
     select = staticmethod(fused_select)
 
     def start(self, cache: KVCache, prefilled) -> None:

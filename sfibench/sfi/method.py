@@ -32,7 +32,7 @@ EVIDENCE_CHUNK_BYTES = 1 << 30  # float32 evidence the Selector takes at once (l
 class SFIMethod(AttentionMethod):
     name = "sfi"
     has_slow_steps = True
-    compact = False  # the optimized path keeps compact copies of the selected K/V
+    compact = None  # the optimized path keeps compact copies of the selected K/V, gathered by this function
     select = staticmethod(select)  # the Selector; the optimized path swaps in its Triton version
 
     def __init__(self, spec, model_config, tokenizer):
@@ -58,7 +58,7 @@ class SFIMethod(AttentionMethod):
         self.cache = cache
         shape = (mc.num_layers, batch)
         if self.sel is None or self.sel.live.shape != shape or self.sel.positions.device != device:
-            compact = (mc.head_dim, cache.k.dtype) if self.compact else (None, None)
+            compact = (mc.head_dim, cache.k.dtype, self.compact) if self.compact else (None, None, None)
             self.sel = SelectionState(self.cfg, mc.num_layers, batch, mc.num_kv_heads, device, *compact)
         else:
             self.sel.reset()  # in place: captured CUDA graphs keep reading these tensors

@@ -27,8 +27,9 @@ POLICIES = ("next_step", "when_ready")
 
 class SelectionState:
     def __init__(self, cfg: SFIConfig, layers: int, batch: int, kv_heads: int, device,
-                 compact_dim: int | None = None, compact_dtype: torch.dtype | None = None):
+                 compact_dim: int | None = None, compact_dtype: torch.dtype | None = None, gather=None):
         self.cfg = cfg
+        self.gather = gather or gather_compact  # the optimized path passes its Triton gather
         buffers = (2, layers, batch)
         self.positions = torch.zeros(*buffers, kv_heads, cfg.k_head, dtype=torch.long, device=device)
         self.counts = torch.zeros(*buffers, kv_heads, dtype=torch.long, device=device)  # selected, sinks excluded
@@ -105,19 +106,8 @@ class SelectionState:
 
         The optimized fast step then reads them as one contiguous segment (coalesced loads, no index
         list), and the recent window in place from the cache."""
-        heads = picks.shape[1]
-        sink_positions = torch.arange(sinks, device=picks.device).expand(picks.shape[0], heads, sinks)
-        rows = torch.cat([sink_positions, picks], dim=-1)  # [n, H_kv, sinks + K]
-        # Row numbers into the cache flattened to [layers * B * H_kv * S, D]: indexing cache.k[target]
-        # directly would first copy every listed layer's whole K.
-        _, batch, _, slots, dim = cache.k.shape
-        heads_index = torch.arange(heads, device=picks.device)[None, :, None]
-        flat = ((target[:, None, None] * batch + row) * heads + heads_index) * slots + rows
-        width = rows.shape[-1]
-        shape = (*rows.shape, dim)
-        self.compact_k[buffer, target, row, :, :width] = cache.k.view(-1, dim).index_select(0, flat.flatten()).view(shape)
-        self.compact_v[buffer, target, row, :, :width] = cache.v.view(-1, dim).index_select(0, flat.flatten()).view(shape)
-        self.compact_counts[buffer, :, row].index_fill_(0, target, width)
+        self.gather(cache.k, cache.v, self.compact_k, self.compact_v, buffer, target, row, sinks, picks)
+        self.compact_counts[buffer, :, row].index_fill_(0, target, sinks + picks.shape[-1])
         self.tail_start[buffer, :, row].index_fill_(0, target, max(anchor, sinks))
 
     def publish(self, layers: list[int], row: int, buffers: list[int]) -> None:
@@ -125,3 +115,23 @@ class SelectionState:
         self.published_host[layers, row] = torch.tensor(buffers)
         for buffer, _, target in self._groups(layers, buffers, self.published.device):
             self.published[:, row].index_fill_(0, target, buffer)
+
+
+def gather_compact(k_cache: torch.Tensor, v_cache: torch.Tensor, compact_k: torch.Tensor, compact_v: torch.Tensor,
+                   buffer: int, layers: torch.Tensor, row: int, sinks: int, picks: torch.Tensor) -> None:
+    """Write the K/V of positions [0, sinks) + picks[i, h] of (layers[i], row, KV head h) from the cache
+    `[L, B, H_kv, S, D]` to rows [0, sinks + K) of `compact_* [2, L, B, H_kv, R, D]` at `buffer`.
+
+    The reference; optimized/compact_kernels.gather_compact does it in one launch, without the copy in
+    between that indexing makes here."""
+    count, heads = picks.shape[0], picks.shape[1]
+    sink_positions = torch.arange(sinks, device=picks.device).expand(count, heads, sinks)
+    rows = torch.cat([sink_positions, picks], dim=-1)  # [n, H_kv, sinks + K]
+    # Row numbers into the cache flattened to [layers * B * H_kv * S, D]: indexing k_cache[layers]
+    # directly would first copy every listed layer's whole K.
+    _, batch, _, slots, dim = k_cache.shape
+    heads_index = torch.arange(heads, device=picks.device)[None, :, None]
+    flat = (((layers[:, None, None] * batch + row) * heads + heads_index) * slots + rows).flatten()
+    width, shape = rows.shape[-1], (*rows.shape, dim)
+    compact_k[buffer, layers, row, :, :width] = k_cache.view(-1, dim).index_select(0, flat).view(shape)
+    compact_v[buffer, layers, row, :, :width] = v_cache.view(-1, dim).index_select(0, flat).view(shape)
