@@ -8,7 +8,9 @@
    fills the GPU for a dense read may not be the best one here; this measures it (default_num_splits).
 2. The Selector (`--contexts`): one refresh of all layers at one context, the PyTorch Selector
    (sfi/selector.select) against the Triton one (optimized/selector_kernels.fused_select), both on the
-   same evidence, with the share of positions they agree on.
+   same evidence, with the share of positions they agree on; then where the Triton Selector's time
+   goes, kernel by kernel (torch.profiler's CUDA times), and the compact rebuild's gather, the torch
+   reference (sfi/state.gather_compact) against the Triton kernel (optimized/compact_kernels).
 
     python -m sfibench.optimized.bench_fast_path --out fast_path.json
 """
@@ -25,9 +27,11 @@ from pathlib import Path
 import torch
 
 from sfibench.config import SelectorConfig
+from sfibench.optimized import compact_kernels
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
 from sfibench.optimized.selector_kernels import fused_select
 from sfibench.optimized.two_segment import two_segment_decode
+from sfibench.sfi import state
 from sfibench.sfi.selector import select
 
 
@@ -103,7 +107,52 @@ def selector_refresh(context: int, layers: int, kv_heads: int, group: int, k_hea
            "torch_ms_rounds": torch_ms, "triton_ms_rounds": triton_ms, "position_overlap": same}
     print(f"selector {context}: torch {row['torch_ms']:.2f} ms, triton {row['triton_ms']:.2f} ms, "
           f"overlap {same}", flush=True)
+    row["triton_kernels_ms"] = kernel_times(lambda: fused_select(logits, norms, 4, k_head, cfg))
     return row
+
+
+def kernel_times(fn, calls: int = 10) -> dict[str, float]:
+    """CUDA time per call of each kernel `fn` launches (torch.profiler), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = event.name[:80]
+            totals[name] = totals.get(name, 0.0) + event.device_time / 1000 / calls
+    for name, ms in sorted(totals.items(), key=lambda item: -item[1])[:12]:
+        print(f"    {ms:8.4f} ms  {name}", flush=True)
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def compact_rebuild(context: int, batch: int, layers: int, kv_heads: int, k_head: int, sinks: int = 4) -> dict:
+    """ms of one refresh's compact gather (all layers of one row), torch reference against Triton."""
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    k_cache = torch.randn(layers, batch, kv_heads, context, 128, device=device, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    compact = [torch.zeros(2, layers, batch, kv_heads, sinks + k_head, 128, device=device, dtype=dtype)
+               for _ in range(2)]
+    picks = torch.rand(layers, kv_heads, context - sinks, device=device).topk(k_head, dim=-1).indices
+    picks = picks.sort(dim=-1).values + sinks
+    target = torch.arange(layers, device=device)
+    row = batch - 1
+    args = (k_cache, v_cache, *compact, 1, target, row, sinks, picks)
+    torch_ms = _time_ms(lambda: state.gather_compact(*args), repeats=3, calls=10)
+    triton_ms = _time_ms(lambda: compact_kernels.gather_compact(*args), repeats=3, calls=10)
+    bytes_moved = 2 * 2 * layers * kv_heads * (sinks + k_head) * 128 * 2  # K and V, read once and written once
+    result = {"context": context, "batch": batch, "layers": layers, "kv_heads": kv_heads, "k_head": k_head,
+              "torch_ms": statistics.median(torch_ms), "triton_ms": statistics.median(triton_ms),
+              "torch_ms_rounds": torch_ms, "triton_ms_rounds": triton_ms, "bytes": bytes_moved}
+    print(f"compact gather {context} B={batch}: torch {result['torch_ms']:.3f} ms, triton "
+          f"{result['triton_ms']:.3f} ms ({bytes_moved / 1e6:.0f} MB moved)", flush=True)
+    del k_cache, v_cache, compact
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,17 +182,18 @@ def main(argv: list[str] | None = None) -> int:
                 for n, st, m, o in itertools.product(args.block_n.split(","), args.stages.split(","),
                                                      args.merge.split(","), args.one_loop.split(","))]
     attention = []
-    for group in (int(g) for g in args.groups.split(",")):
+    for group in (int(g) for g in args.groups.split(",") if g):
         layers = 36 if group == 4 else 28
-        for batch in (int(b) for b in args.batch.split(",")):
+        for batch in (int(b) for b in args.batch.split(",") if b):
             splits = sorted({int(s) for s in args.splits.split(",")} | {default_num_splits(batch, 8, 2308, sms)})
             attention += fast_step_attention(batch, 8, group, 128, layers, 4 + 2048, 256, splits, variants)
     selector = [selector_refresh(int(c), 36, 8, 4, 2048) for c in args.contexts.split(",") if c]
+    rebuild = [compact_rebuild(int(c), 5, 36, 8, 2048) for c in args.contexts.split(",") if c]
     payload = {"provenance": provenance(), "sm_count": sms,
                "rule": {"dense read (B=1, 128K)": default_num_splits(1, 8, 130944, sms),
                         **{f"fast step (B={b}, 2,308 rows)": default_num_splits(int(b), 8, 2308, sms)
-                           for b in args.batch.split(",")}},
-               "fast_step_attention": attention, "selector": selector}
+                           for b in args.batch.split(",") if b}},
+               "fast_step_attention": attention, "selector": selector, "compact_rebuild": rebuild}
     if args.out:
         args.out.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.out}")
