@@ -241,3 +241,39 @@ def test_longbench_with_wrong_fields_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(app, ["quality", "--model", "tiny-llama", "--tasks", "", "--longbench", str(file),
                                       "--out", str(tmp_path / "run")])
     assert result.exit_code == 2 and "lacks the field" in " ".join(result.output.split())
+
+
+def test_report_names_sfi_settings_and_what_the_read_retention_is_over(tmp_path):
+    """Gemma-3-style model (sliding-window layers): the report names the preset with k_head, recent window
+    and budget, and "read" is over the global layers, where the budget applies (Full-KV reads 1 there)."""
+    out = tmp_path / "preset"
+    result = CliRunner().invoke(app, ["quality", "--model", "tiny-gemma3", "--methods", "sfi", "--tasks", "niah_single",
+                                      "--ctx", "2400", "--sfi-preset", "paper-2k", "--samples", "1", "--no-chat",
+                                      "--device", "cpu", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "results.json").read_text())
+    config, cells = saved["config"], saved["results"]["cells"]
+    assert config["attention_layers"] == {"layers": 3, "global": 1, "sliding_window": 16}
+    assert [(s["k_head"], s["n_recent"], s["n_sink"], s["budget"]) for s in config["sfi_settings"]] == [(2048, 256, 4, 2308)]
+    full = next(c for c in cells if c["method"] == "full_kv")
+    sfi = next(c for c in cells if c["method"] == "sfi")
+    assert full["measured_retention_global"] == 1.0 and full["measured_retention"] < 0.4  # 2 of 3 layers read 16
+    assert 0.9 < sfi["measured_retention_global"] <= 1.0 and sfi["measured_retention"] < 0.4
+    report = " ".join((out / "report.md").read_text().split())
+    assert "(SFI preset paper-2k)" in report and "| 2400 | 0.961667 | paper-2k | 4 | 2,048 | 256 | 2,308 |" in report
+    assert "tokens read per global layer and KV head" in report
+    assert "over the 1 global layers" in report and "read, global layers" in report
+    assert f"n=1 ({full['measured_retention_global']:.2f})" in report  # the printed figure is the one labelled
+
+
+def test_report_of_an_older_run_says_its_read_figure_is_over_all_layers():
+    """Runs recorded before the global-layer figure: a Full-KV read below 1 shows sliding layers, and the label
+    says the figure includes them rather than passing it off as the budget's retention."""
+    from sfibench.reporting.quality_summary import read_scope
+
+    cells = [{"method": "full_kv", "measured_retention": 0.22}, {"method": "sfi", "measured_retention": 0.10}]
+    scope = read_scope({"retentions": [0.28]}, cells)
+    assert scope["key"] == "measured_retention" and scope["short"] == "read, all layers"
+    assert "sliding-window layers included" in scope["label"]
+    dense = read_scope({"retentions": [0.28]}, [{"method": "full_kv", "measured_retention": 1.0}])
+    assert not dense["sliding"] and "every layer is global" in dense["label"]

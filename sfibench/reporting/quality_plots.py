@@ -59,7 +59,12 @@ def _bars(series: list[dict], key: str, intervals: dict) -> list[list[float]]:
     return yerr([c[key] for c in series], [b[0] for b in bounds], [b[1] for b in bounds])
 
 
-def plot_accuracy(cells: list[dict], path: Path) -> Path | None:
+def _xlabel(scope: dict) -> str:
+    return "measured retention (tokens read / KV length" + (", global layers)" if scope["key"].endswith("global")
+                                                             else ", all layers)")
+
+
+def plot_accuracy(cells: list[dict], path: Path, scope: dict) -> Path | None:
     scored = [c for c in cells if c.get("accuracy") is not None]
     tasks = sorted({c["task"] for c in scored})
     contexts = sorted({c["context"] for c in scored})
@@ -79,14 +84,14 @@ def plot_accuracy(cells: list[dict], path: Path) -> Path | None:
                 if series:
                     err = yerr([c["accuracy"] for c in series], [c["ci_low"] for c in series],
                                [c["ci_high"] for c in series])
-                    ax.errorbar([c["measured_retention"] for c in series], [c["accuracy"] for c in series],
+                    ax.errorbar([c[scope["key"]] for c in series], [c["accuracy"] for c in series],
                                 yerr=err, marker="o", ms=4, capsize=3, color=COLORS.get(method), label=method)
             n = next(c["n"] for c in scored if (c["task"], c["context"]) == (task, context))
             ax.set_title(f"{task} @ {context_label(context)} tokens (n={n})", fontsize=9)
             ax.set_ylim(-0.05, 1.05)
             ax.grid(alpha=0.3)
             if i == len(tasks) - 1:
-                ax.set_xlabel("measured retention (tokens read / KV length)")
+                ax.set_xlabel(_xlabel(scope))
             if j == 0:
                 ax.set_ylabel("accuracy (share, 95% CI)")
     legend_below(fig, axes.flat)
@@ -126,7 +131,7 @@ def plot_fidelity(cells: list[dict], intervals: dict, path: Path) -> Path | None
     return path
 
 
-def plot_perplexity(cells: list[dict], intervals: dict, path: Path) -> Path | None:
+def plot_perplexity(cells: list[dict], intervals: dict, path: Path, scope: dict) -> Path | None:
     ppl = [c for c in cells if c.get("perplexity") is not None]
     if not ppl:
         return None
@@ -140,12 +145,12 @@ def plot_perplexity(cells: list[dict], intervals: dict, path: Path) -> Path | No
             ax.axhspan(low, high, color="black", alpha=0.08)
         for method in sorted({c["method"] for c in ppl} - {"full_kv"}):
             series = _series(ppl, "ppl", context, method)
-            ax.errorbar([c["measured_retention"] for c in series], [c["perplexity"] for c in series],
+            ax.errorbar([c[scope["key"]] for c in series], [c["perplexity"] for c in series],
                         yerr=_bars(series, "perplexity", intervals), marker="o", ms=4, capsize=3,
                         color=COLORS.get(method), label=method)
         n = next(c["n"] for c in ppl if c["context"] == context)
         ax.set_title(f"ppl @ {context_label(context)} tokens (n={n})", fontsize=9)
-        ax.set_xlabel("measured retention (tokens read / KV length)")
+        ax.set_xlabel(_xlabel(scope))
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("perplexity (exp of mean NLL per token)")
     legend_below(fig, axes.flat)
@@ -153,9 +158,10 @@ def plot_perplexity(cells: list[dict], intervals: dict, path: Path) -> Path | No
     return path
 
 
-def plot_all(cells: list[dict], run_dir: Path) -> list[Path]:
+def plot_all(cells: list[dict], run_dir: Path, scope: dict) -> list[Path]:
+    """`scope` (quality_summary.read_scope): which measured retention the x axes show, and over what."""
     intervals = sample_intervals(read_results(run_dir).get("samples") or [])
-    made = [plot_accuracy(cells, run_dir / "accuracy_vs_retention.png"),
+    made = [plot_accuracy(cells, run_dir / "accuracy_vs_retention.png", scope),
             plot_fidelity(cells, intervals, run_dir / "fidelity_vs_retention.png"),
-            plot_perplexity(cells, intervals, run_dir / "perplexity_vs_retention.png")]
+            plot_perplexity(cells, intervals, run_dir / "perplexity_vs_retention.png", scope)]
     return [p for p in made if p is not None]

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.table import Table
 
 from sfibench.reporting.quality_plots import plot_all
-from sfibench.reporting.quality_summary import markdown
+from sfibench.reporting.quality_summary import markdown, read_scope
 from sfibench.reporting.results import read_results, write_text_atomically
 
 
@@ -15,20 +15,26 @@ def write_report(run_dir: Path | str) -> Path:
     """(Re)draw the plots and report.md of a quality run from its results.json alone."""
     run_dir = Path(run_dir)
     document = read_results(run_dir)
-    plots = [p.name for p in plot_all(document["results"]["cells"], run_dir)]
+    cells = document["results"]["cells"]
+    plots = [p.name for p in plot_all(cells, run_dir, read_scope(document["config"], cells))]
     report = run_dir / "report.md"
     write_text_atomically(report, markdown(document, plots))
     return report
 
 
+def _read(cell: dict) -> float:
+    """Tokens read / KV length: over the layers holding a selection where the run recorded it."""
+    return cell["measured_retention"] if cell.get("measured_retention_global") is None else cell["measured_retention_global"]
+
+
 def results_table(cells: list[dict]) -> Table:
-    """The terminal summary: one row per cell."""
+    """The terminal summary: one row per cell ("read": over the global layers, where a model has sliding ones)."""
     table = Table(title="sfibench quality")
     for column in ("task", "context", "method", "retention", "read", "accuracy [95% CI]", "KL", "top-1", "ppl"):
         table.add_column(column)
     for c in cells:
         acc = "–" if c["accuracy"] is None else f"{c['accuracy']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
         table.add_row(c["task"], str(c["context"]), c["method"], "1" if c["retention"] is None else f"{c['retention']:g}",
-                      f"{c['measured_retention']:.3f}", acc, f"{c['kl']:.3f}", f"{c['top1_agreement']:.2f}",
+                      f"{_read(c):.3f}", acc, f"{c['kl']:.3f}", f"{c['top1_agreement']:.2f}",
                       "–" if c["perplexity"] is None else f"{c['perplexity']:.2f}")
     return table

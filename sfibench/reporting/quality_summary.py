@@ -29,8 +29,11 @@ def summarise(records: list[dict]) -> list[dict]:
         groups[(r["task"], r["context"], r["method"], r["retention"])].append(r)
     cells = []
     for (task, context, method, retention), rows in groups.items():
+        globals_ = [r.get("measured_retention_global") for r in rows]
         cell = {"task": task, "context": context, "method": method, "retention": retention, "n": len(rows),
                 "measured_retention": _mean([r["measured_retention"] for r in rows]),
+                # None for runs recorded before the global-layer figure existed
+                "measured_retention_global": None if None in globals_ else _mean(globals_),
                 "kl": _mean([r["kl"] for r in rows]), "top1_agreement": _mean([r["top1_agreement"] for r in rows]),
                 "token_agreement": _mean([r["token_agreement"] for r in rows if "token_agreement" in r]),
                 "accuracy": None, "perplexity": None, "steps_by_kind": {}}
@@ -77,6 +80,57 @@ def claim_check(cells: list[dict]) -> tuple[list[dict], list[str]]:
 cell = partial(number, missing="–")  # a quality table marks what a cell did not measure with a dash
 
 
+def read_scope(config: dict, cells: list[dict]) -> dict:
+    """Which measured retention a report prints as "read", and what it is over.
+
+    A budget (retention x context) is what each layer holding a selection may read. Sliding-window
+    layers (Gemma-3) hold none: every method, Full-KV included, reads their window as the model
+    defines it, so a retention averaged over all layers is not the one the budget sets. Runs record
+    the figure over the global layers too; older ones only over all layers (their label says so; a
+    Full-KV read below 1 shows the model has sliding layers).
+    """
+    layers = config.get("attention_layers")
+    if layers:
+        sliding = layers["layers"] - layers["global"]
+    else:
+        sliding = any(c["measured_retention"] < 0.999 for c in cells if c["method"] == "full_kv")
+    if not sliding:
+        return {"key": "measured_retention", "sliding": False, "short": "read",
+                "label": "tokens read / KV length per decode step, averaged; every layer is global"}
+    if all(c.get("measured_retention_global") is not None for c in cells):
+        return {"key": "measured_retention_global", "sliding": True, "short": "read, global layers",
+                "label": (f"tokens read / KV length per decode step over the {layers['global']} global layers, "
+                          f"averaged; the {sliding} sliding-window layers read their {layers['sliding_window']}-token "
+                          "window under every method, Full-KV included (the figure over all layers is in the "
+                          "fidelity table)")}
+    what = (f"{layers['layers']} layers, {sliding} of them sliding-window" if layers else
+            "layers, sliding-window layers included")
+    return {"key": "measured_retention", "sliding": True, "short": "read, all layers",
+            "label": (f"tokens read / KV length per decode step over all {what}, averaged (this run recorded no "
+                      "figure over the global layers alone); sliding layers read their window under every "
+                      "method, so Full-KV's figure is below 1")}
+
+
+def _sfi_lines(config: dict, per_layer: str) -> list[str]:
+    """What SFI ran with: the preset by name, or the budget rule's result, per context and retention."""
+    settings = config.get("sfi_settings")
+    presets = config.get("sfi_preset")
+    names = dict(zip(config["retentions"], presets.split(","))) if presets else {}
+    if not settings:  # runs recorded before the settings were: the preset's name and the rule above
+        return [f"- SFI operating point: preset {presets} (SPEC 4: the authors' k_head, 4 sinks, a 256-token recent "
+                "window, SPEC's triggers)"] if presets else []
+    first = settings[0]
+    where = " (the authors' operating point, SPEC 4)" if presets else ""
+    lines = [(f"- SFI settings{where}: triggers "
+              f"{first['trigger']} (t_max {first['t_max']}, min_gap {first['min_gap']}), bridge steps "
+              f"{first['bridge_steps']}; per budget, tokens per {per_layer} and KV head:"),
+             "", "| context | retention | SFI preset | sinks | k_head | recent window | budget |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {s['context']} | {s['retention']:g} | {names.get(s['retention'], '–')} | {s['n_sink']} | "
+              f"{s['k_head']:,} | {s['n_recent']} | {s['budget']:,} |" for s in settings]
+    return lines + [""]
+
+
 def _acc(c: dict) -> str:
     return f"{c['accuracy']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
 
@@ -94,6 +148,8 @@ def markdown(results: dict, plots: list[str]) -> str:
     cfg, cells = results["config"], results["results"]["cells"]
     prov = results["provenance"]
     methods = [m for m in cfg["methods"] if m != "full_kv"]
+    scope = read_scope(cfg, cells)
+    per_layer = "global layer" if scope["sliding"] else "layer"
     lines = [f"# sfibench quality — {cfg['model']}", "",
              (f"{prov.get('timestamp_utc')}, device {prov.get('device')} ({prov.get('cpu')}, "
              f"torch threads: {cfg.get('threads')}), dtype {cfg['dtype']}, commit {commit_label(prov)}, "
@@ -106,15 +162,21 @@ def markdown(results: dict, plots: list[str]) -> str:
              f"{', '.join(map(str, cfg['contexts']))}; samples per cell: {', '.join(map(str, cfg['samples']))}"),
              *([(f"- **SFI ablation**: SFI ran with {', '.join(f'{k}={v}' for k, v in cfg['sfi_variant'].items())} "
                  "instead of SPEC's defaults; every other method as usual")] if cfg.get("sfi_variant") else []),
-             (f"- methods: full_kv, {', '.join(methods)} ({cfg.get('path', 'reference')} path); retention: "
-             f"{', '.join(f'{r:g}' for r in cfg['retentions'])}; greedy decoding; "
+             (f"- methods: full_kv, {', '.join(methods)} ({cfg.get('path', 'reference')} path); retention "
+             f"(budget / context: tokens read per {per_layer} and KV head): "
+             f"{', '.join(f'{r:g}' for r in cfg['retentions'])}"
+             + (f" (SFI preset {cfg['sfi_preset']})" if cfg.get("sfi_preset") else "") + "; greedy decoding; "
              f"{'chat template + answer prefix' if cfg['chat'] else 'plain prompts + answer prefix'} "
              "(ppl: plain prose, no template)"),
-             ("- budget rule: budget = round(retention x context) tokens read per layer and KV head. SFI: recent "
+             (f"- budget rule: budget = round(retention x context) tokens read per {per_layer} and KV head"
+             + (" (sliding-window layers: their window, under every method)" if scope["sliding"] else "")
+             + ". SFI: recent "
              "window = budget/4 rounded down to 16-token pages, within [16, 256]; 4 sinks; k_head = the rest. "
              "StreamingLLM: 4 sinks + a window of the rest (keys keep their original RoPE positions). "
              "SnapKV: the budget, its 64-token observation window included. SFI also reads densely on slow "
              "steps and its recent window grows between refreshes, so plots use the *measured* retention."),
+             *_sfi_lines(cfg, per_layer),
+             f"- read (measured retention): {scope['label']}.",
              (f"- accuracy: mean score with a 95% interval (Wilson for 0/1 scores, bootstrap for partial credit); "
              f"'matches' = accuracy >= Full-KV - {MATCH_TOLERANCE}; conclusions only where Full-KV >= {SOLVED}."),
              ("- fidelity: each method teacher-forced on Full-KV's own greedy continuation; KL(full || method) and "
@@ -140,7 +202,7 @@ def markdown(results: dict, plots: list[str]) -> str:
         lines += ["", "## Accuracy", ""]
     for task in sorted({c["task"] for c in cells if c["accuracy"] is not None}):
         contexts = sorted({c["context"] for c in cells if c["task"] == task})
-        lines += [f"### {task}", "", "| method | retention | " + " | ".join(f"{x} tok: acc [95% CI] (read)"
+        lines += [f"### {task}", "", "| method | retention | " + " | ".join(f"{x} tok: acc [95% CI] ({scope['short']})"
                                                                            for x in contexts) + " |",
                   "|---|---|" + "---|" * len(contexts)]
         for method, retention in sorted({(c["method"], c["retention"]) for c in cells if c["task"] == task},
@@ -149,7 +211,7 @@ def markdown(results: dict, plots: list[str]) -> str:
             for x in contexts:
                 c = next((c for c in cells if (c["task"], c["context"], c["method"], c["retention"])
                           == (task, x, method, retention)), None)
-                row.append("–" if c is None else f"{_acc(c)} n={c['n']} ({c['measured_retention']:.2f})")
+                row.append("–" if c is None else f"{_acc(c)} n={c['n']} ({c[scope['key']]:.2f})")
             lines.append(f"| {method} | {'1' if retention is None else f'{retention:g}'} | " + " | ".join(row) + " |")
         turned = [c for c in cells if c["task"] == task and "turn_accuracy" in c]
         if turned:
@@ -161,13 +223,16 @@ def markdown(results: dict, plots: list[str]) -> str:
                 lines.append(f"| {c['method']} | {c['retention'] or 1:g} | {c['context']} | "
                              + " | ".join(cell(a, 2) for a in c["turn_accuracy"]) + " |")
         lines.append("")
+    both = scope["key"] == "measured_retention_global"  # then the figure over all layers is shown beside it
     lines += ["", "## Fidelity to Full-KV (mean over samples)", "",
-              "| task | method | retention | context | read | KL (nats) | top-1 agree | greedy-token agree | perplexity |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              f"| task | method | retention | context | {scope['short']} |" + (" read, all layers |" if both else "")
+              + " KL (nats) | top-1 agree | greedy-token agree | perplexity |",
+              "|---|---|---|---|---|" + ("---|" if both else "") + "---|---|---|---|"]
     for c in cells:
         if c["method"] != "full_kv":
             lines.append(f"| {c['task']} | {c['method']} | {c['retention']:g} | {c['context']} | "
-                         f"{c['measured_retention']:.3f} | {cell(c['kl'])} | {cell(c['top1_agreement'])} | "
+                         f"{c[scope['key']]:.3f} | " + (f"{c['measured_retention']:.3f} | " if both else "")
+                         + f"{cell(c['kl'])} | {cell(c['top1_agreement'])} | "
                          f"{cell(c['token_agreement'])} | {cell(c['perplexity'], 2)} |")
     fulls = [c for c in cells if c["method"] == "full_kv" and c["perplexity"] is not None]
     if fulls:

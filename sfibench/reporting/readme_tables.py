@@ -72,6 +72,11 @@ def _quality(link: str, document: dict) -> tuple[str, list[str]]:
     cfg, cells = document["config"], document["results"]["cells"]
     methods = list(dict.fromkeys(["full_kv", *cfg["methods"]]))
     retentions = " / ".join(f"{r:g}" for r in cfg["retentions"])
+    if cfg.get("sfi_preset"):  # the budget of the authors' operating point, named
+        retentions += f" (SFI preset {cfg['sfi_preset'].replace(',', ' / ')})"
+    layers = cfg.get("attention_layers")  # a budget applies to the layers holding a selection
+    if layers and layers["global"] < layers["layers"]:
+        retentions = f"(budget / context on the {layers['global']} global layers of {layers['layers']}) {retentions}"
     variant = cfg.get("sfi_variant")
     conditions = (f"{cfg['model']}, {', '.join(cfg['tasks'])}, samples {'/'.join(map(str, cfg['samples']))} per "
                   f"context, {cfg.get('path', 'reference')} path"

@@ -22,7 +22,7 @@ from sfibench.options import check_session_options, split_list
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import provenance, read_results
 from sfibench.reporting.run_dir import claimed_run_dir
-from sfibench.runners.quality_batch import conditions, evaluate_batch, preset_retention
+from sfibench.runners.quality_batch import conditions, evaluate_batch, preset_retention, sfi_settings
 from sfibench.runners.quality_inputs import (
     SAME_ON_RESUME,
     QualityInputs,
@@ -77,9 +77,15 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
         fmt = PromptFormat(session.loaded.tokenizer, chat)
         contexts = _fit_contexts(session, fmt, inputs, seed)
         plan = {c: conditions(inputs.methods, inputs.retentions, c, sfi_variant, path) for c in contexts}
-        config = {"model": session.loaded.config.name, **settings, "contexts": contexts, "batch": batch,
+        model_cfg = session.loaded.config
+        config = {"model": model_cfg.name, **settings, "contexts": contexts, "batch": batch,
                   "device": str(session.device), "dtype": str(session.dtype).replace("torch.", ""),
-                  "threads": torch.get_num_threads(), "longbench": str(longbench) if longbench else None}
+                  "threads": torch.get_num_threads(), "longbench": str(longbench) if longbench else None,
+                  # what a report needs to say what a retention is over and what SFI ran with
+                  "attention_layers": {"layers": model_cfg.num_layers, "global": len(model_cfg.global_layers),
+                                       "sliding_window": model_cfg.sliding_window},
+                  "sfi_settings": [{"context": c, "retention": cond.retention, **sfi_settings(cond.spec)}
+                                   for c in contexts for cond in plan[c] if cond.method == "sfi"]}
         info = provenance()
         if earlier:
             check_resume(earlier["config"], {key: config[key] for key in SAME_ON_RESUME}, run_dir)
