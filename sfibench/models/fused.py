@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sfibench.models.rope import rope_cos_sin
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Normalise in float32 like the reference implementations, then cast back before scaling.
@@ -84,8 +86,11 @@ def qk_norm_rope_append(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weig
 
 
 EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope, "silu_mul": silu_mul,
-         "gelu_tanh_mul": gelu_tanh_mul, "append_kv": append_kv, "qk_norm_rope_append": qk_norm_rope_append}
-COMPILED = ("rms_norm", "add_rms_norm", "silu_mul", "gelu_tanh_mul")
+         "gelu_tanh_mul": gelu_tanh_mul, "append_kv": append_kv, "qk_norm_rope_append": qk_norm_rope_append,
+         "rope_cos_sin": rope_cos_sin}
+# rope_cos_sin: a step's RoPE table is eight small element-wise launches (multiply, concatenate, cos, sin,
+# scale, casts) eagerly, one compiled.
+COMPILED = ("rms_norm", "add_rms_norm", "silu_mul", "gelu_tanh_mul", "rope_cos_sin")
 ops = dict(EAGER)
 
 

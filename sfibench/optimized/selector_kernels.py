@@ -9,7 +9,9 @@ pass also steals bandwidth from the fast steps. The same arithmetic in four pass
 2. `_pool_stats_kernel`: per (layer, KV head), the pooled log f (power mean of the rows) and the
    prior's log r at every candidate, reduced to the five log-sums the fusion needs: LSE(log f),
    LSE(2 log f), LSE(log r), LSE(2 log r), LSE(log f + log r). Chunked over positions, so every SM
-   has work; the partial sums are merged in PyTorch on tiny tensors.
+   has work; the partial sums are merged in PyTorch on tiny tensors. It also stores log f and log r:
+   recomputing them in (3) from the logits (four exp/log per row and candidate) cost more than
+   reading them back (on an H200 at 128K the fusion took 0.62 ms recomputing).
 3. `_fuse_kernel`: log s = log((1 - lambda) f + lambda r) at every candidate, lambda from those sums.
 4. `_nms_cross_head_kernel`: Soft-NMS (the window max read straight from (3)'s output, which the
    cache serves) and the cross-head exclusivity, all KV heads of a layer in one tile.
@@ -102,11 +104,12 @@ def _pooled_and_prior(logits_ptr, lse_ptr, norms_ptr, pair, layer, head, idx, n,
 
 
 @triton.jit
-def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, log_rows_ptr, stats_ptr, n, heads, chunk,
+def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, log_rows_ptr, stats_ptr, pooled_ptr, prior_ptr, n, heads, chunk,
                        stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
                        alpha, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
                        ROWS: tl.constexpr, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr):
-    """Partial (max, sum) of five log-sums over one chunk of candidates of one (layer, KV head)."""
+    """Partial (max, sum) of five log-sums over one chunk of candidates of one (layer, KV head), and the
+    pooled log f and prior log r at each candidate (for the fusion, so it need not read the logits again)."""
     pair, part = tl.program_id(0), tl.program_id(1)
     layer, head = (pair // heads).to(tl.int64), pair % heads
     log_rows = tl.load(log_rows_ptr + pair)
@@ -122,6 +125,10 @@ def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, log_rows_ptr, stats_ptr, 
                                    stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
                                    alpha, log_rows, has_rows, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
                                    ROWS, USE_PRIOR)
+        idx = start + offs
+        tl.store(pooled_ptr + pair.to(tl.int64) * n + idx, lp, mask=idx < n)
+        if USE_PRIOR:
+            tl.store(prior_ptr + pair.to(tl.int64) * n + idx, pr, mask=idx < n)
         m0, s0 = _online_lse(m0, s0, lp)
         m1, s1 = _online_lse(m1, s1, 2 * lp)
         m2, s2 = _online_lse(m2, s2, pr)
@@ -136,24 +143,17 @@ def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, log_rows_ptr, stats_ptr, 
 
 
 @triton.jit
-def _fuse_kernel(logits_ptr, lse_ptr, norms_ptr, log_rows_ptr, mix_ptr, out_ptr, n, heads,
-                 stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
-                 alpha, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
-                 ROWS: tl.constexpr, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr):
-    """log s at one tile of candidates of one (layer, KV head); `mix` holds per pair the four offsets
-    [log(1 - lambda) - LSE(log f), log lambda - LSE(log r)] (each -inf when its branch is dropped)."""
-    pair, block = tl.program_id(0), tl.program_id(1)
-    layer, head = (pair // heads).to(tl.int64), pair % heads
-    log_rows = tl.load(log_rows_ptr + pair)
+def _fuse_kernel(pooled_ptr, prior_ptr, mix_ptr, out_ptr, n, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr):
+    """log s at one tile of candidates of one (layer, KV head) from (2)'s log f and log r; `mix` holds per
+    pair the two offsets [log(1 - lambda) - LSE(log f), log lambda - LSE(log r)] (-inf for a dropped branch)."""
+    pair, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     idx = block * BLOCK + tl.arange(0, BLOCK)
-    lp, pr = _pooled_and_prior(logits_ptr, lse_ptr, norms_ptr, pair, layer, head, idx, n,
-                               stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
-                               alpha, log_rows, log_rows >= 0, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
-                               ROWS, USE_PRIOR)
-    score = lp + tl.load(mix_ptr + pair * 2)
+    inside = idx < n
+    score = tl.load(pooled_ptr + pair * n + idx, mask=inside) + tl.load(mix_ptr + pair * 2)
     if USE_PRIOR:
-        score = _log_add_exp(score, pr + tl.load(mix_ptr + pair * 2 + 1))
-    tl.store(out_ptr + pair.to(tl.int64) * n + idx, score, mask=idx < n)
+        prior = tl.load(prior_ptr + pair * n + idx, mask=inside)
+        score = _log_add_exp(score, prior + tl.load(mix_ptr + pair * 2 + 1))
+    tl.store(out_ptr + pair * n + idx, score, mask=inside)
 
 
 @triton.jit
@@ -262,13 +262,15 @@ def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorCon
     chunk = BLOCK * CHUNK_BLOCKS
     parts = triton.cdiv(n, chunk)
     stats = torch.empty(pairs, parts, 16, device=device, dtype=torch.float32)
-    _pool_stats_kernel[(pairs, parts)](logits, row_lse, key_norms, log_rows, stats, n, heads, chunk, *strides,
-                                       cfg.alpha, *prior, ROWS=rows, USE_PRIOR=cfg.use_prior, BLOCK=BLOCK)
+    pooled = torch.empty(layers, heads, n, device=device, dtype=torch.float32)
+    prior_logits = torch.empty_like(pooled) if cfg.use_prior else pooled  # unused without the prior
+    _pool_stats_kernel[(pairs, parts)](logits, row_lse, key_norms, log_rows, stats, pooled, prior_logits, n, heads,
+                                       chunk, *strides, cfg.alpha, *prior, ROWS=rows, USE_PRIOR=cfg.use_prior,
+                                       BLOCK=BLOCK)
     mix = _mix_offsets(_merge_partials(stats), rows, cfg).contiguous()
 
-    fused = torch.empty(layers, heads, n, device=device, dtype=torch.float32)
-    _fuse_kernel[(pairs, triton.cdiv(n, BLOCK))](logits, row_lse, key_norms, log_rows, mix, fused, n, heads,
-                                                 *strides, cfg.alpha, *prior, ROWS=rows, USE_PRIOR=cfg.use_prior,
+    fused = pooled  # written in place: each program reads its tile's log f and prior, then overwrites it
+    _fuse_kernel[(pairs, triton.cdiv(n, BLOCK))](pooled, prior_logits, mix, fused, n, USE_PRIOR=cfg.use_prior,
                                                  BLOCK=BLOCK)
     use_cross = cfg.use_cross_head and heads > 2  # SPEC skips the stage with one or two KV heads
     if not (cfg.use_nms or use_cross):
