@@ -9,6 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from sfibench.cli import app
+from sfibench.config import SFIConfig, TriggerConfig
 from sfibench.engine.cache import KVCache
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
@@ -87,6 +88,22 @@ def test_tiny_run_reports_consistent_numbers():
     assert sfi["slow_steps"] == sfi["ms_per_step"].get("slow", {"n": 0})["n"]
     assert dense["bytes_per_step"]["kv_read"] > sfi["bytes_per_step"]["kv_read"]
     assert dense["prefill"] == "real" and dense["graphs"]["used"] is False
+
+
+def test_refresh_bytes_follow_layer_groups():
+    # Under layer_groups = 2 a refresh re-selects every other global layer, so its extra traffic halves;
+    # the triggers (and so the number of refreshes) do not depend on the selection.
+    session = Session.open("tiny-qwen3", "cpu")
+    refresh = {}
+    for groups in (1, 2):
+        cfg = ThroughputConfig(model="tiny-qwen3", contexts=[2900], batches=[1], methods=[("sfi", "reference")],
+                               steps=40, repeats=1, graphs=False,
+                               sfi=SFIConfig(layer_groups=groups, trigger=TriggerConfig(policy="fixed", interval=8)))
+        row = measure_all(session, cfg)[0]
+        assert row["slow_steps"] > 0
+        refresh[groups] = (row["bytes_per_step"]["refresh"], row["slow_steps"])
+    assert refresh[1][1] == refresh[2][1]
+    assert refresh[2][0] == pytest.approx(refresh[1][0] / 2)
 
 
 def test_memory_estimate_refuses_before_allocating():

@@ -84,7 +84,7 @@ def kv_append_bytes(model_cfg: ModelConfig, batch: int, dtype_bytes: int = 2) ->
 
 
 def refresh_bytes(model_cfg: ModelConfig, candidates, k_head: int, batch: int, dtype_bytes: int = 2,
-                  evidence_rows: int | None = None, layers_refreshed: int | None = None,
+                  evidence_rows: int | None = None, layers_refreshed: float | None = None,
                   path: str = "optimized") -> float:
     """Extra traffic of an SFI refresh beyond the slow step's dense attention read (which `kv_read_bytes`
     counts), as each path actually moves it.

@@ -196,9 +196,11 @@ def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: 
                  for k, v in by_kind.items()}
     mean_read = sum(per_token[k] * len(v) for k, v in by_kind.items()) / len(kinds)
     slow_steps = len(by_kind.get("slow", []))
-    # one refresh per slow row (a slow step of a batch may refresh one row or several)
+    # one refresh per slow row (a slow step of a batch may refresh one row or several); under layer_groups = 2
+    # a refresh covers every other global layer
+    layers_refreshed = len(dims.global_layers) / (cfg.sfi.layer_groups if spec.name == "sfi" else 1)
     refresh = refresh_bytes(dims, sfi_candidates(context, cfg.sfi), cfg.sfi.k_head, 1, session.cache_dtype_bytes,
-                            path=spec.path) * facts["refreshes"] / len(kinds)
+                            layers_refreshed=layers_refreshed, path=spec.path) * facts["refreshes"] / len(kinds)
     nbytes = step_bytes(dims, mean_read, batch, session.cache_dtype_bytes, refresh)
     mean_step = statistics.fmean(step_seconds)
     tok_s = [batch * cfg.steps / t for t in totals]
