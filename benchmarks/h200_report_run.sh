@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 6's report call: `bash benchmarks/h200_session6_run.sh 4b|0.6b` runs the README throughput
+# A report call (sessions 6-7): `bash benchmarks/h200_report_run.sh 4b|0.6b` runs the README throughput
 # report for that model shape (every method, both paths, sync + async SFI; 8K, 32K, 128K; B = 1 and the
 # largest batch), then, in the time left of the call, the optimized SFI's profile at 128K.
 set -uo pipefail
