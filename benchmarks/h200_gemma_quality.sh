@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Gemma-3-270M quality on the H200 (issue 12). Its GGUF (241 MiB) is larger than one call may carry
+# (64 MiB with the tree), so it travels in five parts (`split -n 5 -d -a 2 GGUF .devweights/g.`): four
+# back-to-back calls each copy theirs with `mkdir -p /root/g && cp .devweights/g.0N /root/g/` while the
+# machine stays warm, and this script, run from the exported tree (.devtree) with the fifth part and
+# the gguf wheel carried, assembles and checks the file, then runs `sfibench quality` at each context
+# (one run per context: the authors' presets fix the budget in tokens) while time is left.
+#   bash benchmarks/h200_gemma_quality.sh SECONDS CONTEXTS   (e.g. 540 16384,31744,8192)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+started=$SECONDS
+cat DEVICE_COMMIT 2>/dev/null
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ../.whl/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site
+model=/root/g/gemma-3-270m-q4_k_m.gguf
+cat /root/g/g.00 /root/g/g.01 /root/g/g.02 /root/g/g.03 ../.devweights/g.04 > "$model" || exit 1
+echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $model" | sha256sum -c || exit 1
+for ctx in $(echo "${2:-16384,31744,8192}" | tr , " "); do
+    left=$(( ${1:-540} - (SECONDS - started) ))
+    [ "$left" -lt 40 ] && { echo "no time left for $ctx"; break; }
+    timeout "$left" python -m sfibench quality --model "$model" --tasks niah_single,niah_multiturn --ctx "$ctx" \
+        --sfi-preset paper-2k,paper-4k --methods full_kv,sfi,streaming_llm,snapkv --samples 20 --batch 4 \
+        --no-chat --device cuda --dtype float32 --out "$OUT/quality-gemma3-$ctx-h200" > "$OUT/quality-$ctx.log" 2>&1
+    echo "ctx $ctx rc=$? after $((SECONDS - started)) s"
+    grep -v "^ *$" "$OUT/quality-$ctx.log" | tail -12
+done
+cd "$OUT" && for d in */; do [ -d "$d" ] && tar -cf "${d%/}.tar" "$d" && rm -rf "$d"; done
