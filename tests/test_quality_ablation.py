@@ -8,7 +8,7 @@ import pytest
 
 from sfibench.errors import UsageError
 from sfibench.metrics.quality import paired_difference_ci, wilson_interval
-from sfibench.reporting.quality_ablation import ablation_markdown
+from sfibench.reporting.quality_ablation import ablation_markdown, main
 from sfibench.runners.quality import run_quality
 
 
@@ -46,6 +46,10 @@ def test_ablation_table_pairs_runs_of_the_same_prompts(tmp_path):
     table = ablation_markdown(base, [no_nms])
     assert "| [SPEC](" in table and "| [use_nms=False](" in table and "niah_single @ 600 tokens" in table
     assert "read 0." in table
+    out = tmp_path / "tables" / "ablation.md"
+    out.parent.mkdir()
+    assert main([str(base), str(no_nms), "--out", str(out)]) == 0
+    assert "](../no-nms/report.md)" in out.read_text()  # linked from where the file is
     other = run_quality("tiny-llama", out=tmp_path / "other", **{**common, "retentions": ["0.4"]})
     with pytest.raises(UsageError, match="differs from .* in retentions"):
         ablation_markdown(base, [other])

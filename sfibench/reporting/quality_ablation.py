@@ -1,6 +1,8 @@
 """SFI ablation runs of `sfibench quality` against one baseline run on the same prompts: a markdown table.
 
-    python -m sfibench.reporting.quality_ablation BASE_RUN RUN [RUN ...]
+    python -m sfibench.reporting.quality_ablation BASE_RUN RUN [RUN ...] [--out FILE]
+
+prints the table, or writes it to FILE (then each run is linked relative to FILE's folder).
 
 Every run must be a quality run of the same model, tasks, contexts, seed and prompt format, so sample i of a
 task is the same prompt in every run and each ablation can be compared with the baseline prompt by prompt.
@@ -12,6 +14,7 @@ gives the KL to Full-KV the same way, and the tokens read.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -36,7 +39,8 @@ def _sfi(document: dict) -> dict:
     return {(r["task"], r["context"], r["retention"], r["index"]): r for r in document["samples"] if r["method"] == "sfi"}
 
 
-def ablation_markdown(base_dir: Path, run_dirs: list[Path]) -> str:
+def ablation_markdown(base_dir: Path, run_dirs: list[Path], link_from: Path = Path(".")) -> str:
+    """The tables; each run links to its report.md relative to the folder `link_from`."""
     base = load_run(base_dir, f"run {base_dir}")
     others = [(d, load_run(d, f"run {d}")) for d in run_dirs]
     for directory, document in others:
@@ -85,7 +89,8 @@ def ablation_markdown(base_dir: Path, run_dirs: list[Path]) -> str:
                         kl_cell += f" ({d:+.3f} [{low:+.3f}, {high:+.3f}])"
                     accuracy.append(cell)
                     fidelity.append(f"{kl_cell}; read {read:.3f}")
-                name = f"[{variant_name(document['config'])}]({directory.as_posix()}/report.md)"
+                link = Path(os.path.relpath(directory / "report.md", link_from)).as_posix()
+                name = f"[{variant_name(document['config'])}]({link})"
                 lines.append(f"| {name} | " + " | ".join(accuracy) + " |")
                 kl_lines.append(f"| {name} | " + " | ".join(fidelity) + " |")
             lines += kl_lines + [""]
@@ -93,15 +98,27 @@ def ablation_markdown(base_dir: Path, run_dirs: list[Path]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    out = None
+    if "--out" in args:
+        at = args.index("--out")
+        if at + 1 == len(args):
+            print("error: --out needs a file name", file=sys.stderr)
+            return 2
+        out = Path(args.pop(at + 1))
+        args.pop(at)
     if len(args) < 2:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     try:
-        print(ablation_markdown(Path(args[0]), [Path(a) for a in args[1:]]), end="")
+        text = ablation_markdown(Path(args[0]), [Path(a) for a in args[1:]], out.parent if out else Path("."))
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if out:
+        out.write_text(text)
+    else:
+        print(text, end="")
     return 0
 
 
