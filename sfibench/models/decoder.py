@@ -31,7 +31,7 @@ from torch import nn
 from sfibench.metrics.labels import label
 from sfibench.models import fused
 from sfibench.models.presets import ModelConfig
-from sfibench.models.rope import inverse_frequencies
+from sfibench.models.rope import inverse_frequencies, rope_cos_sin
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -195,7 +195,7 @@ class Decoder(nn.Module):
 
     def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, the (cos, sin) it rotates q and k by: one table shared by every layer here."""
-        table = fused.ops["rope_cos_sin"](self.inv_freq, self.rope_amplitude, positions, dtype)
+        table = rope_cos_sin(self.inv_freq, self.rope_amplitude, positions, dtype)
         return [table] * self.config.num_layers
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:
