@@ -26,15 +26,17 @@ CASES = [  # layers, batch, kv_heads, slots, dim, listed layers, row, buffer, si
 
 
 @pytest.mark.parametrize("layers,batch,heads,slots,dim,listed,row,buffer,sinks,picked,dtype", CASES)
-def test_gather_compact_matches_reference(layers, batch, heads, slots, dim, listed, row, buffer, sinks, picked,
-                                          dtype):
+def test_gather_compact_matches_reference(layers, batch, heads, slots, dim, listed, row, buffer, sinks,
+                                          picked, dtype):
     generator = torch.Generator().manual_seed(len(listed) * 100 + picked)
     k_cache = torch.randn(layers, batch, heads, slots, dim, generator=generator).to(dtype).to(DEVICE)
     v_cache = torch.randn(layers, batch, heads, slots, dim, generator=generator).to(dtype).to(DEVICE)
     rows = sinks + picked + 3  # spare rows that must stay untouched
     # Ascending distinct candidate positions after the sinks, different per (layer, head).
-    picks = torch.stack([torch.stack([torch.randperm(slots - sinks, generator=generator)[:picked].sort().values
-                                      for _ in range(heads)]) for _ in listed]) + sinks
+    def ascending_picks():
+        return torch.randperm(slots - sinks, generator=generator)[:picked].sort().values + sinks
+
+    picks = torch.stack([torch.stack([ascending_picks() for _ in range(heads)]) for _ in listed])
     picks = picks.to(DEVICE)
     target = torch.tensor(listed, device=DEVICE)
     expected = [torch.full((2, layers, batch, heads, rows, dim), float("nan"), dtype=dtype, device=DEVICE)
@@ -49,8 +51,9 @@ def test_gather_compact_matches_reference(layers, batch, heads, slots, dim, list
     for i, layer in enumerate(listed):
         for head in range(heads):
             positions = torch.cat([torch.arange(sinks, device=DEVICE), picks[i, head]])
-            assert torch.equal(got[0][buffer, layer, row, head, :sinks + picked], k_cache[layer, row, head, positions])
-            assert torch.equal(got[1][buffer, layer, row, head, :sinks + picked], v_cache[layer, row, head, positions])
+            written = slice(0, sinks + picked)
+            assert torch.equal(got[0][buffer, layer, row, head, written], k_cache[layer, row, head, positions])
+            assert torch.equal(got[1][buffer, layer, row, head, written], v_cache[layer, row, head, positions])
 
 
 def test_gather_compact_refuses_picks_that_do_not_fit():
@@ -58,4 +61,5 @@ def test_gather_compact_refuses_picks_that_do_not_fit():
     compact = torch.zeros(2, 1, 1, 1, 4, 8, device=DEVICE)
     picks = torch.arange(4, 8, device=DEVICE).view(1, 1, 4)
     with pytest.raises(ValueError, match="do not fit a compact buffer of 4 rows"):
-        gather_compact(cache, cache, compact, compact.clone(), 0, torch.tensor([0], device=DEVICE), 0, 2, picks)
+        gather_compact(cache, cache, compact, compact.clone(), 0, torch.tensor([0], device=DEVICE), 0, 2,
+                       picks)

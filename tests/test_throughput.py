@@ -96,9 +96,9 @@ def test_refresh_bytes_follow_layer_groups():
     session = Session.open("tiny-qwen3", "cpu")
     refresh = {}
     for groups in (1, 2):
+        sfi = SFIConfig(layer_groups=groups, trigger=TriggerConfig(policy="fixed", interval=8))
         cfg = ThroughputConfig(model="tiny-qwen3", contexts=[2900], batches=[1], methods=[("sfi", "reference")],
-                               steps=40, repeats=1, graphs=False,
-                               sfi=SFIConfig(layer_groups=groups, trigger=TriggerConfig(policy="fixed", interval=8)))
+                               steps=40, repeats=1, graphs=False, sfi=sfi)
         row = measure_all(session, cfg)[0]
         assert row["slow_steps"] > 0
         refresh[groups] = (row["bytes_per_step"]["refresh"], row["slow_steps"])

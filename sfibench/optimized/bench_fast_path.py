@@ -131,7 +131,8 @@ def kernel_times(fn, calls: int = 10) -> dict[str, float]:
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
-def compact_rebuild(context: int, batch: int, layers: int, kv_heads: int, k_head: int, sinks: int = 4) -> dict:
+def compact_rebuild(context: int, batch: int, layers: int, kv_heads: int, k_head: int,
+                    sinks: int = 4) -> dict:
     """ms of one refresh's compact gather (all layers of one row), torch reference against Triton."""
     device, dtype = torch.device("cuda"), torch.bfloat16
     k_cache = torch.randn(layers, batch, kv_heads, context, 128, device=device, dtype=dtype)
@@ -145,7 +146,8 @@ def compact_rebuild(context: int, batch: int, layers: int, kv_heads: int, k_head
     args = (k_cache, v_cache, *compact, 1, target, row, sinks, picks)
     torch_ms = _time_ms(lambda: state.gather_compact(*args), repeats=3, calls=10)
     triton_ms = _time_ms(lambda: compact_kernels.gather_compact(*args), repeats=3, calls=10)
-    bytes_moved = 2 * 2 * layers * kv_heads * (sinks + k_head) * 128 * 2  # K and V, read once and written once
+    # K and V, each row read once and written once
+    bytes_moved = 2 * 2 * layers * kv_heads * (sinks + k_head) * 128 * 2
     result = {"context": context, "batch": batch, "layers": layers, "kv_heads": kv_heads, "k_head": k_head,
               "torch_ms": statistics.median(torch_ms), "triton_ms": statistics.median(triton_ms),
               "torch_ms_rounds": torch_ms, "triton_ms_rounds": triton_ms, "bytes": bytes_moved}

@@ -44,18 +44,21 @@ def _gather_compact_kernel(k_cache, v_cache, compact_k, compact_v, layers_ptr, p
     tl.store(compact_v + dst, tl.load(v_cache + src, mask=mask), mask=mask)
 
 
-def gather_compact(k_cache: torch.Tensor, v_cache: torch.Tensor, compact_k: torch.Tensor, compact_v: torch.Tensor,
-                   buffer: int, layers: torch.Tensor, row: int, sinks: int, picks: torch.Tensor) -> None:
+def gather_compact(k_cache: torch.Tensor, v_cache: torch.Tensor, compact_k: torch.Tensor,
+                   compact_v: torch.Tensor, buffer: int, layers: torch.Tensor, row: int, sinks: int,
+                   picks: torch.Tensor) -> None:
     """sfi/state.gather_compact in one launch: positions [0, sinks) and picks `[n, H_kv, K]` of
     (layers[i], row) from the cache `[L, B, H_kv, S, D]` into rows [0, sinks + K) of
     `compact_* [2, L, B, H_kv, R, D]` at `buffer`."""
     count, heads, picked = picks.shape
     dim = k_cache.shape[-1]
     if sinks + picked > compact_k.shape[4]:
-        raise ValueError(f"{sinks} sinks + {picked} picks do not fit a compact buffer of {compact_k.shape[4]} rows")
+        raise ValueError(f"{sinks} sinks + {picked} picks do not fit a compact buffer of "
+                         f"{compact_k.shape[4]} rows")
     if k_cache.stride() != v_cache.stride() or compact_k.stride() != compact_v.stride() \
             or k_cache.stride(-1) != 1 or compact_k.stride(-1) != 1:
-        raise ValueError("K and V (cache and compact buffer) need the same strides and a contiguous last dimension")
+        raise ValueError("K and V (cache and compact buffer) need the same strides and a contiguous "
+                         "last dimension")
     if count == 0 or sinks + picked == 0:
         return
     # Views [L, H_kv, S or R, D] of this row (and buffer): the offsets fold into the base pointers, so the

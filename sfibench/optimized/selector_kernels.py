@@ -104,7 +104,8 @@ def _pooled_and_prior(logits_ptr, lse_ptr, norms_ptr, pair, layer, head, idx, n,
 
 
 @triton.jit
-def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, log_rows_ptr, stats_ptr, pooled_ptr, prior_ptr, n, heads, chunk,
+def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, log_rows_ptr, stats_ptr, pooled_ptr, prior_ptr,
+                       n, heads, chunk,
                        stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
                        alpha, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
                        ROWS: tl.constexpr, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr):
@@ -144,8 +145,9 @@ def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, log_rows_ptr, stats_ptr, 
 
 @triton.jit
 def _fuse_kernel(pooled_ptr, prior_ptr, mix_ptr, out_ptr, n, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr):
-    """log s at one tile of candidates of one (layer, KV head) from (2)'s log f and log r; `mix` holds per
-    pair the two offsets [log(1 - lambda) - LSE(log f), log lambda - LSE(log r)] (-inf for a dropped branch)."""
+    """log s at one tile of candidates of one (layer, KV head) from (2)'s log f and log r; `mix` holds
+    per pair the two offsets [log(1 - lambda) - LSE(log f), log lambda - LSE(log r)] (-inf for a
+    dropped branch)."""
     pair, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     idx = block * BLOCK + tl.arange(0, BLOCK)
     inside = idx < n
@@ -264,9 +266,9 @@ def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorCon
     stats = torch.empty(pairs, parts, 16, device=device, dtype=torch.float32)
     pooled = torch.empty(layers, heads, n, device=device, dtype=torch.float32)
     prior_logits = torch.empty_like(pooled) if cfg.use_prior else pooled  # unused without the prior
-    _pool_stats_kernel[(pairs, parts)](logits, row_lse, key_norms, log_rows, stats, pooled, prior_logits, n, heads,
-                                       chunk, *strides, cfg.alpha, *prior, ROWS=rows, USE_PRIOR=cfg.use_prior,
-                                       BLOCK=BLOCK)
+    _pool_stats_kernel[(pairs, parts)](logits, row_lse, key_norms, log_rows, stats, pooled, prior_logits, n,
+                                       heads, chunk, *strides, cfg.alpha, *prior, ROWS=rows,
+                                       USE_PRIOR=cfg.use_prior, BLOCK=BLOCK)
     mix = _mix_offsets(_merge_partials(stats), rows, cfg).contiguous()
 
     fused = pooled  # written in place: each program reads its tile's log f and prior, then overwrites it

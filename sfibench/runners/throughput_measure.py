@@ -200,7 +200,8 @@ def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: 
     # a refresh covers every other global layer
     layers_refreshed = len(dims.global_layers) / (cfg.sfi.layer_groups if spec.name == "sfi" else 1)
     refresh = refresh_bytes(dims, sfi_candidates(context, cfg.sfi), cfg.sfi.k_head, 1, session.cache_dtype_bytes,
-                            layers_refreshed=layers_refreshed, path=spec.path) * facts["refreshes"] / len(kinds)
+                            layers_refreshed=layers_refreshed, path=spec.path)
+    refresh *= facts["refreshes"] / len(kinds)
     nbytes = step_bytes(dims, mean_read, batch, session.cache_dtype_bytes, refresh)
     mean_step = statistics.fmean(step_seconds)
     tok_s = [batch * cfg.steps / t for t in totals]

@@ -117,8 +117,9 @@ class SelectionState:
             self.published[:, row].index_fill_(0, target, buffer)
 
 
-def gather_compact(k_cache: torch.Tensor, v_cache: torch.Tensor, compact_k: torch.Tensor, compact_v: torch.Tensor,
-                   buffer: int, layers: torch.Tensor, row: int, sinks: int, picks: torch.Tensor) -> None:
+def gather_compact(k_cache: torch.Tensor, v_cache: torch.Tensor, compact_k: torch.Tensor,
+                   compact_v: torch.Tensor, buffer: int, layers: torch.Tensor, row: int, sinks: int,
+                   picks: torch.Tensor) -> None:
     """Write the K/V of positions [0, sinks) + picks[i, h] of (layers[i], row, KV head h) from the cache
     `[L, B, H_kv, S, D]` to rows [0, sinks + K) of `compact_* [2, L, B, H_kv, R, D]` at `buffer`.
 
