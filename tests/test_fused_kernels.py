@@ -21,7 +21,7 @@ from sfibench.models import fused
 from sfibench.models.decoder import Decoder
 from sfibench.models.loading import DECODERS, _place, load_model, random_weights
 from sfibench.models.presets import get_preset
-from sfibench.models.rope import inverse_frequencies, rope_cos_sin
+from sfibench.models.rope import PositionTable, inverse_frequencies, rope_cos_sin
 from sfibench.optimized import layer_kernels
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
@@ -141,6 +141,27 @@ def decode(model: Decoder, tokens: torch.Tensor, greedy_steps: int = 0):
 
         logits.append(model(tokens[:, step:step + 1], positions[:, None], attend)[:, -1])
     return tokens, torch.stack(logits, dim=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_position_table_gathers_what_rope_cos_sin_computes(dtype):
+    """The GPU decoder's RoPE table (one gather per step) holds exactly rope_cos_sin's values, at the
+    first and last positions too, and (on the CPU) refuses a position past its length."""
+    inv_freq, amplitude = inverse_frequencies(64, 1e6, {"rope_type": "yarn", "factor": 4.0,
+                                                        "original_max_position_embeddings": 1024})
+    positions = torch.tensor([[0, 1, 4095], [17, 2048, 3000]], device=DEVICE)
+    table = PositionTable()
+    got = table(inv_freq.to(DEVICE), amplitude, positions, dtype, 4096)
+    expected = rope_cos_sin(inv_freq.to(DEVICE), amplitude, positions, dtype)
+    for have, want in zip(got, expected):
+        assert have.shape == want.shape and have.stride(-1) == 1
+        assert torch.equal(have, want)
+    assert len(table.tables) == 1  # built once, reused
+    table(inv_freq.to(DEVICE), amplitude, positions[:, :1], dtype, 4096)
+    assert len(table.tables) == 1
+    if DEVICE == "cpu":  # on CUDA an out-of-range gather is a device-side assert, which ends the process's CUDA
+        with pytest.raises(IndexError):
+            table(inv_freq.to(DEVICE), amplitude, torch.tensor([[4096]], device=DEVICE), dtype, 4096)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])

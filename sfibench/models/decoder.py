@@ -31,7 +31,7 @@ from torch import nn
 from sfibench.metrics.labels import label
 from sfibench.models import fused
 from sfibench.models.presets import ModelConfig
-from sfibench.models.rope import inverse_frequencies, rope_cos_sin
+from sfibench.models.rope import PositionTable, inverse_frequencies, rope_cos_sin
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -169,6 +169,7 @@ class Decoder(nn.Module):
         them uninitialised) and after a dtype cast (the RoPE frequencies stay float32: bf16 would blur
         positions)."""
         cfg = self.config
+        self.position_tables = PositionTable()  # rebuilt with the frequencies they come from
         inv_freq, self.rope_amplitude = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling_dict())
         self.register_buffer("inv_freq", inv_freq.to(device), persistent=False)
 
@@ -195,8 +196,14 @@ class Decoder(nn.Module):
 
     def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, the (cos, sin) it rotates q and k by: one table shared by every layer here."""
-        table = rope_cos_sin(self.inv_freq, self.rope_amplitude, positions, dtype)
+        table = self.rope_cos_sin(self.inv_freq, self.rope_amplitude, positions, dtype)
         return [table] * self.config.num_layers
+
+    def rope_cos_sin(self, inv_freq: torch.Tensor, amplitude: float, positions: torch.Tensor, dtype: torch.dtype):
+        """rope.rope_cos_sin; on a GPU gathered from a table of every position (one launch, not eight)."""
+        if positions.device.type == "cuda":
+            return self.position_tables(inv_freq, amplitude, positions, dtype, self.config.max_context)
+        return rope_cos_sin(inv_freq, amplitude, positions, dtype)
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states -> float32 logits."""

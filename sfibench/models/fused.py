@@ -85,9 +85,9 @@ def qk_norm_rope_append(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weig
 
 EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope, "silu_mul": silu_mul,
          "gelu_tanh_mul": gelu_tanh_mul, "append_kv": append_kv, "qk_norm_rope_append": qk_norm_rope_append}
-# The RoPE table (rope.rope_cos_sin) stays eager: compiled it is one launch instead of eight (~0.015 ms of a
-# 3.4 ms step), but compiled cos/sin of float32 angles up to the context length were never checked against
-# eager on a GPU, and a GPU run that used it disagreed with the CPU on Gemma-3 (reports/diagnostics).
+# The RoPE table (rope.rope_cos_sin) is not compiled: compiled cos/sin of float32 angles up to the context
+# length were never checked against eager on a GPU, and a GPU run that compiled it disagreed with the CPU
+# on Gemma-3 (reports/diagnostics). On a GPU the decoder gathers it from rope.PositionTable instead.
 COMPILED = ("rms_norm", "add_rms_norm", "silu_mul", "gelu_tanh_mul")
 ops = dict(EAGER)
 

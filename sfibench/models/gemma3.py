@@ -27,7 +27,7 @@ from torch import nn
 from sfibench.models import fused
 from sfibench.models.decoder import MLP, Attend, Decoder, RMSNorm, SelfAttention
 from sfibench.models.presets import ModelConfig, rope_scaling_tuple
-from sfibench.models.rope import inverse_frequencies, rope_cos_sin
+from sfibench.models.rope import inverse_frequencies
 
 HF_MODEL_TYPE = "gemma3_text"
 GLOBAL, SLIDING = "full_attention", "sliding_attention"  # transformers' layer_types values
@@ -91,8 +91,8 @@ class Gemma3Decoder(Decoder):
         return self.model.embed_tokens(tokens) * self.embed_scale
 
     def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        global_table = rope_cos_sin(self.inv_freq, self.rope_amplitude, positions, dtype)
-        local_table = rope_cos_sin(self.local_inv_freq, 1.0, positions, dtype)
+        global_table = self.rope_cos_sin(self.inv_freq, self.rope_amplitude, positions, dtype)
+        local_table = self.rope_cos_sin(self.local_inv_freq, 1.0, positions, dtype)
         return [global_table if self.config.is_global(layer) else local_table
                 for layer in range(self.config.num_layers)]
 

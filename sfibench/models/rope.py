@@ -69,3 +69,26 @@ def rope_cos_sin(inv_freq: torch.Tensor, amplitude: float, positions: torch.Tens
     angles = positions.float().unsqueeze(-1) * inv_freq.to(positions.device)
     angles = torch.cat((angles, angles), dim=-1)
     return (angles.cos() * amplitude).to(dtype), (angles.sin() * amplitude).to(dtype)
+
+
+class PositionTable:
+    """cos/sin of every position below `length`, computed once by rope_cos_sin, then gathered.
+
+    A decode step's RoPE table is eight small element-wise launches (multiply, concatenate, cos, sin,
+    scale, casts); gathered from this table it is one, with the same values (the same element-wise ops
+    on the same inputs, done once for all positions). Tables are kept per (frequencies, amplitude,
+    dtype, device): a layer's (cos, sin) are views into `[length, 2, D]`."""
+
+    def __init__(self):
+        self.tables: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, inv_freq: torch.Tensor, amplitude: float, positions: torch.Tensor, dtype: torch.dtype,
+                 length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (str(inv_freq.device), inv_freq.data_ptr(), amplitude, dtype, length)
+        table = self.tables.get(key)
+        if table is None:
+            every = torch.arange(length, device=positions.device)[None]
+            cos, sin = rope_cos_sin(inv_freq, amplitude, every, dtype)
+            table = self.tables[key] = torch.stack([cos[0], sin[0]], dim=1)
+        pair = table[positions]  # [B, T, 2, D]; a position >= length fails loudly (index out of range)
+        return pair[..., 0, :], pair[..., 1, :]
