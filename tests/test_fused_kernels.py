@@ -249,8 +249,9 @@ def test_fused_greedy_tokens_match_eager(fusion_off_afterwards):
 def test_fused_logits_match_eager_far_into_the_context(fusion_off_afterwards, preset):
     """The decode tests above start at position 0, where RoPE angles are small. A 32-token chunk at
     positions 30,000+ (float32, attention within the chunk) must give the same logits fused as eager:
-    RoPE tables, q/k norms and the gated MLPs at the angles a long context reaches. (A GPU quality run
-    on Gemma-3 once disagreed with the CPU at 8K-16K; reports/diagnostics/gemma3-h200-mismatch.)"""
+    RoPE tables, q/k norms and the gated MLPs at the angles a long context reaches. (Written when a GPU
+    quality run on Gemma-3 disagreed with the CPU; the cause was transformers 5.17's tokenizer,
+    reports/diagnostics/gemma3-h200-mismatch, but this had never been checked either.)"""
     full = get_preset(preset)
     layers = {"num_layers": 6, "layer_is_global": full.layer_is_global[:6] if full.layer_is_global else None}
     cfg = replace(full, name=f"small-{preset}", vocab_size=1024, **layers)

@@ -86,8 +86,8 @@ def qk_norm_rope_append(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weig
 EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope, "silu_mul": silu_mul,
          "gelu_tanh_mul": gelu_tanh_mul, "append_kv": append_kv, "qk_norm_rope_append": qk_norm_rope_append}
 # The RoPE table (rope.rope_cos_sin) is not compiled: compiled cos/sin of float32 angles up to the context
-# length were never checked against eager on a GPU, and a GPU run that compiled it disagreed with the CPU
-# on Gemma-3 (reports/diagnostics). On a GPU the decoder gathers it from rope.PositionTable instead.
+# length were never checked against eager on a GPU. On a GPU the decoder gathers it from rope.PositionTable
+# instead (the same launch count, eager values).
 COMPILED = ("rms_norm", "add_rms_norm", "silu_mul", "gelu_tanh_mul")
 ops = dict(EAGER)
 
