@@ -38,7 +38,7 @@ class StepPlan:
 
 class AttentionMethod:
     name = "abstract"
-    has_slow_steps = False  # True: each step is reported as "slow" or "fast" per sequence
+    has_slow_steps = False  # True: each step is reported as "slow", "bridge" or "fast" per sequence
     step_kind = "sparse"  # how steps are reported otherwise ("dense" for Full-KV)
 
     def __init__(self, spec: MethodSpec, model_config: ModelConfig, tokenizer: Tokenizer):

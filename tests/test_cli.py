@@ -76,8 +76,8 @@ def test_generate_bridge_steps_read_densely_then_sparsely():
     assert bridged.exit_code == 0, bridged.output
     steps = json.loads(bridged.stdout)["steps"]
     assert len(steps) > 3
-    assert all(s["tokens_read_mean"] == s["kv_length"] for s in steps[:3])
-    assert all(s["tokens_read_mean"] < s["kv_length"] for s in steps[3:])
+    assert all(s["tokens_read_mean"] == s["kv_length"] and s["kind"] == "bridge" for s in steps[:3])
+    assert all(s["tokens_read_mean"] < s["kv_length"] and s["kind"] == "fast" for s in steps[3:])
     unbridged = runner.invoke(app, ["generate", *SFI_PROMPT, "--max-new-tokens", "2", "--trigger", "bootstrap"])
     first = json.loads(unbridged.stdout)["steps"][0]
     assert first["tokens_read_mean"] < first["kv_length"]

@@ -32,6 +32,7 @@ class StepContext:
     slow: torch.Tensor  # [B] bool, on the CPU
     tokens_read: torch.Tensor  # [n_layers, B, H_kv] long, on the device
     length_bucket: int = 1
+    bridge: torch.Tensor | None = None  # [B] bool, on the CPU: SFI bridge rows (dense, no refresh)
     layer: int = 0
 
     def bucketed(self, length: int) -> int:

@@ -85,9 +85,11 @@ def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled:
 
 
 def step_kinds(method: AttentionMethod, ctx: StepContext) -> list[str]:
-    """Per sequence: "slow" or "fast" for methods with slow steps, else the method's one step kind."""
+    """Per sequence: "slow", "bridge" (dense, no refresh: SFI's bridge steps) or "fast" for methods with
+    slow steps, else the method's one step kind."""
     if method.has_slow_steps:
-        return ["slow" if s else "fast" for s in ctx.slow.tolist()]
+        bridge = ctx.bridge.tolist() if ctx.bridge is not None else [False] * ctx.slow.shape[0]
+        return ["slow" if s else "bridge" if b else "fast" for s, b in zip(ctx.slow.tolist(), bridge)]
     return [method.step_kind] * ctx.slow.shape[0]
 
 

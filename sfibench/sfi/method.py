@@ -104,6 +104,7 @@ class SFIMethod(AttentionMethod):
             refresh &= self.layer_group == (self.slow_steps_taken - 1) % 2
         dense = refresh | (self.global_rows & (ctx.step <= self.cfg.bridge_steps))
         self.refresh_host, self.dense_host = refresh, dense
+        ctx.bridge = (dense & ~refresh).any(dim=0) & ~slow  # read densely without refreshing: a bridge step
         # Through pinned memory: a copy from pageable memory would wait for the stream to drain, so the
         # host could never queue the next step ahead of the GPU.
         self.refresh_rows.copy_(pinned(refresh), non_blocking=True)
