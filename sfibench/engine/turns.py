@@ -41,6 +41,9 @@ class Stream:
     answers: list[list[int]] = field(default_factory=lambda: [[]])
     answer_logits: list[torch.Tensor] = field(default_factory=list)  # [V] per answer position, if kept
     retention: list[float] = field(default_factory=list)  # tokens read / KV length per decode step
+    # the same over the global layers only: a sliding-window layer (Gemma-3) reads its window under every
+    # method, so a budget's retention is that of the layers holding a selection (SPEC 2)
+    retention_global: list[float] = field(default_factory=list)
     kinds: dict[str, int] = field(default_factory=dict)  # decode steps by kind (dense, slow, fast, ...)
 
     @property
@@ -105,7 +108,7 @@ def run_scripts(model: Decoder, cache: KVCache, method: AttentionMethod, prefill
             logits, ctx = result.logits, result.ctx
         active = [not row.done for row in rows]  # rows that still need this step's logits
         if step > 0:
-            _record(rows, ctx, method, active)
+            _record(rows, ctx, method, active, model.config.global_layers)
         chosen = [row.choose(logits[i], keep_logits) if active[i] else pad_id for i, row in enumerate(rows)]
         tokens = torch.tensor(chosen, device=logits.device)
         method.observe(tokens)
@@ -116,12 +119,15 @@ def run_scripts(model: Decoder, cache: KVCache, method: AttentionMethod, prefill
             return [row.stream for row in rows]
 
 
-def _record(rows: list[_Row], ctx, method: AttentionMethod, active: list[bool]) -> None:
-    read = ctx.tokens_read.float().mean(dim=(0, 2)).cpu()  # [B] mean over layers and KV heads
+def _record(rows: list[_Row], ctx, method: AttentionMethod, active: list[bool], global_layers: list[int]) -> None:
+    tokens_read = ctx.tokens_read.cpu().float()  # [L, B, H_kv]: one copy to the host per step
+    read = tokens_read.mean(dim=(0, 2))  # [B] mean over layers and KV heads
+    read_global = tokens_read[global_layers].mean(dim=(0, 2))
     lengths = ctx.kv_lengths.cpu()
     kinds = step_kinds(method, ctx)
     for i, row in enumerate(rows):
         if active[i]:
             row.stream.retention.append(float(read[i]) / int(lengths[i]))
+            row.stream.retention_global.append(float(read_global[i]) / int(lengths[i]))
             kind = kinds[i]
             row.stream.kinds[kind] = row.stream.kinds.get(kind, 0) + 1

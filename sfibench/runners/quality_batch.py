@@ -137,28 +137,9 @@ def sfi_settings(spec: MethodSpec) -> dict:
 
 
 def _decode(session: Session, condition: Condition, prefilled, scripts, teacher, keep_logits, on_step):
-    """One decode pass; returns the streams and, per row, each decode step's retention over the global layers.
-
-    The streams' own retention is over all layers; a model with sliding-window layers (Gemma-3) reads
-    their window under every method, so the retention a budget is set for is that of the global layers
-    (SPEC 2: sliding layers hold no selection). It is read from the step context after each step."""
     method = create_method(copy.deepcopy(condition.spec), session.loaded.config, session.loaded.tokenizer)
-    global_layers = session.loaded.config.global_layers
-    global_retention: list[list[float]] = [[] for _ in scripts]
-    after_step = method.after_step
-
-    def record_then_after_step(ctx, plan):
-        read = ctx.tokens_read[global_layers].float().mean(dim=(0, 2)).cpu()  # [B]
-        for row, (tokens, length) in enumerate(zip(read.tolist(), ctx.kv_lengths.cpu().tolist())):
-            global_retention[row].append(tokens / length)
-        after_step(ctx, plan)
-
-    method.after_step = record_then_after_step
-    streams = run_scripts(session.loaded.model, session.cache, method, prefilled, scripts, teacher=teacher,
-                          keep_logits=keep_logits, pad_id=session.loaded.tokenizer.eos_token_id or 0, on_step=on_step)
-    # A row that finished keeps being fed padding until every row is done; its stream counts only its own
-    # steps, which come first.
-    return streams, [steps[:len(stream.retention)] for steps, stream in zip(global_retention, streams)]
+    return run_scripts(session.loaded.model, session.cache, method, prefilled, scripts, teacher=teacher,
+                       keep_logits=keep_logits, pad_id=session.loaded.tokenizer.eos_token_id or 0, on_step=on_step)
 
 
 def evaluate_batch(session: Session, samples: list[Sample], conds: list[Condition], on_decode=None,
@@ -182,19 +163,19 @@ def evaluate_batch(session: Session, samples: list[Sample], conds: list[Conditio
         if on_decode:
             on_decode(condition.label)
         if full is None:  # Full-KV: free run (or the given continuation), logits kept as the reference
-            full, free_global = _decode(session, condition, prefilled, scripts, forced, True, on_step)
+            full = _decode(session, condition, prefilled, scripts, forced, True, on_step)
             runs = (full, full)
         else:
-            taught, free_global = _decode(session, condition, prefilled, scripts, full, True, on_step)
+            taught = _decode(session, condition, prefilled, scripts, full, True, on_step)
             free = taught
             if forced is None and any(_diverges(t, f) for t, f in zip(taught, full)):
                 if on_decode:
                     on_decode(condition.label + " (free)")
-                free, free_global = _decode(session, condition, prefilled, scripts, None, False, on_step)
+                free = _decode(session, condition, prefilled, scripts, None, False, on_step)
             runs = (taught, free)
         if condition.label in done:
             continue
-        new = [_record(tokenizer, sample, condition, full[row], runs[0][row], runs[1][row], free_global[row], stop)
+        new = [_record(tokenizer, sample, condition, full[row], runs[0][row], runs[1][row], stop)
                for row, sample in enumerate(samples)]
         if on_records:
             on_records(new)
@@ -207,7 +188,7 @@ def _diverges(taught: Stream, full: Stream) -> bool:
 
 
 def _record(tokenizer, sample: Sample, condition: Condition, full: Stream, taught: Stream, free: Stream,
-            free_global: list[float], stop: frozenset) -> dict:
+            stop: frozenset) -> dict:
     # Fidelity over decode-step positions only: the first answer token comes from the shared prefill.
     full_logits = torch.stack(full.answer_logits[1:]) if len(full.answer_logits) > 1 else torch.zeros(0, 1)
     method_logits = torch.stack(taught.answer_logits[1:]) if len(taught.answer_logits) > 1 else full_logits
@@ -219,7 +200,8 @@ def _record(tokenizer, sample: Sample, condition: Condition, full: Stream, taugh
         "top1_agreement": quality.top1_agreement(full_logits, method_logits),
         # tokens read / KV length per decode step, averaged: over all layers, and over the global layers only
         "measured_retention": sum(free.retention) / max(len(free.retention), 1) if free.retention else 1.0,
-        "measured_retention_global": sum(free_global) / len(free_global) if free_global else 1.0,
+        "measured_retention_global": (sum(free.retention_global) / len(free.retention_global)
+                                      if free.retention_global else 1.0),
         "steps_by_kind": free.kinds,
     }
     if sample.teacher is not None:
