@@ -1,0 +1,144 @@
+"""Decode's weight products: cuBLAS (F.linear) against the Triton GEMV of gemv.py, per projection shape.
+
+For each projection of a model shape (qkv, o, gate_up, down; the LM head) and each batch, `layers`
+distinct random weight matrices (so no product is served from L2) are multiplied back to back in one
+CUDA graph, cuBLAS against every Triton tile config of a small grid; the result is GB/s of weight
+bytes. Then the whole chain of a step's products (the weights floor of metrics/floor.py) with cuBLAS
+and with gemv at its default config, and the layer's small ops around them, separate (norm kernel,
+then the product) against folded into the product (gemv's prologues).
+
+    python -m sfibench.optimized.bench_gemv --model qwen3-4b --batch 1,5 --out gemv.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from sfibench.metrics.floor import graph_replay
+from sfibench.models import fused
+from sfibench.models.presets import get_preset
+from sfibench.optimized import gemv as gemv_module
+
+
+def _replay_ms(fn, repeats: int = 7) -> list[float]:
+    replay = graph_replay(fn)
+    replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
+    """(N, K) of each decode product of one layer, and of the LM head."""
+    d = cfg.head_dim
+    return {"qkv": ((cfg.num_heads + 2 * cfg.num_kv_heads) * d, cfg.hidden_size),
+            "o": (cfg.hidden_size, cfg.num_heads * d), "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size),
+            "down": (cfg.hidden_size, cfg.intermediate_size), "lm_head": (cfg.vocab_size, cfg.hidden_size)}
+
+
+def sweep_shape(n_out: int, n_in: int, batch: int, copies: int, configs: list[dict]) -> dict:
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    weights = [torch.randn(n_out, n_in, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
+    x = torch.randn(batch, n_in, device=device, dtype=dtype)
+    gbytes = copies * n_out * n_in * 2 / 1e9
+    rows = []
+
+    def add(name, fn, config=None):
+        try:
+            ms = _replay_ms(fn)
+        except Exception as error:  # noqa: BLE001  (a config that does not compile is a result, not a crash)
+            rows.append({"kernel": name, "config": config, "error": f"{type(error).__name__}: {error}"[:300]})
+            return
+        rows.append({"kernel": name, "config": config, "ms": statistics.median(ms), "ms_range": [min(ms), max(ms)],
+                     "gb_per_s": gbytes / (statistics.median(ms) / 1e3)})
+
+    add("cublas", lambda: [F.linear(x, w) for w in weights])
+    for config in configs:
+        add("triton", lambda config=config: [gemv_module.gemv(x, w, **config) for w in weights], config)
+    best = min((r for r in rows if r["kernel"] == "triton" and "ms" in r), key=lambda r: r["ms"], default=None)
+    cublas = rows[0].get("ms")
+    default = {"block_n": gemv_module.block_n_for(n_out, torch.cuda.get_device_properties(device).multi_processor_count)}
+    add("triton default", lambda: [gemv_module.gemv(x, w) for w in weights], default)
+    return {"n_out": n_out, "n_in": n_in, "batch": batch, "copies": copies, "gbytes": gbytes, "rows": rows,
+            "cublas_ms": cublas, "best_triton": best, "default_triton": rows[-1]}
+
+
+def fused_vs_separate(cfg, batch: int, copies: int) -> dict:
+    """One layer's norm + qkv and activation + down, `copies` layers in a graph: separate kernels (the
+    compiled norm / activation, then cuBLAS) against gemv with the op as its prologue."""
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    fused.enable_fusion(True)
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    qkv_n = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    qkv = [torch.randn(qkv_n, h, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
+    down = [torch.randn(h, inter, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
+    norm_w = torch.ones(h, device=device, dtype=dtype)
+    x, res = torch.randn(batch, h, device=device, dtype=dtype), torch.randn(batch, h, device=device, dtype=dtype)
+    gate_up = torch.randn(batch, 2 * inter, device=device, dtype=dtype)
+
+    def separate():
+        for wq, wd in zip(qkv, down):
+            _, normed = fused.ops["add_rms_norm"](x, res, norm_w, 1e-6)
+            F.linear(normed, wq)
+            F.linear(fused.ops["silu_mul"](gate_up), wd)
+
+    def folded():
+        for wq, wd in zip(qkv, down):
+            gemv_module.gemv(x, wq, prologue="add_norm", residual=res, norm_weight=norm_w, eps=1e-6)
+            gemv_module.gemv(gate_up, wd, prologue="silu_mul")
+
+    out = {}
+    for name, fn in (("separate (compiled op + cuBLAS)", separate), ("folded (gemv prologue)", folded)):
+        ms = _replay_ms(fn)
+        out[name] = {"ms": statistics.median(ms), "ms_range": [min(ms), max(ms)]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="qwen3-4b")
+    parser.add_argument("--batch", default="1,5")
+    parser.add_argument("--copies", type=int, default=36, help="distinct weights per shape (layers)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_gemv needs a CUDA GPU", file=sys.stderr)
+        return 2
+    cfg = get_preset(args.model)
+    configs = [{"block_n": n, "block_k": k, "num_warps": w, "num_stages": s}
+               for n, k, w, s in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4))]
+    result = {"device": torch.cuda.get_device_name(), "model": args.model, "dtype": "bfloat16",
+              "torch": torch.__version__, "shapes": [], "fused_vs_separate": {}}
+    for batch in [int(b) for b in args.batch.split(",")]:
+        for name, (n_out, n_in) in projection_shapes(cfg).items():
+            copies = 2 if name == "lm_head" else args.copies
+            row = {"projection": name, **sweep_shape(n_out, n_in, batch, copies, configs)}
+            result["shapes"].append(row)
+            best = row["best_triton"]
+            print(f"B={batch} {name:8s} N={n_out} K={n_in}: cuBLAS {row['cublas_ms']:.3f} ms, "
+                  f"best triton {best['ms']:.3f} ms {best['config']}, default {row['default_triton'].get('ms', 0):.3f} "
+                  f"({best['gb_per_s']:.0f} GB/s best)", flush=True)
+            args.out.write_text(json.dumps(result, indent=1))
+        result["fused_vs_separate"][batch] = fused_vs_separate(cfg, batch, args.copies)
+        print(f"B={batch} norm+qkv, act+down x{args.copies}: {result['fused_vs_separate'][batch]}", flush=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
