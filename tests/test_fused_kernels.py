@@ -22,7 +22,7 @@ from sfibench.models.decoder import Decoder
 from sfibench.models.loading import DECODERS, _place, load_model, random_weights
 from sfibench.models.presets import get_preset
 from sfibench.models.rope import PositionTable, inverse_frequencies, rope_cos_sin
-from sfibench.optimized import layer_kernels
+from sfibench.optimized import gemv, layer_kernels
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -171,6 +171,20 @@ def test_decoder_with_triton_layer_kernels_matches_torch(monkeypatch, name):
     _, expected = decode(model, tokens)
     monkeypatch.setitem(fused.ops, "qk_norm_rope", layer_kernels.qk_norm_rope)
     monkeypatch.setitem(fused.ops, "append_kv", layer_kernels.append_kv)
+    _, got = decode(model, tokens)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-qwen3", "tiny-gemma3"])
+def test_decoder_with_triton_gemvs_matches_torch(monkeypatch, name):
+    """Every decode product through gemv.py (the qkv bias of Qwen2, the o_proj + add + norm and gated
+    epilogues, GeGLU on Gemma-3, the LM head) gives the logits plain torch gives."""
+    model = load_model(name, device=DEVICE).model
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    _, expected = decode(model, tokens)
+    monkeypatch.setattr(gemv, "_sm_count", lambda device: 1)  # tiny widths would go to cuBLAS on a GPU
+    for op in ("linear", "linear_add_rms_norm", "gate_up_activation"):
+        monkeypatch.setitem(fused.ops, op, getattr(gemv, op))
     _, got = decode(model, tokens)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 

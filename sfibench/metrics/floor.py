@@ -2,9 +2,10 @@
 
 A decode step reads every weight once and, per sequence, the K/V its attention reads. The byte
 roofline at copy bandwidth is one bound, but matrix-vector products at decode shapes do not reach
-copy bandwidth (about 72% on an H200 for the Qwen3-4B shape), so the weights part is measured: the
-decoder's own weight matrices, in the stacked form it multiplies by (qkv, o, gate_up, down per layer,
-then the LM head), run back to back at the run's batch from one CUDA graph, so no launch gap or
+copy bandwidth (cuBLAS about 72% on an H200 for the Qwen3-4B shape, gemv.py's kernel ~78%), so the
+weights part is measured: the decoder's own weight matrices, in the stacked form it multiplies by
+(qkv, o, gate_up, down per layer, then the LM head), through the kernel the decoder uses for them
+(`fused.ops["linear"]`), run back to back at the run's batch from one CUDA graph, so no launch gap or
 Python is timed. `step_floor_seconds` adds the step's K/V bytes at the measured copy bandwidth; what a
 step takes beyond that is engine overhead every method pays (norms, RoPE, cache writes, launches).
 
@@ -23,6 +24,7 @@ from torch import nn
 
 from sfibench.metrics.stats import spread
 from sfibench.metrics.timing import time_region
+from sfibench.models import fused
 from sfibench.models.decoder import Decoder
 
 
@@ -73,8 +75,8 @@ def weights_floor_seconds(model: Decoder, batch: int, device: torch.device | str
 
     def chain() -> torch.Tensor:
         hidden = source
-        for linear in gemms:
-            hidden = linear(hidden[:, :linear.in_features])
+        for linear in gemms:  # the decoder's own kernel for each product (cuBLAS, or gemv.py's when fused)
+            hidden = fused.ops["linear"](hidden[:, :linear.in_features], linear.weight, linear.bias)
         return hidden
 
     graphed = device.type == "cuda"

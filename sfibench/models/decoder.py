@@ -13,12 +13,12 @@ Laid out for few kernels per decode step, where launches, not bytes, cost: q/k/v
 one GEMM over stacked weights (the state dict still uses Hugging Face's names, so checkpoints and
 transformers load and compare as is), and each residual add is folded into the RMSNorm after it (the
 MLP's into the next layer's input norm, the last layer's into the final norm). With fusion on
-(models/fused.py) a layer's decode step is 8 launches plus attention: add+norm, qkv GEMM, q/k
-norm+RoPE with the cache append, o_proj, add+norm, gate_up GEMM, silu*mul, down_proj. It was 20: norm,
-3 GEMMs, 2 q/k norms, 2 RoPEs, 5 for the cache append (3 scatters, a cast, a norm), o_proj,
-add+norm, 2 GEMMs, silu*mul, down_proj and the residual add. Counted with torch.profiler on the
-CPU, each `fused.ops` call as one launch: a Qwen3 step is 8 L + 14 launches now, 20 L + 14 before
-(the 14: embedding, the RoPE cos/sin table, final norm, LM head, cast of the logits).
+(models/fused.py) a layer's decode step is 6 launches plus attention: add+norm, qkv GEMV, q/k
+norm+RoPE with the cache append, o_proj with the residual add and the post-attention norm, gate_up with
+silu*mul, down_proj (the GEMVs are optimized/gemv.py's, the ops after two of them its epilogues). It
+was 8 before the epilogues, 20 before any fusion: norm, 3 GEMMs, 2 q/k norms, 2 RoPEs, 5 for the cache
+append (3 scatters, a cast, a norm), o_proj, add+norm, 2 GEMMs, silu*mul, down_proj and the residual
+add.
 """
 
 from __future__ import annotations
@@ -86,9 +86,16 @@ class SelfAttention(nn.Module):
         self.qk_norm = cfg.qk_norm
 
     def forward(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
+        """Attention with its output projection: `[B, T, hidden]`."""
+        heads = self.attend_heads(x, cos, sin, layer, attend)
+        with label("sfibench.projections"):
+            return fused.ops["linear"](heads, self.o_proj.weight)
+
+    def attend_heads(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
+        """Attention before the output projection: the heads side by side, `[B, T, H_q * D]`."""
         batch, seq, _ = x.shape
         with label("sfibench.projections"):  # a label for `sfibench profile`
-            qkv = self.qkv_proj(x)
+            qkv = fused.ops["linear"](x, self.qkv_proj.weight, self.qkv_proj.bias)
         norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
         append_target = getattr(attend, "append_target", None)
         if seq == 1 and append_target is not None:
@@ -101,8 +108,7 @@ class SelfAttention(nn.Module):
             q, k = fused.ops["qk_norm_rope"](qkv, *norms, cos, sin, self.num_heads, self.num_kv_heads)
             v = qkv.view(batch, seq, -1, self.head_dim)[:, :, self.num_heads + self.num_kv_heads:]
             out = attend(layer, q, k, v.transpose(1, 2))  # [B, H_q, T, D]
-        with label("sfibench.projections"):
-            return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+        return out.transpose(1, 2).reshape(batch, seq, -1)
 
 
 class MLP(nn.Module):
@@ -119,7 +125,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with label("sfibench.mlp"):  # a label for `sfibench profile`
-            return self.down_proj(fused.ops[self.activation](self.gate_up_proj(x)))
+            hidden = fused.ops["gate_up_activation"](x, self.gate_up_proj.weight, self.activation)
+            return fused.ops["linear"](hidden, self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):
@@ -139,9 +146,11 @@ class DecoderLayer(nn.Module):
             residual, normed = x, norm(x)
         else:
             residual, normed = fused.ops["add_rms_norm"](x, residual, norm.weight, norm.eps)
-        attended = self.self_attn(normed, cos, sin, layer, attend)
+        heads = self.self_attn.attend_heads(normed, cos, sin, layer, attend)
         norm = self.post_attention_layernorm
-        residual, normed = fused.ops["add_rms_norm"](attended, residual, norm.weight, norm.eps)
+        with label("sfibench.projections"):  # o_proj, the residual add and the post-attention norm
+            residual, normed = fused.ops["linear_add_rms_norm"](heads, self.self_attn.o_proj.weight, residual,
+                                                                norm.weight, norm.eps)
         return self.mlp(normed), residual
 
 
@@ -207,4 +216,4 @@ class Decoder(nn.Module):
 
     def head(self, normed: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states -> float32 logits."""
-        return self.lm_head(normed).float()
+        return fused.ops["linear"](normed, self.lm_head.weight).float()

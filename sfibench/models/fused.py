@@ -7,7 +7,8 @@ reference its fused version is checked against. `ops` is what the decoder and th
 torch by default (CPU, tests); `enable_fusion()` switches GPU runs to one kernel per op, the
 normalisations and the gated activations (SwiGLU, GeGLU) compiled by torch.compile (one compilation
 serves every layer), the q/k post-processing and the cache append as the Triton kernels of
-optimized/layer_kernels.py.
+optimized/layer_kernels.py, and decode's weight products as optimized/gemv.py's kernel, the residual
+add + norm after o_proj and the gated activation after gate_up folded into it.
 """
 
 from __future__ import annotations
@@ -83,8 +84,25 @@ def qk_norm_rope_append(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weig
     return q
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """A projection: F.linear. Fused, decode-sized ones run optimized/gemv.py's kernel."""
+    return F.linear(x, weight, bias)
+
+
+def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                        eps: float):
+    """o_proj, then the residual add and the post-attention norm: (the new residual, its RMSNorm)."""
+    return add_rms_norm(F.linear(x, weight), residual, norm_weight, eps)
+
+
+def gate_up_activation(x: torch.Tensor, weight: torch.Tensor, activation: str) -> torch.Tensor:
+    """The MLP's stacked gate/up projection and its gated activation (`silu_mul` or `gelu_tanh_mul`)."""
+    return EAGER[activation](F.linear(x, weight))
+
+
 EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope, "silu_mul": silu_mul,
-         "gelu_tanh_mul": gelu_tanh_mul, "append_kv": append_kv, "qk_norm_rope_append": qk_norm_rope_append}
+         "gelu_tanh_mul": gelu_tanh_mul, "append_kv": append_kv, "qk_norm_rope_append": qk_norm_rope_append,
+         "linear": linear, "linear_add_rms_norm": linear_add_rms_norm, "gate_up_activation": gate_up_activation}
 # The RoPE table (rope.rope_cos_sin) is not compiled: compiled cos/sin of float32 angles up to the context
 # length were never checked against eager on a GPU. On a GPU the decoder gathers it from rope.PositionTable
 # instead (the same launch count, eager values).
@@ -104,7 +122,7 @@ def enable_fusion(enabled: bool = True) -> None:
         return
     import torch._dynamo
 
-    from sfibench.optimized import layer_kernels
+    from sfibench.optimized import gemv, layer_kernels
 
     for limit in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
         if hasattr(torch._dynamo.config, limit):
@@ -114,3 +132,6 @@ def enable_fusion(enabled: bool = True) -> None:
     ops["qk_norm_rope"] = layer_kernels.qk_norm_rope
     ops["append_kv"] = layer_kernels.append_kv
     ops["qk_norm_rope_append"] = layer_kernels.qk_norm_rope_append
+    ops["linear"] = gemv.linear  # each falls back to the reference above (compiled ops) outside decode shapes
+    ops["linear_add_rms_norm"] = gemv.linear_add_rms_norm
+    ops["gate_up_activation"] = gemv.gate_up_activation

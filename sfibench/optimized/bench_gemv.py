@@ -3,9 +3,9 @@
 For each projection of a model shape (qkv, o, gate_up, down; the LM head) and each batch, `layers`
 distinct random weight matrices (so no product is served from L2) are multiplied back to back in one
 CUDA graph, cuBLAS against every Triton tile config of a small grid; the result is GB/s of weight
-bytes. Then the whole chain of a step's products (the weights floor of metrics/floor.py) with cuBLAS
-and with gemv at its default config, and the layer's small ops around them, separate (norm kernel,
-then the product) against folded into the product (gemv's prologues).
+bytes, and the kernel the decoder picks (gemv.decode_config: a tuned tile, or cuBLAS). Then a layer's
+small ops after two products, separate (cuBLAS, then the compiled op) against folded into the product
+(gemv's epilogues).
 
     python -m sfibench.optimized.bench_gemv --model qwen3-4b --batch 1,5 --out gemv.json
 """
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from sfibench.metrics.floor import graph_replay
 from sfibench.models import fused
 from sfibench.models.presets import get_preset
-from sfibench.optimized import gemv as gemv_module
+from sfibench.optimized import gemv
 
 
 def _replay_ms(fn, repeats: int = 7) -> list[float]:
@@ -69,41 +69,38 @@ def sweep_shape(n_out: int, n_in: int, batch: int, copies: int, configs: list[di
 
     add("cublas", lambda: [F.linear(x, w) for w in weights])
     for config in configs:
-        add("triton", lambda config=config: [gemv_module.gemv(x, w, **config) for w in weights], config)
+        add("triton", lambda config=config: [gemv.linear(x, w, config=config) for w in weights], repr(config))
     best = min((r for r in rows if r["kernel"] == "triton" and "ms" in r), key=lambda r: r["ms"], default=None)
     cublas = rows[0].get("ms")
-    default = {"block_n": gemv_module.block_n_for(n_out, torch.cuda.get_device_properties(device).multi_processor_count)}
-    add("triton default", lambda: [gemv_module.gemv(x, w) for w in weights], default)
+    default = gemv.decode_config(batch, n_out, n_in, device)  # None: the decoder uses cuBLAS here
+    add("decoder's choice", lambda: [fused.ops["linear"](x, w) for w in weights], repr(default))
     return {"n_out": n_out, "n_in": n_in, "batch": batch, "copies": copies, "gbytes": gbytes, "rows": rows,
-            "cublas_ms": cublas, "best_triton": best, "default_triton": rows[-1]}
+            "cublas_ms": cublas, "best_triton": best, "decoders_choice": rows[-1]}
 
 
 def fused_vs_separate(cfg, batch: int, copies: int) -> dict:
-    """One layer's norm + qkv and activation + down, `copies` layers in a graph: separate kernels (the
-    compiled norm / activation, then cuBLAS) against gemv with the op as its prologue."""
+    """One layer's o_proj + residual add + norm and gate_up + activation, `copies` layers in a graph:
+    separate kernels (cuBLAS, then the compiled op) against gemv.py's products with the op as epilogue."""
     device, dtype = torch.device("cuda"), torch.bfloat16
-    fused.enable_fusion(True)
-    h, inter = cfg.hidden_size, cfg.intermediate_size
-    qkv_n = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-    qkv = [torch.randn(qkv_n, h, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
-    down = [torch.randn(h, inter, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
+    h, inter, heads = cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim
+    o_proj = [torch.randn(h, heads, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
+    gate_up = [torch.randn(2 * inter, h, device=device, dtype=dtype) * 0.02 for _ in range(copies)]
     norm_w = torch.ones(h, device=device, dtype=dtype)
-    x, res = torch.randn(batch, h, device=device, dtype=dtype), torch.randn(batch, h, device=device, dtype=dtype)
-    gate_up = torch.randn(batch, 2 * inter, device=device, dtype=dtype)
+    attended = torch.randn(batch, heads, device=device, dtype=dtype)
+    residual = torch.randn(batch, h, device=device, dtype=dtype)
 
     def separate():
-        for wq, wd in zip(qkv, down):
-            _, normed = fused.ops["add_rms_norm"](x, res, norm_w, 1e-6)
-            F.linear(normed, wq)
-            F.linear(fused.ops["silu_mul"](gate_up), wd)
+        for wo, wg in zip(o_proj, gate_up):
+            _, normed = fused.ops["add_rms_norm"](F.linear(attended, wo), residual, norm_w, 1e-6)
+            fused.ops["silu_mul"](F.linear(normed, wg))
 
     def folded():
-        for wq, wd in zip(qkv, down):
-            gemv_module.gemv(x, wq, prologue="add_norm", residual=res, norm_weight=norm_w, eps=1e-6)
-            gemv_module.gemv(gate_up, wd, prologue="silu_mul")
+        for wo, wg in zip(o_proj, gate_up):
+            _, normed = gemv.linear_add_rms_norm(attended, wo, residual, norm_w, 1e-6)
+            gemv.gate_up_activation(normed, wg, "silu_mul")
 
     out = {}
-    for name, fn in (("separate (compiled op + cuBLAS)", separate), ("folded (gemv prologue)", folded)):
+    for name, fn in (("separate (cuBLAS + compiled op)", separate), ("folded (gemv epilogue)", folded)):
         ms = _replay_ms(fn)
         out[name] = {"ms": statistics.median(ms), "ms_range": [min(ms), max(ms)]}
     return out
@@ -114,24 +111,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="qwen3-4b")
     parser.add_argument("--batch", default="1,5")
     parser.add_argument("--copies", type=int, default=36, help="distinct weights per shape (layers)")
+    parser.add_argument("--no-sweep", action="store_true", help="only the folded-epilogue comparison")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_gemv needs a CUDA GPU", file=sys.stderr)
         return 2
     cfg = get_preset(args.model)
-    configs = [{"block_n": n, "block_k": k, "num_warps": w, "num_stages": s}
-               for n, k, w, s in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4))]
+    fused.enable_fusion(True)
+    configs = [gemv.GemvConfig(n, k, w, s) for n, k, w, s in itertools.product((16, 32, 64), (128, 256, 512), (4, 8),
+                                                                                (3, 4))]
     result = {"device": torch.cuda.get_device_name(), "model": args.model, "dtype": "bfloat16",
               "torch": torch.__version__, "shapes": [], "fused_vs_separate": {}}
     for batch in [int(b) for b in args.batch.split(",")]:
-        for name, (n_out, n_in) in projection_shapes(cfg).items():
+        for name, (n_out, n_in) in ({} if args.no_sweep else projection_shapes(cfg)).items():
             copies = 2 if name == "lm_head" else args.copies
             row = {"projection": name, **sweep_shape(n_out, n_in, batch, copies, configs)}
             result["shapes"].append(row)
             best = row["best_triton"]
             print(f"B={batch} {name:8s} N={n_out} K={n_in}: cuBLAS {row['cublas_ms']:.3f} ms, "
-                  f"best triton {best['ms']:.3f} ms {best['config']}, default {row['default_triton'].get('ms', 0):.3f} "
+                  f"best triton {best['ms']:.3f} ms {best['config']}, decoder's {row['decoders_choice'].get('ms', 0):.3f} "
                   f"({best['gb_per_s']:.0f} GB/s best)", flush=True)
             args.out.write_text(json.dumps(result, indent=1))
         result["fused_vs_separate"][batch] = fused_vs_separate(cfg, batch, args.copies)

@@ -1,50 +1,95 @@
-"""Decode's weight products as one Triton kernel each, with the small op before them folded in.
+"""Decode's weight products as Triton kernels, with the small op after them folded in.
 
 At decode a projection multiplies a few rows (one per sequence) by a weight matrix read once: a
-matrix-vector product bound by the weight bytes. A step has four per layer, and before three of them
-sits an elementwise op that is its own launch: the RMSNorm (with the residual add) before qkv and
-gate_up, the gated activation (silu(gate) * up, or GeGLU) before down_proj. Those ops touch a few
-kilobytes; their cost is the launch and the round trip of their output through memory. Here each
-weight program recomputes its input from the op's own inputs instead, a "prologue":
+matrix-vector product bound by the weight bytes. cuBLAS reaches ~72% of copy bandwidth at the Qwen3-4B
+shapes on an H200; this kernel, with a tile per shape (TUNED), 3-13% more (bench_gemv.py ->
+reports/attention-h200/gemv-sweep.json). And a decode step is launch-bound around its products: after
+two of them sits an elementwise op that is its own launch, reading what the product just wrote. Folded
+in as an epilogue, it costs neither:
 
-- `norm`: x (+ residual), RMS-normalised and scaled by the norm weight. Every program first sums the
-  squares of its rows (a few KB, from L2), then streams the weight. Program 0 also writes the
-  residual sum, which the next layer adds to.
-- `silu_mul` / `gelu_tanh_mul`: the activation of the stacked gate/up projection, per tile.
+- `linear_add_rms_norm` (o_proj): y + residual is the new residual stream, and its RMSNorm (the post-
+  attention norm) is the MLP's input. The norm needs whole rows, which no one program has, so every
+  program writes its columns of the sum and counts itself done on an atomic counter; the last one to
+  finish normalises the rows (as the attention kernels merge their splits, decode_attention.py).
+- `gate_up_activation` (gate_up_proj): a program computes the same columns of the gate and the up
+  halves, so it can apply silu(gate) * up (or GeGLU) itself and write half the bytes.
 
-Every program owns BLOCK_N output columns and loops over K, BLOCK_K at a time: it loads a
-[BLOCK_N, BLOCK_K] weight tile (rows are contiguous in K, so the loads coalesce), builds the matching
-[BLOCK_M, BLOCK_K] input tile, and accumulates their product in float32 (`tl.dot`, rows padded to 16).
-No split-K: the grid is N / BLOCK_N programs, several per SM at every projection of the models here.
+Folding the norm into the *next* product's prologue instead (every program normalising its own copy of
+the input) measured 5x slower: a dot operand computed in registers stops the weight loads pipelining.
 
-The rounding follows the torch reference (models/fused.py): the residual sum and the normalised input
-are rounded to the model dtype where the eager ops round them. Rows > MAX_ROWS (prefill) use the
-reference: cuBLAS is the right kernel for a real matrix product. tests/test_gemv.py checks every
-prologue against its reference under TRITON_INTERPRET=1; bench_gemv.py times the kernel against cuBLAS.
+Every program owns BLOCK_N output columns and loops over K, BLOCK_K at a time: a [BLOCK_N, BLOCK_K]
+weight tile (rows are contiguous in K: the loads coalesce) times the [16, BLOCK_K] input tile (rows
+padded to 16 for `tl.dot`), accumulated in float32. Rounding follows the torch references
+(models/fused.py): the product is rounded to the model dtype before the op that follows, as F.linear's
+output is. The grid is N / BLOCK_N programs, with no split-K, so a projection with few output columns
+gets few programs: `decode_config` gives those (and prefill, rows > MAX_ROWS) to the references.
+tests/test_gemv.py checks each function against its reference under TRITON_INTERPRET=1 and on CUDA.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 MAX_ROWS = 16  # decode: one row per sequence; more rows (prefill) go to cuBLAS
-PROLOGUES = {"none": 0, "norm": 1, "add_norm": 2, "silu_mul": 3, "gelu_tanh_mul": 4}
+EPILOGUES = {"none": 0, "add_rms_norm": 1, "silu_mul": 2, "gelu_tanh_mul": 3}
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int  # output columns per program (per half with a gated epilogue)
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+# Measured on an H200 (bench_gemv.py, bf16, 36 distinct weights per shape graphed, B = 1 and 5; keyed by
+# (N, K) as the kernel sees them, a gated product by its stacked N): the best tile of a 3 x 3 x 2 x 2 grid.
+# A shape with few programs wants more bytes in flight per program (BLOCK_K 512, 4 stages).
+TUNED = {
+    (6144, 2560): GemvConfig(64, 256),  # qwen3-4b qkv
+    (2560, 4096): GemvConfig(32, 512),  # o_proj
+    (19456, 2560): GemvConfig(32, 128, num_stages=3),  # gate_up (gated: two 32-column halves per program)
+    (2560, 9728): GemvConfig(32, 512),  # down_proj
+    (151936, 2560): GemvConfig(64, 256, num_stages=3),  # LM head
+}
+MIN_PROGRAMS_PER_SM = 0.5  # below this many programs per SM (N / 32 columns), cuBLAS's split-K wins
+
+
+def decode_config(rows: int, n_out: int, n_in: int, device: torch.device) -> GemvConfig | None:
+    """The tile for a decode product of `rows` rows by an [N, K] weight, or None where the reference (cuBLAS)
+    is the better kernel: prefill, or too few output columns to give every SM a program."""
+    if rows > MAX_ROWS:
+        return None
+    if (n_out, n_in) in TUNED:
+        return TUNED[(n_out, n_in)]
+    if n_out / 32 < MIN_PROGRAMS_PER_SM * _sm_count(device):
+        return None
+    few = n_out / 32 < 2 * _sm_count(device)
+    return GemvConfig(32, 512 if few else 128, num_stages=4 if few else 3)
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1  # the interpreter: any product is worth running through the kernel under test
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @triton.jit
 def _gelu_tanh(x):
-    # gelu(x, approximate="tanh") = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); tanh(u) = 2 sigmoid(2u) - 1
-    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-    return x * tl.sigmoid(2.0 * inner)
+    # gelu(x, approximate="tanh") = 0.5 x (1 + tanh(u)) with tanh(u) = 2 sigmoid(2u) - 1, i.e. x sigmoid(2u)
+    return x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, residual_ptr, norm_weight_ptr, w_ptr, bias_ptr, y_ptr, residual_out_ptr,
-                 rows, n_out, n_in, stride_x, stride_r, stride_w, stride_y, stride_ro, eps,
-                 PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, normed_ptr, done_ptr,
+                 rows, n_out, n_in, stride_x, stride_w, stride_y, stride_r, stride_n, eps,
+                 EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     dtype = y_ptr.dtype.element_ty
     offs_m = tl.arange(0, BLOCK_M)
@@ -52,106 +97,156 @@ def _gemv_kernel(x_ptr, residual_ptr, norm_weight_ptr, w_ptr, bias_ptr, y_ptr, r
     offs_k = tl.arange(0, BLOCK_K)
     row_ok = offs_m < rows
     col_ok = offs_n < n_out
-
-    if PROLOGUE == 1 or PROLOGUE == 2:  # the RMS of each row first (of the residual sum with add_norm)
-        squares = tl.zeros([BLOCK_M], tl.float32)
-        for k0 in range(0, n_in, BLOCK_K):
-            k = k0 + offs_k
-            mask = row_ok[:, None] & (k < n_in)[None, :]
-            x = tl.load(x_ptr + offs_m[:, None] * stride_x + k[None, :], mask=mask, other=0.0)
-            if PROLOGUE == 2:
-                x = x + tl.load(residual_ptr + offs_m[:, None] * stride_r + k[None, :], mask=mask, other=0.0)
-            x = x.to(tl.float32)
-            squares += tl.sum(x * x, 1)
-        inv_rms = tl.rsqrt(squares / n_in + eps)
+    gated: tl.constexpr = EPILOGUE == 2 or EPILOGUE == 3
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # gated: the same columns of the up half
     for k0 in range(0, n_in, BLOCK_K):
         k = k0 + offs_k
         k_ok = k < n_in
-        mask = row_ok[:, None] & k_ok[None, :]
-        w = tl.load(w_ptr + offs_n[:, None] * stride_w + k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        if PROLOGUE == 3 or PROLOGUE == 4:  # x is [gate | up]: activation(gate) * up, rounded as torch does
-            gate = tl.load(x_ptr + offs_m[:, None] * stride_x + k[None, :], mask=mask, other=0.0).to(tl.float32)
-            up = tl.load(x_ptr + offs_m[:, None] * stride_x + n_in + k[None, :], mask=mask, other=0.0)
-            if PROLOGUE == 3:
-                act = gate * tl.sigmoid(gate)
-            else:
-                act = _gelu_tanh(gate)
-            x = (act.to(dtype).to(tl.float32) * up.to(tl.float32)).to(dtype)
-        else:
-            x = tl.load(x_ptr + offs_m[:, None] * stride_x + k[None, :], mask=mask, other=0.0)
-            if PROLOGUE == 2:
-                x = x + tl.load(residual_ptr + offs_m[:, None] * stride_r + k[None, :], mask=mask, other=0.0)
-                if pid == 0:  # the residual stream the next layer adds to
-                    tl.store(residual_out_ptr + offs_m[:, None] * stride_ro + k[None, :], x, mask=mask)
-            if PROLOGUE == 1 or PROLOGUE == 2:
-                normed = (x.to(tl.float32) * inv_rms[:, None]).to(dtype)
-                scale = tl.load(norm_weight_ptr + k, mask=k_ok, other=0.0)
-                x = (scale.to(tl.float32)[None, :] * normed.to(tl.float32)).to(dtype)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_x + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w_mask = col_ok[:, None] & k_ok[None, :]
+        w = tl.load(w_ptr + offs_n[:, None] * stride_w + k[None, :], mask=w_mask, other=0.0)
         acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+        if gated:  # the up half's rows start n_out rows further down the stacked weight
+            w_up = tl.load(w_ptr + (offs_n + n_out)[:, None] * stride_w + k[None, :], mask=w_mask, other=0.0)
+            acc_up += tl.dot(x, tl.trans(w_up), input_precision=DOT_PRECISION)
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + offs_m[:, None] * stride_y + offs_n[None, :], acc.to(dtype),
-             mask=row_ok[:, None] & col_ok[None, :])
+    y = acc.to(dtype)  # F.linear's output, before the op that follows rounds it again
+    out_mask = row_ok[:, None] & col_ok[None, :]
+    if gated:
+        gate = y.to(tl.float32)
+        if EPILOGUE == 2:
+            act = gate * tl.sigmoid(gate)
+        else:
+            act = _gelu_tanh(gate)
+        y = (act.to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)).to(dtype)
+    if EPILOGUE == 1:  # y is the new residual stream: the product plus the old one
+        y = (y + tl.load(residual_ptr + offs_m[:, None] * stride_r + offs_n[None, :], mask=out_mask,
+                         other=0.0)).to(dtype)
+    tl.store(y_ptr + offs_m[:, None] * stride_y + offs_n[None, :], y, mask=out_mask)
+    if EPILOGUE == 1:
+        # The last program to finish normalises whole rows. The barrier orders every thread's stores
+        # before the counter's release; the last program reads the sums past L1 (.cg).
+        tl.debug_barrier()
+        if tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+            _rms_norm_rows(y_ptr, norm_weight_ptr, normed_ptr, rows, n_out, stride_y, stride_n, eps,
+                           BLOCK_M, BLOCK_NORM)
+            tl.store(done_ptr, 0)  # zero again for the next launch or graph replay
 
 
-def block_n_for(n_out: int, sm_count: int) -> int:
-    """Output columns per program: the widest tile (fewer, longer weight streams) that still gives every SM
-    at least two programs. A program's 16-64 rows x BLOCK_K weight tile is one coalesced load per step."""
-    for block_n in (64, 32):
-        if triton.cdiv(n_out, block_n) >= 2 * sm_count:
-            return block_n
-    return 16
+@triton.jit
+def _rms_norm_rows(x_ptr, weight_ptr, out_ptr, rows, width, stride_x, stride_out, eps,
+                   BLOCK_M: tl.constexpr, BLOCK_NORM: tl.constexpr):
+    """out = weight * (x / rms(x)) per row, rounded where fused.rms_norm rounds."""
+    dtype = out_ptr.dtype.element_ty
+    offs_m = tl.arange(0, BLOCK_M)
+    offs = tl.arange(0, BLOCK_NORM)
+    row_ok = offs_m < rows
+    squares = tl.zeros([BLOCK_M], tl.float32)
+    for c0 in range(0, width, BLOCK_NORM):
+        mask = row_ok[:, None] & (c0 + offs < width)[None, :]
+        x = tl.load(x_ptr + offs_m[:, None] * stride_x + (c0 + offs)[None, :], mask=mask, other=0.0,
+                    cache_modifier=".cg").to(tl.float32)
+        squares += tl.sum(x * x, 1)
+    inv_rms = tl.rsqrt(squares / width + eps)
+    for c0 in range(0, width, BLOCK_NORM):
+        cols_ok = c0 + offs < width
+        mask = row_ok[:, None] & cols_ok[None, :]
+        x = tl.load(x_ptr + offs_m[:, None] * stride_x + (c0 + offs)[None, :], mask=mask, other=0.0,
+                    cache_modifier=".cg").to(tl.float32)
+        scale = tl.load(weight_ptr + c0 + offs, mask=cols_ok, other=0.0).to(tl.float32)
+        normed = (x * inv_rms[:, None]).to(dtype).to(tl.float32)
+        tl.store(out_ptr + offs_m[:, None] * stride_out + (c0 + offs)[None, :], (scale[None, :] * normed).to(dtype),
+                 mask=mask)
 
 
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132  # the interpreter: any value tests the same code
-    return torch.cuda.get_device_properties(device).multi_processor_count
+_done_counters: dict[torch.device, torch.Tensor] = {}
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, prologue: str = "none",
-         residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-         block_n: int | None = None, block_k: int = 256, num_warps: int = 4, num_stages: int = 3):
-    """y = prologue(x) @ weight.T (+ bias) for x `[..., K]` (or `[..., 2K]` for gated prologues) with at
-    most MAX_ROWS rows; weight `[N, K]`. With prologue "add_norm" returns (x + residual, y)."""
-    if prologue not in PROLOGUES:
-        raise ValueError(f"unknown prologue {prologue!r}; one of {sorted(PROLOGUES)}")
-    n_out, n_in = weight.shape
-    gated = prologue in ("silu_mul", "gelu_tanh_mul")
-    width = 2 * n_in if gated else n_in
-    if x.shape[-1] != width:
-        raise ValueError(f"input width {x.shape[-1]} does not fit weight {tuple(weight.shape)} with prologue "
-                         f"{prologue!r} (needs {width})")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, width)
-    rows = x2.shape[0]
-    if rows > MAX_ROWS:
-        raise ValueError(f"gemv takes at most {MAX_ROWS} rows (decode); got {rows}: use the reference")
+def _done_counter(device: torch.device) -> torch.Tensor:
+    """The add_rms_norm epilogue's finish counter: zero between launches (the last program resets it), so
+    one per device serves every launch on one stream, graphed or not. (Two such launches running at once
+    on two streams would share it: only the decoder's stream calls them.)"""
+    if device not in _done_counters:
+        _done_counters[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _done_counters[device]
+
+
+def _launch(x2, weight, bias, y, epilogue: str, config: GemvConfig, n_out: int,
+            residual=None, norm_weight=None, normed=None, eps: float = 0.0) -> None:
+    rows, n_in = x2.shape
     if x2.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight need a contiguous last dimension")
-    if prologue in ("norm", "add_norm") and norm_weight is None:
-        raise ValueError(f"prologue {prologue!r} needs norm_weight")
-    y = torch.empty(rows, n_out, device=x.device, dtype=x.dtype)
-    residual_out, residual2 = y, x2  # unused pointers unless add_norm
-    if prologue == "add_norm":
-        residual2 = residual.reshape(-1, n_in)
-        if residual2.shape != x2.shape or residual2.stride(-1) != 1:
-            raise ValueError(f"residual {tuple(residual.shape)} must match x {tuple(x.shape)}")
-        residual_out = torch.empty_like(x2)
-    block_n = block_n or block_n_for(n_out, _sm_count(x.device))
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    _gemv_kernel[(triton.cdiv(n_out, block_n),)](
-        x2, residual2, norm_weight if norm_weight is not None else x2, weight, bias if bias is not None else weight,
-        y, residual_out, rows, n_out, n_in, x2.stride(0), residual2.stride(0), weight.stride(0), y.stride(0),
-        residual_out.stride(0), eps,
-        PROLOGUE=PROLOGUES[prologue], HAS_BIAS=bias is not None, BLOCK_M=16, BLOCK_N=block_n,
-        BLOCK_K=min(block_k, max(16, triton.next_power_of_2(n_in))), DOT_PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages,
+    unused = y  # pointer arguments an epilogue does not touch
+    _gemv_kernel[(triton.cdiv(n_out, config.block_n),)](
+        x2, weight, bias if bias is not None else unused, y, residual if residual is not None else unused,
+        norm_weight if norm_weight is not None else unused, normed if normed is not None else unused,
+        _done_counter(x2.device), rows, n_out, n_in, x2.stride(0), weight.stride(0), y.stride(0),
+        residual.stride(0) if residual is not None else 0, normed.stride(0) if normed is not None else 0, eps,
+        EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n,
+        BLOCK_K=min(config.block_k, max(16, triton.next_power_of_2(n_in))),
+        BLOCK_NORM=min(1024, triton.next_power_of_2(n_out)),
+        DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    y = y.view(*lead, n_out)
-    if prologue == "add_norm":
-        return residual_out.view(*lead, n_in), y
-    return y
+
+
+def _rows(x: torch.Tensor, width: int, weight: torch.Tensor) -> torch.Tensor:
+    if x.shape[-1] != width:
+        raise ValueError(f"input width {x.shape[-1]} does not fit weight {tuple(weight.shape)} (needs {width})")
+    if x.dtype != weight.dtype:
+        raise ValueError(f"input dtype {x.dtype} differs from the weight's {weight.dtype}")
+    return x.reshape(-1, width)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           config: GemvConfig | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x `[..., K]`; at decode shapes (decode_config) one Triton launch."""
+    n_out, n_in = weight.shape
+    x2 = _rows(x, n_in, weight)
+    config = config or decode_config(x2.shape[0], n_out, n_in, x.device)
+    if config is None:
+        return F.linear(x, weight, bias)
+    y = torch.empty(x2.shape[0], n_out, device=x.device, dtype=x.dtype)
+    _launch(x2, weight, bias, y, "none", config, n_out)
+    return y.view(*x.shape[:-1], n_out)
+
+
+def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                        eps: float, config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fused.add_rms_norm(F.linear(x, weight), residual, norm_weight, eps): (the new residual, its norm)."""
+    from sfibench.models import fused  # the reference (and fallback) ops; fused imports this module lazily
+
+    n_out, n_in = weight.shape
+    x2 = _rows(x, n_in, weight)
+    config = config or decode_config(x2.shape[0], n_out, n_in, x.device)
+    if config is None:
+        return fused.ops["add_rms_norm"](F.linear(x, weight), residual, norm_weight, eps)
+    if residual.shape != (*x.shape[:-1], n_out):
+        raise ValueError(f"residual {tuple(residual.shape)} must be [..., N] = {[*x.shape[:-1], n_out]}")
+    residual2 = residual.reshape(-1, n_out)
+    if residual2.stride(-1) != 1:
+        raise ValueError("the residual needs a contiguous last dimension")
+    summed, normed = torch.empty_like(residual2), torch.empty_like(residual2)
+    _launch(x2, weight, None, summed, "add_rms_norm", config, n_out, residual2, norm_weight, normed, eps)
+    return summed.view(residual.shape), normed.view(residual.shape)
+
+
+def gate_up_activation(x: torch.Tensor, weight: torch.Tensor, activation: str,
+                       config: GemvConfig | None = None) -> torch.Tensor:
+    """fused.<activation>(F.linear(x, weight)) for the stacked gate/up weight `[2I, K]`: `[..., I]`."""
+    from sfibench.models import fused
+
+    if activation not in ("silu_mul", "gelu_tanh_mul"):
+        raise ValueError(f"unknown activation {activation!r}; silu_mul or gelu_tanh_mul")
+    n_stacked, n_in = weight.shape
+    x2 = _rows(x, n_in, weight)
+    config = config or decode_config(x2.shape[0], n_stacked, n_in, x.device)
+    if config is None:
+        return fused.ops[activation](F.linear(x, weight))
+    y = torch.empty(x2.shape[0], n_stacked // 2, device=x.device, dtype=x.dtype)
+    _launch(x2, weight, None, y, activation, config, n_stacked // 2)
+    return y.view(*x.shape[:-1], n_stacked // 2)
