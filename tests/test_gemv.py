@@ -88,3 +88,16 @@ def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="residual"):
         gemv.linear_add_rms_norm(torch.zeros(1, 16, device=DEVICE), w, torch.zeros(1, 9, device=DEVICE),
                                  torch.ones(8, device=DEVICE), 1e-6, config=SMALL)
+
+
+def test_tiles_are_fitted_to_shared_memory():
+    """A gated product streams two weight tiles per stage, float32 doubles their bytes: the pipeline is cut
+    to fit (an H200 refused 240 KB), never below two stages."""
+    big = gemv.GemvConfig(block_n=32, block_k=512, num_stages=4)
+    for tiles, itemsize in ((1, 2), (2, 2), (2, 4)):
+        fitted = gemv.fit_shared_memory(big, 9728, tiles, itemsize)
+        assert fitted.num_stages * (gemv.MAX_ROWS + tiles * fitted.block_n) * fitted.block_k * itemsize \
+            <= gemv.SHARED_MEMORY_BUDGET
+        assert fitted.num_stages >= 2 and fitted.block_n == 32
+    assert gemv.fit_shared_memory(big, 9728, 1, 2) == big  # the tuned 4B tile already fits
+    assert gemv.fit_shared_memory(big, 64, 1, 2).block_k == 64  # never wider than K

@@ -175,11 +175,29 @@ def _done_counter(device: torch.device) -> torch.Tensor:
     return _done_counters[device]
 
 
+SHARED_MEMORY_BUDGET = 200 * 1024  # bytes of pipelined tiles per program (an H100/H200 block has 227 KB)
+
+
+def fit_shared_memory(config: GemvConfig, n_in: int, weight_tiles: int, itemsize: int) -> GemvConfig:
+    """`config` with BLOCK_K clamped to K and, where its pipeline stages (an input tile and `weight_tiles`
+    weight tiles each) would not fit in shared memory, fewer stages, then narrower tiles."""
+    block_k = min(config.block_k, max(16, triton.next_power_of_2(n_in)))
+    stages = config.num_stages
+    while stages * (MAX_ROWS + weight_tiles * config.block_n) * block_k * itemsize > SHARED_MEMORY_BUDGET:
+        if stages > 2:
+            stages -= 1
+        else:
+            block_k //= 2
+    return GemvConfig(config.block_n, block_k, config.num_warps, stages)
+
+
 def _launch(x2, weight, bias, y, epilogue: str, config: GemvConfig, n_out: int,
             residual=None, norm_weight=None, normed=None, eps: float = 0.0) -> None:
     rows, n_in = x2.shape
     if x2.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight need a contiguous last dimension")
+    gated = epilogue in ("silu_mul", "gelu_tanh_mul")
+    config = fit_shared_memory(config, n_in, 2 if gated else 1, x2.element_size())
     unused = y  # pointer arguments an epilogue does not touch
     _gemv_kernel[(triton.cdiv(n_out, config.block_n),)](
         x2, weight, bias if bias is not None else unused, y, residual if residual is not None else unused,
@@ -187,7 +205,7 @@ def _launch(x2, weight, bias, y, epilogue: str, config: GemvConfig, n_out: int,
         _done_counter(x2.device), rows, n_out, n_in, x2.stride(0), weight.stride(0), y.stride(0),
         residual.stride(0) if residual is not None else 0, normed.stride(0) if normed is not None else 0, eps,
         EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n,
-        BLOCK_K=min(config.block_k, max(16, triton.next_power_of_2(n_in))),
+        BLOCK_K=config.block_k,
         BLOCK_NORM=min(1024, triton.next_power_of_2(n_out)),
         DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages,
