@@ -24,6 +24,8 @@ from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.runners.throughput_measure import ThroughputConfig, add_comparisons, measure_all
 
 PREFILL_MODES = ("auto", "real", "synthetic")
+DECODE_GEMV = ("Triton (optimized/gemv.py: o_proj + residual add + norm and gate_up + activation as epilogues; "
+               "cuBLAS for prefill and for products too narrow to fill the GPU)")
 
 
 def resolve_methods(methods: list[str], paths: list[str]) -> list[tuple[str, str]]:
@@ -88,6 +90,7 @@ def run_throughput(model: str, device: str, dtype: str, contexts: list[int | str
             "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
             "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
             "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
+            "decode_gemv": DECODE_GEMV if fused.ops["linear"] is not fused.linear else "cuBLAS (F.linear)",
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if dense_kernels else [],
         }
         write_results(run_dir, "throughput", cfg, results)
