@@ -2,7 +2,7 @@
 
 A decode step reads every weight once and, per sequence, the K/V its attention reads. The byte
 roofline at copy bandwidth is one bound, but matrix-vector products at decode shapes do not reach
-copy bandwidth (cuBLAS about 72% on an H200 for the Qwen3-4B shape, gemv.py's kernel ~78%), so the
+copy bandwidth (cuBLAS about 72% on an H200 for the Qwen3-4B shape, gemv.py's kernel 81%), so the
 weights part is measured: the decoder's own weight matrices, in the stacked form it multiplies by
 (qkv, o, gate_up, down per layer, then the LM head), through the kernel the decoder uses for them
 (`fused.ops["linear"]`), run back to back at the run's batch from one CUDA graph, so no launch gap or
