@@ -11,14 +11,15 @@ kernel that rotates them, and calls `attend(layer, q, None, None)`.
 
 Laid out for few kernels per decode step, where launches, not bytes, cost: q/k/v and gate/up are each
 one GEMM over stacked weights (the state dict still uses Hugging Face's names, so checkpoints and
-transformers load and compare as is), and each residual add is folded into the RMSNorm after it (the
-MLP's into the next layer's input norm, the last layer's into the final norm). With fusion on
-(models/fused.py) a layer's decode step is 6 launches plus attention: add+norm, qkv GEMV, q/k
-norm+RoPE with the cache append, o_proj with the residual add and the post-attention norm, gate_up with
-silu*mul, down_proj (the GEMVs are optimized/gemv.py's, the ops after two of them its epilogues). It
-was 8 before the epilogues, 20 before any fusion: norm, 3 GEMMs, 2 q/k norms, 2 RoPEs, 5 for the cache
-append (3 scatters, a cast, a norm), o_proj, add+norm, 2 GEMMs, silu*mul, down_proj and the residual
-add.
+transformers load and compare as is), and each residual add is folded into the RMSNorm after it, which
+is folded into the product before it: a layer takes the residual stream and its input norm and returns
+the next pair, normed by the next layer's input norm (the last layer's by the final norm). With fusion
+on (models/fused.py) a layer's decode step is 5 launches plus attention: qkv GEMV, q/k norm+RoPE with
+the cache append, o_proj with the residual add and the post-attention norm, gate_up with silu*mul,
+down_proj with the residual add and the next input norm (the GEMVs are optimized/gemv.py's, the ops
+after three of them its epilogues). It was 8 before the epilogues, 20 before any fusion: norm, 3 GEMMs,
+2 q/k norms, 2 RoPEs, 5 for the cache append (3 scatters, a cast, a norm), o_proj, add+norm, 2 GEMMs,
+silu*mul, down_proj and the residual add.
 """
 
 from __future__ import annotations
@@ -125,8 +126,12 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with label("sfibench.mlp"):  # a label for `sfibench profile`
-            hidden = fused.ops["gate_up_activation"](x, self.gate_up_proj.weight, self.activation)
-            return fused.ops["linear"](hidden, self.down_proj.weight)
+            return fused.ops["linear"](self.activated(x), self.down_proj.weight)
+
+    def activated(self, x: torch.Tensor) -> torch.Tensor:
+        """The gated activation of the stacked gate/up projection: down_proj's input (unlabelled: the
+        caller's `sfibench.mlp` label covers it, and nested labels of one name would count twice)."""
+        return fused.ops["gate_up_activation"](x, self.gate_up_proj.weight, self.activation)
 
 
 class DecoderLayer(nn.Module):
@@ -137,21 +142,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, residual, cos, sin, layer: int, attend: Attend):
-        """`x` is the previous layer's MLP output, not yet added to the residual stream `residual`
-        (the first layer gets the embeddings and None): the add is folded into this layer's input
-        norm. Returns this layer's MLP output and the residual stream, for the next one to add."""
-        norm = self.input_layernorm
-        if residual is None:
-            residual, normed = x, norm(x)
-        else:
-            residual, normed = fused.ops["add_rms_norm"](x, residual, norm.weight, norm.eps)
+    def forward(self, residual, normed, cos, sin, layer: int, attend: Attend, next_norm: RMSNorm):
+        """`residual` is the residual stream entering this layer and `normed` its input norm. Returns the
+        stream after this layer and its norm by `next_norm` (the next layer's input norm, or the final
+        one): the residual add and the norm after it ride on the product before them (o_proj, down_proj),
+        which on a GPU is one launch for all three (gemv.linear_add_rms_norm)."""
         heads = self.self_attn.attend_heads(normed, cos, sin, layer, attend)
         norm = self.post_attention_layernorm
         with label("sfibench.projections"):  # o_proj, the residual add and the post-attention norm
             residual, normed = fused.ops["linear_add_rms_norm"](heads, self.self_attn.o_proj.weight, residual,
                                                                 norm.weight, norm.eps)
-        return self.mlp(normed), residual
+        with label("sfibench.mlp"):  # down_proj, the residual add and the next norm
+            return fused.ops["linear_add_rms_norm"](self.mlp.activated(normed), self.mlp.down_proj.weight, residual,
+                                                    next_norm.weight, next_norm.eps)
 
 
 class Backbone(nn.Module):
@@ -192,13 +195,12 @@ class Decoder(nn.Module):
         """tokens and positions `[B, T]` -> logits `[B, T, V]` (or `[B, 1, V]` with last_only)."""
         x = self.embed(tokens)
         tables = self.rope_tables(positions, x.dtype)
-        residual = None
-        for index, layer in enumerate(self.model.layers):
-            x, residual = layer(x, residual, *tables[index], index, attend)
-        if last_only:
-            x, residual = x[:, -1:], residual[:, -1:]
-        norm = self.model.norm
-        return self.head(fused.ops["add_rms_norm"](x, residual, norm.weight, norm.eps)[1])
+        layers = self.model.layers
+        residual, normed = x, layers[0].input_layernorm(x)
+        for index, layer in enumerate(layers):
+            next_norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.model.norm
+            residual, normed = layer(residual, normed, *tables[index], index, attend, next_norm)
+        return self.head(normed[:, -1:] if last_only else normed)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(tokens)

@@ -44,18 +44,15 @@ class Gemma3Layer(nn.Module):
         self.mlp = MLP(cfg, activation="gelu_tanh_mul")
         self.post_feedforward_layernorm = RMSNorm(h, eps)
 
-    def forward(self, x, residual, cos, sin, layer: int, attend: Attend):
-        """As DecoderLayer.forward: `x` is the previous layer's (normalised) MLP output, added to the
-        residual stream inside this layer's input norm; returns this layer's, for the next to add."""
-        norm = self.input_layernorm
-        if residual is None:
-            residual, normed = x, norm(x)
-        else:
-            residual, normed = fused.ops["add_rms_norm"](x, residual, norm.weight, norm.eps)
+    def forward(self, residual, normed, cos, sin, layer: int, attend: Attend, next_norm: RMSNorm):
+        """As DecoderLayer.forward: the residual stream and its input norm in, the stream after this layer
+        and its norm by `next_norm` out. Gemma normalises each block's output before adding it, so the
+        adds stay separate kernels (add_rms_norm) rather than epilogues of the products."""
         attended = self.post_attention_layernorm(self.self_attn(normed, cos, sin, layer, attend))
         norm = self.pre_feedforward_layernorm
         residual, normed = fused.ops["add_rms_norm"](attended, residual, norm.weight, norm.eps)
-        return self.post_feedforward_layernorm(self.mlp(normed)), residual
+        mlp_out = self.post_feedforward_layernorm(self.mlp(normed))
+        return fused.ops["add_rms_norm"](mlp_out, residual, next_norm.weight, next_norm.eps)
 
 
 class Gemma3Decoder(Decoder):

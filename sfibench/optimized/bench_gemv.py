@@ -26,21 +26,12 @@ from sfibench.metrics.floor import graph_replay
 from sfibench.models import fused
 from sfibench.models.presets import get_preset
 from sfibench.optimized import gemv
+from sfibench.optimized.bench_fast_path import _time_ms
 
 
 def _replay_ms(fn, repeats: int = 7) -> list[float]:
-    replay = graph_replay(fn)
-    replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+    """Milliseconds of one CUDA-graph replay of `fn`, per repeat."""
+    return _time_ms(graph_replay(fn), repeats=repeats, calls=1)
 
 
 def projection_shapes(cfg) -> dict[str, tuple[int, int]]:
@@ -129,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
             row = {"projection": name, **sweep_shape(n_out, n_in, batch, copies, configs)}
             result["shapes"].append(row)
             best = row["best_triton"]
-            print(f"B={batch} {name:8s} N={n_out} K={n_in}: cuBLAS {row['cublas_ms']:.3f} ms, "
-                  f"best triton {best['ms']:.3f} ms {best['config']}, decoder's {row['decoders_choice'].get('ms', 0):.3f} "
-                  f"({best['gb_per_s']:.0f} GB/s best)", flush=True)
+            chosen = row["decoders_choice"].get("ms", 0)
+            print(f"B={batch} {name:8s} N={n_out} K={n_in}: cuBLAS {row['cublas_ms']:.3f} ms, best triton "
+                  f"{best['ms']:.3f} ms {best['config']} ({best['gb_per_s']:.0f} GB/s), decoder's {chosen:.3f}",
+                  flush=True)
             args.out.write_text(json.dumps(result, indent=1))
         result["fused_vs_separate"][batch] = fused_vs_separate(cfg, batch, args.copies)
         print(f"B={batch} norm+qkv, act+down x{args.copies}: {result['fused_vs_separate'][batch]}", flush=True)

@@ -7,10 +7,11 @@ reports/attention-h200/gemv-sweep.json). And a decode step is launch-bound aroun
 two of them sits an elementwise op that is its own launch, reading what the product just wrote. Folded
 in as an epilogue, it costs neither:
 
-- `linear_add_rms_norm` (o_proj): y + residual is the new residual stream, and its RMSNorm (the post-
-  attention norm) is the MLP's input. The norm needs whole rows, which no one program has, so every
-  program writes its columns of the sum and counts itself done on an atomic counter; the last one to
-  finish normalises the rows (as the attention kernels merge their splits, decode_attention.py).
+- `linear_add_rms_norm` (o_proj, down_proj): y + residual is the new residual stream, and its RMSNorm
+  (the post-attention norm, or the next layer's input norm) is the next block's input. The norm needs
+  whole rows, which no one program has, so every program writes its columns of the sum and counts
+  itself done on an atomic counter; the last one to finish normalises the rows (as the attention
+  kernels merge their splits, decode_attention.py).
 - `gate_up_activation` (gate_up_proj): a program computes the same columns of the gate and the up
   halves, so it can apply silu(gate) * up (or GeGLU) itself and write half the bytes.
 
@@ -53,11 +54,13 @@ class GemvConfig:
 TUNED = {
     (6144, 2560): GemvConfig(64, 256),  # qwen3-4b qkv
     (2560, 4096): GemvConfig(32, 512),  # o_proj
-    (19456, 2560): GemvConfig(32, 128, num_stages=3),  # gate_up (gated: two 32-column halves per program)
+    (19456, 2560): GemvConfig(32, 128, num_stages=3),  # gate_up: swept plain; gated, each half this wide
     (2560, 9728): GemvConfig(32, 512),  # down_proj
     (151936, 2560): GemvConfig(64, 256, num_stages=3),  # LM head
 }
-MIN_PROGRAMS_PER_SM = 0.5  # below this many programs per SM (N / 32 columns), cuBLAS's split-K wins
+# Below this many programs per SM (N / 32 columns) the kernel, having no split-K, leaves SMs idle: such
+# products (e.g. qwen3-0.6b's o_proj and down_proj, 1,024 columns) stay on cuBLAS. Not swept.
+MIN_PROGRAMS_PER_SM = 0.5
 
 
 def decode_config(rows: int, n_out: int, n_in: int, device: torch.device) -> GemvConfig | None:

@@ -7,7 +7,7 @@ part is timed as it runs in a throughput run, from CUDA graphs on the device:
 - weights GEMMs: the model's own weight matrices chained in one graph (the weights floor, metrics/floor.py);
 - attention: the step's attention launches alone (begin_step + one kernel per layer), graphed;
 - the rest: step - GEMMs - attention, i.e. norms, RoPE, cache append, SwiGLU, residuals and the gaps
-  between ~10 kernels per layer: engine overhead every method pays;
+  between the ~6 kernels per layer: engine overhead every method pays;
 - per refresh (SFI): the Selector over all layers, and the selection publish + compact rebuild, each
   timed on its own (they run on the side stream in the asynchronous mode, the main one in the synchronous).
 """
