@@ -28,10 +28,17 @@ def _random(generator, *shape, scale=1.0, dtype=torch.float32):
     return (scale * torch.randn(*shape, generator=generator)).to(DEVICE, dtype)
 
 
+@pytest.fixture(params=[False, True], ids=["weights-after-wait", "first-weights-early"])
+def early_weights(request, monkeypatch):
+    """Both orders of the kernel's first weight tile and its input (on a GPU with PDL, the first tile is
+    loaded before the wait; gemv._early_weights picks)."""
+    monkeypatch.setattr(gemv, "_early_weights", lambda device: request.param)
+
+
 @pytest.mark.parametrize("rows,n_out,n_in", SHAPES)
 @pytest.mark.parametrize("dtype", _dtypes())
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_f_linear(rows, n_out, n_in, dtype, bias):
+def test_linear_matches_f_linear(rows, n_out, n_in, dtype, bias, early_weights):
     g = torch.Generator().manual_seed(rows * n_out)
     x = _random(g, rows, 1, n_in, dtype=dtype)
     w = _random(g, n_out, n_in, scale=n_in ** -0.5, dtype=dtype)
@@ -43,7 +50,7 @@ def test_linear_matches_f_linear(rows, n_out, n_in, dtype, bias):
 
 @pytest.mark.parametrize("rows,n_out,n_in", SHAPES)
 @pytest.mark.parametrize("dtype", _dtypes())
-def test_add_rms_norm_epilogue_matches_linear_then_add_rms_norm(rows, n_out, n_in, dtype):
+def test_add_rms_norm_epilogue_matches_linear_then_add_rms_norm(rows, n_out, n_in, dtype, early_weights):
     g = torch.Generator().manual_seed(7 + rows)
     x = _random(g, rows, 1, n_in, dtype=dtype)
     w = _random(g, n_out, n_in, scale=n_in ** -0.5, dtype=dtype)
@@ -59,7 +66,7 @@ def test_add_rms_norm_epilogue_matches_linear_then_add_rms_norm(rows, n_out, n_i
 
 @pytest.mark.parametrize("activation", ["silu_mul", "gelu_tanh_mul"])
 @pytest.mark.parametrize("dtype", _dtypes())
-def test_gated_epilogues_match_linear_then_activation(activation, dtype):
+def test_gated_epilogues_match_linear_then_activation(activation, dtype, early_weights):
     g = torch.Generator().manual_seed(3)
     x = _random(g, 4, 120, dtype=dtype)
     w = _random(g, 2 * 70, 120, scale=2 * 120 ** -0.5, dtype=dtype)  # gate rows, then up rows
@@ -101,3 +108,39 @@ def test_tiles_are_fitted_to_shared_memory():
         assert fitted.num_stages >= 2 and fitted.block_n == 32
     assert gemv.fit_shared_memory(big, 9728, 1, 2) == big  # the tuned 4B tile already fits
     assert gemv.fit_shared_memory(big, 64, 1, 2).block_k == 64  # never wider than K
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEVICE != "cuda", reason="PDL and CUDA graphs need a CUDA device")
+def test_a_graphed_chain_with_pdl_matches_serial_launches(monkeypatch):
+    """Each product reads the one before's output: with programmatic dependent launch (on where the GPU has
+    it) a kernel that read its input before the previous kernel finished would give other numbers than
+    launches serialised the plain way (SFIBENCH_PDL=0)."""
+    from sfibench.optimized import pdl
+
+    g = torch.Generator().manual_seed(11)
+    width, hidden = 256, 512
+    x = _random(g, 2, width, dtype=torch.bfloat16)
+    residual = _random(g, 2, width, dtype=torch.bfloat16)
+    norm_w = torch.ones(width, device=DEVICE, dtype=torch.bfloat16)
+    weights = [(_random(g, 2 * hidden, width, scale=width ** -0.5, dtype=torch.bfloat16),
+                _random(g, width, hidden, scale=hidden ** -0.5, dtype=torch.bfloat16)) for _ in range(6)]
+
+    def chain():
+        stream, normed = residual, x
+        for up, down in weights:
+            stream, normed = gemv.linear_add_rms_norm(gemv.gate_up_activation(normed, up, "silu_mul", config=SMALL),
+                                                      down, stream, norm_w, 1e-6, config=SMALL)
+        return normed
+
+    monkeypatch.setenv(pdl.ENV, "0")
+    serial = chain()
+    monkeypatch.setenv(pdl.ENV, "1")
+    chain()  # compile the PDL variants before capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain()
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, serial)

@@ -38,14 +38,20 @@ def decode(loaded, cache, pre, method, graphs: bool, inputs, runner=None):
 
 @cuda
 @pytest.mark.parametrize("name,path", available())
-def test_graph_replay_matches_eager(name, path):
+def test_graph_replay_matches_eager(name, path, monkeypatch):
+    """Graphed steps (with programmatic dependent launch where the GPU has it) against eager ones with
+    plain serialised launches."""
+    from sfibench.optimized import pdl
+
     loaded = load_model("tiny-qwen3", device="cuda", dtype=torch.float32)
     prompts = [list(range(10, 210)), list(range(40, 190))]
     cache = KVCache(loaded.config, 2, 300, "cuda", torch.float32)
     pre = prefill(loaded.model, cache, prompts)
     inputs = torch.randint(0, 256, (2, 60), generator=torch.Generator().manual_seed(0)).cuda()
     method = create_method(spec(name, path), loaded.config, loaded.tokenizer)
+    monkeypatch.setenv(pdl.ENV, "0")
     eager_logits, eager_reads, _ = decode(loaded, cache, pre, method, False, inputs)
+    monkeypatch.setenv(pdl.ENV, "1")
     runner = StepDriver(loaded.model, cache, method, use_graphs=True, length_bucket=16)
     for _ in range(2):  # the second pass replays graphs captured in the first, after method.start()
         graph_logits, graph_reads, replayed = decode(loaded, cache, pre, method, True, inputs, runner)

@@ -36,6 +36,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from sfibench.optimized import pdl
+
 
 @dataclass(frozen=True)
 class KernelConfig:
@@ -253,16 +255,20 @@ def _decode_split_kernel(
     stride_bound_b, stride_bound_h, stride_pb, stride_ph, stride_pn, n_slots,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    SPARSE: tl.constexpr,
+    SPARSE: tl.constexpr, PDL: tl.constexpr, INDEX_BEFORE_WAIT: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
     seq = tl.program_id(2).to(tl.int64)
 
+    if not INDEX_BEFORE_WAIT:
+        pdl.wait_for_inputs(PDL)
     # Read on the device so a replayed CUDA graph sees the current length; clamped so a bad length
     # can never read outside the cache.
     n_keys = tl.load(bound_ptr + seq * stride_bound_b + kv_head * stride_bound_h).to(tl.int32)
     start, end = _split_range(tl.minimum(n_keys, n_slots), split, num_splits, BLOCK_N)
+    if INDEX_BEFORE_WAIT:
+        pdl.wait_for_inputs(PDL)  # q and the newest cache slot are the kernel before's output
 
     q = _load_group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, GROUP, BLOCK_G, HEAD_DIM,
                             DOT_IN_FP32)
@@ -276,6 +282,7 @@ def _decode_split_kernel(
         stride_ks, stride_kd, stride_vs, stride_vd, stride_pn, qk_scale_log2, out_ptr, 0, 0, 0,
         GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=SPARSE, WRITE_LOGITS=False,
         DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+    pdl.release_dependents(PDL)
     _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
                   stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
                   GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL)
@@ -317,8 +324,10 @@ def _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, 
 
 @triton.jit
 def _combine_splits_kernel(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
-                           num_splits, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+                           num_splits, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
     """The merge as a second kernel, one program per (query head, sequence): for many splits."""
+    pdl.wait_for_inputs(PDL)
+    pdl.release_dependents(PDL)
     _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
                   tl.program_id(1).to(tl.int64), tl.program_id(0), tl.num_programs(0), num_splits, 1, HEAD_DIM,
                   BLOCK_S)
@@ -366,12 +375,16 @@ def _check_inputs(q, k, v, num_splits, device_tensors):
         raise ValueError(f"num_splits must be >= 1 (or None for the default), got {num_splits}")
 
 
-def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, *kernel_args, **constexprs):
+def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, *kernel_args,
+                        index_before_wait: bool = False, **constexprs):
     """Launch `kernel` on the (split, KV head, sequence) grid and merge its partials into `out`.
 
     Every split kernel takes the same leading arguments (queries, output, partials, counters, their
     strides, split count, scale) and compile-time shape options; `kernel_args` and `constexprs` are the
     rest. The split count comes from the static shapes (`n_slots` keys at most per row), never from lengths.
+    With PDL (pdl.py) and `index_before_wait`, the kernel reads its index tensors (lengths, counts, row
+    buffers) before waiting for the kernel before it: a caller passes it only where that kernel does not
+    write them (the decoder's q/k kernel, at decode).
     """
     batch, q_heads, head_dim = q.shape
     config = config or default_config(head_dim, q.dtype, _shared_memory(q.device))
@@ -390,6 +403,7 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
         merge_in_kernel = num_splits <= MAX_SPLITS_MERGED_IN_KERNEL
     block_s = min(16, triton.next_power_of_2(num_splits))
     group = q_heads // kv_heads
+    launch = pdl.launch_options(q.device)
     kernel[(num_splits, kv_heads, batch)](
         q, out, part_acc, part_max, part_sum, done, *q.stride(), *out.stride(), num_splits,
         math.log2(math.e) / math.sqrt(head_dim), *kernel_args,
@@ -398,33 +412,37 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
         # Only float32 operands heed the precision: keep them exact instead of rounding to tf32.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or _INTERPRETED else "tf32",
         DOT_IN_FP32=_INTERPRETED and q.dtype == torch.bfloat16,
-        num_warps=config.num_warps, num_stages=config.num_stages, **constexprs,
+        INDEX_BEFORE_WAIT=index_before_wait, num_warps=config.num_warps, num_stages=config.num_stages,
+        **launch, **constexprs,
     )
     if not merge_in_kernel:
         _combine_splits_kernel[(q_heads, batch)](part_acc, part_max, part_sum, out, *out.stride(), num_splits,
-                                                 HEAD_DIM=head_dim, BLOCK_S=block_s, num_warps=4)
+                                                 HEAD_DIM=head_dim, BLOCK_S=block_s, num_warps=4, **launch)
     return out
 
 
-def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, config, out):
+def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, config, out, index_before_wait=False):
     """Shared launcher of dense and sparse decode; `positions` None means dense (slot i is the i-th key)."""
     _check_inputs(q, k, v, num_splits, {"lengths/counts": bounds})
     return _launch_split_kernel(
         _decode_split_kernel, q, out, k.shape[1], n_slots, num_splits, config,
         k, v, bounds, bounds if positions is None else positions, *k.stride(), *v.stride(), *bound_strides,
-        *((0, 0, 0) if positions is None else positions.stride()), n_slots, SPARSE=positions is not None)
+        *((0, 0, 0) if positions is None else positions.stride()), n_slots, SPARSE=positions is not None,
+        index_before_wait=index_before_wait)
 
 
 def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                  num_splits: int | None = None, *, config: KernelConfig | None = None,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, index_before_wait: bool = False) -> torch.Tensor:
     """q `[B, H_q, D]` over slots [0, lengths[b]) of k/v `[B, H_kv, S, D]` (any strides); -> `[B, H_q, D]`.
 
-    `lengths` is a `[B]` integer tensor on q's device, read by the kernel (never synchronised).
+    `lengths` is a `[B]` integer tensor on q's device, read by the kernel (never synchronised);
+    `index_before_wait`: see _launch_split_kernel.
     """
     if lengths.shape != (q.shape[0],):
         raise ValueError(f"lengths must be [B] = [{q.shape[0]}], got {tuple(lengths.shape)}")
-    return _decode(q, k, v, lengths, (lengths.stride(0), 0), None, k.shape[2], num_splits, config, out)
+    return _decode(q, k, v, lengths, (lengths.stride(0), 0), None, k.shape[2], num_splits, config, out,
+                   index_before_wait)
 
 
 def sparse_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

@@ -18,6 +18,10 @@ in as an epilogue, it costs neither:
 Folding the norm into the *next* product's prologue instead (every program normalising its own copy of
 the input) measured 5x slower: a dot operand computed in registers stops the weight loads pipelining.
 
+On Hopper the kernel launches with programmatic dependent launch (pdl.py): it may start while the
+kernel before it finishes, and it loads its first weight tile before waiting for that kernel (nothing
+writes weights), so a product's first memory round trip overlaps the previous kernel's tail.
+
 Every program owns BLOCK_N output columns and loops over K, BLOCK_K at a time: a [BLOCK_N, BLOCK_K]
 weight tile (rows are contiguous in K: the loads coalesce) times the [16, BLOCK_K] input tile (rows
 padded to 16 for `tl.dot`), accumulated in float32. Rounding follows the torch references
@@ -29,12 +33,15 @@ tests/test_gemv.py checks each function against its reference under TRITON_INTER
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+
+from sfibench.optimized import pdl
 
 MAX_ROWS = 16  # decode: one row per sequence; more rows (prefill) go to cuBLAS
 EPILOGUES = {"none": 0, "add_rms_norm": 1, "silu_mul": 2, "gelu_tanh_mul": 3}
@@ -92,7 +99,8 @@ def _gelu_tanh(x):
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, normed_ptr, done_ptr,
                  rows, n_out, n_in, stride_x, stride_w, stride_y, stride_r, stride_n, eps,
                  EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+                 EARLY_WEIGHTS: tl.constexpr):
     pid = tl.program_id(0)
     dtype = y_ptr.dtype.element_ty
     offs_m = tl.arange(0, BLOCK_M)
@@ -104,7 +112,26 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, n
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # gated: the same columns of the up half
-    for k0 in range(0, n_in, BLOCK_K):
+    first_k = 0
+    if EARLY_WEIGHTS:
+        # With PDL this program may start while the kernel before it still runs. No kernel writes the
+        # weights, so the first weight tile is loaded before the wait: its memory latency overlaps that
+        # kernel's tail instead of following it.
+        k_ok = offs_k < n_in
+        w_mask = col_ok[:, None] & k_ok[None, :]
+        w = tl.load(w_ptr + offs_n[:, None] * stride_w + offs_k[None, :], mask=w_mask, other=0.0)
+        if gated:
+            w_up = tl.load(w_ptr + (offs_n + n_out)[:, None] * stride_w + offs_k[None, :], mask=w_mask, other=0.0)
+        pdl.wait_for_inputs(PDL)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
+        if gated:
+            acc_up += tl.dot(x, tl.trans(w_up), input_precision=DOT_PRECISION)
+        first_k = BLOCK_K
+    else:
+        pdl.wait_for_inputs(PDL)  # x is the kernel before's output
+    for k0 in range(first_k, n_in, BLOCK_K):
         k = k0 + offs_k
         k_ok = k < n_in
         x = tl.load(x_ptr + offs_m[:, None] * stride_x + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
@@ -114,6 +141,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, n
         if gated:  # the up half's rows start n_out rows further down the stacked weight
             w_up = tl.load(w_ptr + (offs_n + n_out)[:, None] * stride_w + k[None, :], mask=w_mask, other=0.0)
             acc_up += tl.dot(x, tl.trans(w_up), input_precision=DOT_PRECISION)
+    pdl.release_dependents(PDL)  # the epilogue's few stores overlap the next kernel's launch
 
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -166,6 +194,15 @@ def _rms_norm_rows(x_ptr, weight_ptr, out_ptr, rows, width, stride_x, stride_out
                  mask=mask)
 
 
+EARLY_WEIGHTS_ENV = "SFIBENCH_GEMV_EARLY_WEIGHTS"
+
+
+def _early_weights(device: torch.device) -> bool:
+    """Whether the kernel loads its first weight tile before the PDL wait (pdl.py): only worth it with PDL,
+    where the program can start during the kernel before; SFIBENCH_GEMV_EARLY_WEIGHTS=0 turns it off."""
+    return pdl.enabled(device) and os.environ.get(EARLY_WEIGHTS_ENV, "1") != "0"
+
+
 _done_counters: dict[torch.device, torch.Tensor] = {}
 
 
@@ -202,6 +239,7 @@ def _launch(x2, weight, bias, y, epilogue: str, config: GemvConfig, n_out: int,
     gated = epilogue in ("silu_mul", "gelu_tanh_mul")
     config = fit_shared_memory(config, n_in, 2 if gated else 1, x2.element_size())
     unused = y  # pointer arguments an epilogue does not touch
+    launch = pdl.launch_options(x2.device)
     _gemv_kernel[(triton.cdiv(n_out, config.block_n),)](
         x2, weight, bias if bias is not None else unused, y, residual if residual is not None else unused,
         norm_weight if norm_weight is not None else unused, normed if normed is not None else unused,
@@ -211,7 +249,8 @@ def _launch(x2, weight, bias, y, epilogue: str, config: GemvConfig, n_out: int,
         BLOCK_K=config.block_k,
         BLOCK_NORM=min(1024, triton.next_power_of_2(n_out)),
         DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        EARLY_WEIGHTS=_early_weights(x2.device),
+        num_warps=config.num_warps, num_stages=config.num_stages, **launch,
     )
 
 

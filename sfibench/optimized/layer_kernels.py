@@ -11,7 +11,8 @@ and a norm) with one: a program per (sequence, KV head) copies the new key and v
 launch: the key heads' programs write the rotated key straight into the cache slot (with its norm) and
 extra programs copy the value heads, so the step has one launch per layer fewer and no k in between.
 
-All read positions and weights from device memory and size their grids from static shapes only, so
+The q/k kernel launches with programmatic dependent launch where the GPU has it (pdl.py). All read
+positions and weights from device memory and size their grids from static shapes only, so
 they are CUDA-graph safe (launch each shape once before capture: the first call compiles). Their
 torch references, which the CPU path runs, are the functions of the same names in models/fused.py;
 tests/test_fused_kernels.py checks each pair against each other under TRITON_INTERPRET=1.
@@ -22,6 +23,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from sfibench.optimized import pdl
 
 
 @triton.jit
@@ -62,7 +65,10 @@ def _qk_norm_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_weight_ptr, k_weight_ptr, 
                          stride_vb, stride_vh, stride_vt, stride_nb, stride_nh, stride_nt, stride_p, n_slots,
                          seq_len, eps,
                          NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HAS_NORM: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, APPEND: tl.constexpr):
+                         HEAD_DIM: tl.constexpr, BLOCK_HALF: tl.constexpr, APPEND: tl.constexpr,
+                         PDL: tl.constexpr):
+    pdl.wait_for_inputs(PDL)  # qkv is the kernel before's output
+    pdl.release_dependents(PDL)  # tiny: let the attention kernel launch and load what it can meanwhile
     token = tl.program_id(0)
     head = tl.program_id(1)  # query heads first, then key heads (then value heads with APPEND): qkv's order
     batch = (token // seq_len).to(tl.int64)
@@ -159,6 +165,7 @@ def _launch_qk_norm_rope(qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_
         k.shape[2] if append is not None else 0, seq, eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HAS_NORM=has_norm, HEAD_DIM=head_dim,
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2), APPEND=append is not None, num_warps=1,
+        **pdl.launch_options(qkv.device),
     )
 
 

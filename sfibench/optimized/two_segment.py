@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sfibench.optimized import pdl
 from sfibench.optimized.decode_attention import (
     KernelConfig,
     _accumulate,
@@ -62,12 +63,15 @@ def _two_segment_split_kernel(
     n_buffers, n_compact, n_slots, n_evidence,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr, ONE_LOOP: tl.constexpr,
+    BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr, ONE_LOOP: tl.constexpr, PDL: tl.constexpr,
+    INDEX_BEFORE_WAIT: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
     seq = tl.program_id(2).to(tl.int64)
 
+    if not INDEX_BEFORE_WAIT:
+        pdl.wait_for_inputs(PDL)
     # Everything below is read on the device, so a replayed graph follows the current step. Values
     # are clamped to the buffers' shapes: a bad index can give a wrong answer, never a stray read.
     # Every buffer's count and tail start is loaded alongside row_buffer rather than after it: one
@@ -87,6 +91,8 @@ def _two_segment_split_kernel(
     n_cache = tl.minimum(tl.load(length_ptr + seq * stride_length).to(tl.int32), n_slots)
     tail_len = tl.maximum(n_cache - tail_start, 0)
     start, end = _split_range(count + tail_len, split, num_splits, BLOCK_N)
+    if INDEX_BEFORE_WAIT:
+        pdl.wait_for_inputs(PDL)  # q and the newest cache slot are the kernel before's output
 
     q = _load_group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, GROUP, BLOCK_G, HEAD_DIM,
                             DOT_IN_FP32)
@@ -111,6 +117,7 @@ def _two_segment_split_kernel(
             evidence_ptr + seq * stride_eb + kv_head * GROUP * stride_eh, stride_eh, stride_es, evidence_end,
             GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, WRITE_LOGITS=EVIDENCE,
             DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+        pdl.release_dependents(PDL)
         _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
                       stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
                       GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL)
@@ -135,6 +142,7 @@ def _two_segment_split_kernel(
         evidence_end, GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=False,
         WRITE_LOGITS=EVIDENCE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
 
+    pdl.release_dependents(PDL)
     _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
                   stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
                   GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL)
@@ -214,7 +222,7 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
                        lengths: torch.Tensor, row_buffer: torch.Tensor, evidence: torch.Tensor | None = None,
                        evidence_rows: torch.Tensor | None = None, num_splits: int | None = None, *,
                        config: KernelConfig | None = None, out: torch.Tensor | None = None,
-                       one_loop: bool = False) -> torch.Tensor:
+                       one_loop: bool = False, index_before_wait: bool = False) -> torch.Tensor:
     """q `[B, H_q, D]` over compact rows plus a cache tail, one softmax per query head; -> `[B, H_q, D]`.
 
     Row b reads buffer p = row_buffer[b] and attends over compact rows [0, compact_counts[p, b, h]) of
@@ -225,6 +233,7 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
 
     evidence float32 `[B, H_q, S_e]` with evidence_rows `[B]`: rows with evidence_rows[b] != 0 get
     q.k/sqrt(D) of every tail slot < S_e written at evidence[b, head, slot]; nothing else is written.
+    `index_before_wait`: see decode_attention._launch_split_kernel.
     """
     batch, q_heads, head_dim = q.shape
     kv_heads, n_slots = k.shape[1], k.shape[2]
@@ -262,4 +271,5 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
         *compact_k.stride(), *compact_v.stride(), *compact_counts.stride(), *k.stride(), *v.stride(),
         *tail_start.stride(), lengths.stride(0), row_buffer.stride(0), *evidence_strides,
         n_buffers, n_compact, n_slots, n_evidence,
-        BLOCK_P=max(2, triton.next_power_of_2(n_buffers)), EVIDENCE=write_evidence, ONE_LOOP=one_loop)
+        BLOCK_P=max(2, triton.next_power_of_2(n_buffers)), EVIDENCE=write_evidence, ONE_LOOP=one_loop,
+        index_before_wait=index_before_wait)

@@ -213,7 +213,8 @@ def markdown(results: dict) -> str:
         "for `sfi async` (its selection is used once published). Decoder: stacked qkv and gate_up GEMMs; fused "
         f"kernels (compiled RMSNorm/SwiGLU, Triton q/k norm + RoPE and KV append): "
         f"{'yes' if res.get('fused_elementwise') else 'no'}"
-        + (f"; decode GEMVs: {res['decode_gemv']}." if res.get("decode_gemv") else "."),
+        + (f"; decode GEMVs: {res['decode_gemv']}" if res.get("decode_gemv") else "")
+        + (f"; programmatic dependent launch of the Triton decode kernels: {res['pdl']}." if res.get("pdl") else "."),
         f"- Prefill: {', '.join(sorted({r['prefill'] for r in rows}))} (synthetic = random K/V written straight into "
         "the cache; speed does not depend on cache contents).",
         f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads right after a "

@@ -28,6 +28,12 @@ DECODE_GEMV = ("Triton (optimized/gemv.py: o_proj and down_proj + residual add +
                "as epilogues; cuBLAS for prefill and for products too narrow to fill the GPU)")
 
 
+def _pdl_state() -> str:
+    from sfibench.optimized import pdl  # Triton: imported only when a report is written
+
+    return pdl.describe()
+
+
 def resolve_methods(methods: list[str], paths: list[str]) -> list[tuple[str, str]]:
     """Every registered (method, path) among those asked for; `name/path` pins one path.
 
@@ -91,6 +97,7 @@ def run_throughput(model: str, device: str, dtype: str, contexts: list[int | str
             "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
             "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
             "decode_gemv": DECODE_GEMV if fused.ops["linear"] is not fused.linear else "cuBLAS (F.linear)",
+            "pdl": _pdl_state(),
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if dense_kernels else [],
         }
         write_results(run_dir, "throughput", cfg, results)

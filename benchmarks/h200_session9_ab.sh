@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Session 9's first call: the Triton kernels' tests on CUDA with programmatic dependent launch (PDL) on, then
+# an A/B of PDL on the 4B shape at 32K, B = 1 and 5 (Full-KV and SFI, optimized): off, on with the GEMV's
+# first weight tile loaded after the wait, on with it loaded before (the default).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+started=$SECONDS
+cat DEVICE_COMMIT 2>/dev/null
+timeout 240 python -m pytest -q -x tests/test_gemv.py tests/test_fused_kernels.py tests/test_graphs.py \
+    tests/test_floor.py tests/test_two_segment.py tests/test_kernels.py > "$OUT/tests.log" 2>&1
+rc=$?; tail -3 "$OUT/tests.log"
+if [ "$rc" -ne 0 ]; then
+    grep -E "Error|assert|FAILED" "$OUT/tests.log" | head -20
+    echo "CUDA tests failed with PDL (rc=$rc): re-running them with SFIBENCH_PDL=0"
+    SFIBENCH_PDL=0 timeout 200 python -m pytest -q -x tests/test_gemv.py tests/test_graphs.py tests/test_two_segment.py \
+        > "$OUT/tests-no-pdl.log" 2>&1; tail -3 "$OUT/tests-no-pdl.log"; exit 1
+fi
+echo "tests done after $((SECONDS - started)) s"
+for variant in "0 1 off" "1 0 on-weights-after-wait" "1 1 on"; do
+    set -- $variant
+    SFIBENCH_PDL=$1 SFIBENCH_GEMV_EARLY_WEIGHTS=$2 timeout 150 python -m sfibench throughput --model qwen3-4b \
+        --ctx 32k --batch 1,5 --methods full_kv/optimized,sfi --paths optimized --steps 64 --no-dense-kernels \
+        --out "$OUT/ab-pdl-$3" > "$OUT/ab-pdl-$3.log" 2>&1
+    echo "pdl $3 rc=$? after $((SECONDS - started)) s"
+    python - "$OUT/ab-pdl-$3/results.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1]))["results"]["rows"]:
+    kinds = "  ".join(f"{kind} p50 {v['p50']:.3f} p90 {v['p90']:.3f}" for kind, v in r["ms_per_step"].items())
+    print(f"  {r['method']:8} {r.get('publish', ''):10} B={r['batch']} {r['tokens_per_s']:8.1f} tok/s  {kinds}")
+PY
+done
+cd "$OUT" && for d in */; do tar -cf "${d%/}.tar" "$d" && rm -rf "$d"; done
