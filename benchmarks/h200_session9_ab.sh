@@ -6,15 +6,11 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
 cat DEVICE_COMMIT 2>/dev/null
-timeout 240 python -m pytest -q -x tests/test_gemv.py tests/test_fused_kernels.py tests/test_graphs.py \
+timeout 240 python -m pytest -q tests/test_gemv.py tests/test_fused_kernels.py tests/test_graphs.py \
     tests/test_floor.py tests/test_two_segment.py tests/test_kernels.py > "$OUT/tests.log" 2>&1
 rc=$?; tail -3 "$OUT/tests.log"
-if [ "$rc" -ne 0 ]; then
-    grep -E "Error|assert|FAILED" "$OUT/tests.log" | head -20
-    echo "CUDA tests failed with PDL (rc=$rc): re-running them with SFIBENCH_PDL=0"
-    SFIBENCH_PDL=0 timeout 200 python -m pytest -q -x tests/test_gemv.py tests/test_graphs.py tests/test_two_segment.py \
-        > "$OUT/tests-no-pdl.log" 2>&1; tail -3 "$OUT/tests-no-pdl.log"; exit 1
-fi
+[ "$rc" -eq 0 ] || { echo "CUDA tests FAILED (rc=$rc): the A/B below is for diagnosis only"; \
+    grep -E "^E |FAILED" "$OUT/tests.log" | head -20; }
 echo "tests done after $((SECONDS - started)) s"
 for variant in "0 1 off" "1 0 on-weights-after-wait" "1 1 on"; do
     set -- $variant

@@ -86,10 +86,14 @@ def test_sessions_decode_on_one_high_priority_stream():
     """The asynchronous Selector's side stream has default priority; decode must outrank it, and every
     session on a device shares one stream (the caching allocator keeps memory per stream)."""
     from sfibench.engine.session import Session
+    from sfibench.models import fused
 
-    first = Session.open("tiny-qwen3", device="cuda")
-    stream = torch.cuda.current_stream()
-    assert stream.priority == torch.cuda.Stream.priority_range()[1] < torch.cuda.Stream().priority
-    Session.open("tiny-qwen3", device="cuda")
-    assert torch.cuda.current_stream() == stream
-    assert first.device.type == "cuda"
+    try:
+        first = Session.open("tiny-qwen3", device="cuda")
+        stream = torch.cuda.current_stream()
+        assert stream.priority == torch.cuda.Stream.priority_range()[1] < torch.cuda.Stream().priority
+        Session.open("tiny-qwen3", device="cuda")
+        assert torch.cuda.current_stream() == stream
+        assert first.device.type == "cuda"
+    finally:
+        fused.enable_fusion(False)  # a GPU session turns fusion on for the process: off again for later tests

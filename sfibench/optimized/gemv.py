@@ -73,14 +73,17 @@ MIN_PROGRAMS_PER_SM = 0.5
 def decode_config(rows: int, n_out: int, n_in: int, device: torch.device) -> GemvConfig | None:
     """The tile for a decode product of `rows` rows by an [N, K] weight, or None where the reference (cuBLAS)
     is the better kernel: prefill, or too few output columns to give every SM a program."""
-    if rows > MAX_ROWS:
-        return None
+    if rows > MAX_ROWS or (device.type != "cuda" and not _INTERPRETED):
+        return None  # prefill; or CPU tensors outside the interpreter (fusion left on by a GPU session)
     if (n_out, n_in) in TUNED:
         return TUNED[(n_out, n_in)]
     if n_out / 32 < MIN_PROGRAMS_PER_SM * _sm_count(device):
         return None
     few = n_out / 32 < 2 * _sm_count(device)
     return GemvConfig(32, 512 if few else 128, num_stages=4 if few else 3)
+
+
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read by Triton when the kernels are decorated
 
 
 def _sm_count(device: torch.device) -> int:

@@ -34,6 +34,8 @@ import triton.language as tl
 from sfibench.optimized import pdl
 from sfibench.optimized.decode_attention import (
     KernelConfig,
+    _shared_memory,
+    default_config,
     _accumulate,
     _attend_range,
     _check_inputs,
@@ -265,6 +267,11 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
     _check_inputs(q, k, v, num_splits, {
         "compact_k/v": compact_k, "compact_counts": compact_counts, "tail_start": tail_start, "lengths": lengths,
         "row_buffer": row_buffer, "evidence": evidence, "evidence_rows": evidence_rows})
+    if one_loop and config is None and q.dtype == torch.float32:
+        # One loop streams four tiles per stage (K and V from both segments): in float32 the default four
+        # stages need 237 KB of shared memory, more than an H200 block has (227 KB); three fit.
+        base = default_config(head_dim, q.dtype, _shared_memory(q.device))
+        config = KernelConfig(base.block_n, base.num_warps, min(base.num_stages, 3), base.merge_in_kernel)
     return _launch_split_kernel(
         _two_segment_split_kernel, q, out, kv_heads, n_compact + n_slots, num_splits, config,
         compact_k, compact_v, compact_counts, k, v, tail_start, lengths, row_buffer, evidence, evidence_rows,
