@@ -17,25 +17,6 @@ from sfibench.models import fused
 from sfibench.models.loading import LoadedModel, load_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_decode_streams: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def use_decode_stream(device: torch.device) -> torch.cuda.Stream:
-    """Make a high-priority CUDA stream the current one, so decoding runs on it (one per device, reused).
-
-    The optimized SFI's asynchronous refresh runs on a side stream of default priority: when both have
-    blocks waiting, the GPU schedules decode's first, so the Selector fills the SMs decode leaves idle
-    rather than delaying the fast steps beside it. (A graph replays at the priority of the stream it is
-    launched into.) The new stream first waits for what the previous current stream queued."""
-    if device not in _decode_streams:
-        _, highest = torch.cuda.Stream.priority_range()
-        _decode_streams[device] = torch.cuda.Stream(device, priority=highest)
-    stream = _decode_streams[device]
-    stream.wait_stream(torch.cuda.current_stream(device))
-    torch.cuda.set_stream(stream)
-    return stream
-
-
 def parse_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -58,8 +39,6 @@ class Session:
         resolved = resolve_device(device)
         torch_dtype = parse_dtype(dtype, resolved)
         fused.enable_fusion(resolved.type == "cuda" if fuse is None else fuse)
-        if resolved.type == "cuda":
-            use_decode_stream(resolved)
         return cls(load_model(model, resolved, torch_dtype, seed), resolved, torch_dtype)
 
     @property

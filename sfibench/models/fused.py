@@ -8,7 +8,7 @@ torch by default (CPU, tests); `enable_fusion()` switches GPU runs to one kernel
 normalisations and the gated activations (SwiGLU, GeGLU) compiled by torch.compile (one compilation
 serves every layer), the q/k post-processing and the cache append as the Triton kernels of
 optimized/layer_kernels.py, and decode's weight products as optimized/gemv.py's kernel, the residual
-add + norm after o_proj and down_proj and the gated activation after gate_up folded into it.
+add + norm after o_proj and the gated activation after gate_up folded into it.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
                         eps: float):
-    """o_proj (or down_proj), then the residual add and the norm after it: (the new residual, its RMSNorm)."""
+    """o_proj, then the residual add and the post-attention norm: (the new residual, its RMSNorm)."""
     return add_rms_norm(F.linear(x, weight), residual, norm_weight, eps)
 
 

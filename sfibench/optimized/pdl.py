@@ -18,9 +18,15 @@ The rules every kernel here follows, so that any chain of them is race-free:
 - kernels that do not opt in (cuBLAS, torch.compile's, the side stream's) launch as before; PDL
   changes nothing for them or for the kernel after them.
 
-`enabled` turns it on for CUDA devices of capability >= 9 with a Triton that has the instructions;
-SFIBENCH_PDL=0 turns it off (an A/B measurement, or a driver that mishandles it). The interpreter never
-uses it: the kernels take `PDL` as a compile-time flag and skip both calls when it is off.
+It is OFF unless SFIBENCH_PDL=1, because it measured as a net loss. On an H200 (qwen3-4b at 32K,
+graphed steps, session 9: reports/attention-h200/pdl-ab.json) it took 0.08-0.09 ms off SFI's fast step
+at B = 1 (3.16 -> 3.07 ms) but added 0.27 ms to Full-KV's step at B = 1 (4.10 -> 4.37), 1.7-1.9 ms at
+B = 5 (8.73 -> 10.4-10.7) and 0.09-0.17 ms to SFI's fast step at B = 5; loading the GEMV's first weight
+tile before the wait made B = 5 worse still. Not yet understood: the waiting programs of the next
+kernel occupy SMs while the long dense attention kernel finishes is the first suspect. With
+SFIBENCH_PDL=1, `enabled` turns it on for CUDA devices of capability >= 9 whose Triton has the
+instructions. The interpreter never uses it: the kernels take `PDL` as a compile-time flag and skip
+both calls when it is off.
 """
 
 from __future__ import annotations
@@ -41,8 +47,8 @@ def _device_supports(index: int) -> bool:
 
 
 def enabled(device: torch.device) -> bool:
-    """Whether kernels launched for `device` use PDL (read per launch, so a run can A/B it via the env)."""
-    if device.type != "cuda" or os.environ.get(ENV, "1") == "0":
+    """Whether kernels launched for `device` use PDL (the env is read per launch, so one process can A/B it)."""
+    if device.type != "cuda" or os.environ.get(ENV, "0") != "1":
         return False
     if not hasattr(tl.extra.cuda, "gdc_wait"):  # older Triton: no griddepcontrol
         return False
@@ -75,6 +81,6 @@ def describe() -> str:
     device = torch.device("cuda", torch.cuda.current_device())
     if enabled(device):
         return "on"
-    if os.environ.get(ENV, "1") == "0":
-        return f"off ({ENV}=0)"
+    if os.environ.get(ENV, "0") != "1":
+        return f"off (the default; {ENV}=1 turns it on)"
     return "off (needs compute capability >= 9 and a Triton with griddepcontrol)"
