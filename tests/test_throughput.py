@@ -90,6 +90,33 @@ def test_tiny_run_reports_consistent_numbers():
     assert dense["prefill"] == "real" and dense["graphs"]["used"] is False
 
 
+def test_a_timed_pass_that_captured_a_graph_is_run_again(monkeypatch):
+    """A capture inside a timed pass (a plan first met there) times the capture, not decoding: that pass is
+    discarded and run again, and the row says so."""
+    from sfibench.runners import throughput_measure
+
+    class CapturesInFirstTimedPass(throughput_measure.StepDriver):
+        starts = 0
+
+        def start(self, prefilled):
+            super().start(prefilled)
+            type(self).starts += 1
+
+        def step(self, tokens):
+            if type(self).starts == 2 and self.step_index == 3:  # pass 0 warms up; pass 1 "captures"
+                self.capture_seconds += 0.5
+            return super().step(tokens)
+
+    monkeypatch.setattr(throughput_measure, "StepDriver", CapturesInFirstTimedPass)
+    session = Session.open("tiny-qwen3", "cpu")
+    cfg = ThroughputConfig(model="tiny-qwen3", contexts=[600], batches=[1], methods=[("full_kv", "reference")],
+                           steps=12, repeats=2, graphs=False)
+    row = measure_all(session, cfg)[0]
+    assert CapturesInFirstTimedPass.starts == 4  # warm-up, the discarded pass, two kept ones
+    assert row["graphs"]["timed_passes_redone"] == 1
+    assert row["tokens_per_s_spread"]["n"] == 2 and row["ms_per_step"]["dense"]["n"] == 12 * 2
+
+
 def test_refresh_bytes_follow_layer_groups():
     # Under layer_groups = 2 a refresh re-selects every other global layer, so its extra traffic halves;
     # the triggers (and so the number of refreshes) do not depend on the selection.

@@ -185,6 +185,17 @@ def _latency_figure(rows: list[dict], path: Path) -> Path:
     return path
 
 
+def _redone_passes(rows: list[dict]) -> str:
+    """A timed pass that had to capture a CUDA graph is run again (runners/throughput_measure.py): say where."""
+    redone = [f"{r['method']}{' ' + r['publish'] if r.get('publish') else ''}/{r['path']} {r['context']:,} "
+              f"B={r['batch']}: {r['graphs']['timed_passes_redone']}"
+              for r in rows if r.get("graphs", {}).get("timed_passes_redone")]
+    if not redone:
+        return ""
+    return "; timed passes run again because they had to capture a graph (a capture is not decoding): " + \
+        ", ".join(redone)
+
+
 def _prefill_times(rows: list[dict]) -> list[str]:
     """One bullet with the prefill wall time of each (context, batch), or nothing for older results."""
     shapes = {(r["context"], r["batch"]): r for r in rows if r.get("prefill_seconds") is not None}
@@ -204,7 +215,8 @@ def markdown(results: dict) -> str:
         f"torch {prov.get('torch')}, triton {prov.get('triton')}, commit {commit_label(prov)}, "
         f"{prov.get('timestamp_utc')}.", "",
         f"- Decode: {cfg['steps']} teacher-forced steps of a replayed real-text token stream per pass, one "
-        f"untimed warm-up pass, median of {cfg['repeats']} timed passes (spread = (max-min)/median/2).",
+        f"untimed warm-up pass, median of {cfg['repeats']} timed passes (spread = (max-min)/median/2)"
+        + _redone_passes(rows) + ".",
         f"- CUDA graphs: {'yes' if cfg['graphs'] else 'no (eager)'}; graphed steps read up to the next multiple of "
         f"{cfg['length_bucket']} slots with a mask (at most {cfg['length_bucket'] - 1} wasted slots per layer and KV "
         "head; the optimized kernels read every length on the device and waste none). A step mixing slow and fast "
