@@ -259,3 +259,17 @@ def test_profile_labels_exist_only_while_a_profiler_records():
         with label("sfibench.test"):
             torch.ones(4).sum()
     assert any(event.key == "sfibench.test" for event in prof.key_averages())
+
+
+def test_the_selector_ablation_reaches_sfi_and_the_report(tmp_path):
+    """`--no-nms --keep-neighbours 7` times the best quality ablation's Selector; the report labels it."""
+    result = CliRunner().invoke(app, ["throughput", "--model", "tiny-qwen3", "--ctx", "600", "--methods", "sfi",
+                                      "--steps", "20", "--repeats", "1", "--no-nms", "--keep-neighbours", "7",
+                                      "--trigger", "fixed", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["config"]["sfi"]["selector"]["use_nms"] is False
+    assert saved["config"]["sfi"]["selector"]["keep_neighbours"] == 7
+    assert "ablation beyond the paper" in (tmp_path / "run" / "report.md").read_text()
+    even = CliRunner().invoke(app, ["throughput", "--keep-neighbours", "4", "--out", str(tmp_path / "bad")])
+    assert even.exit_code != 0 and "odd" in even.output and not (tmp_path / "bad").exists()

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import typer
 
-from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATHS, console, user_errors
-from sfibench.config import SFIConfig, TriggerConfig
+from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, KEEP_NEIGHBOURS_HELP, PATHS, console, user_errors
+from sfibench.config import SelectorConfig, SFIConfig, TriggerConfig
 from sfibench.errors import UsageError
 from sfibench.options import (
     check_choice,
     check_context_limit,
+    check_sfi_settings,
     check_shape_options,
     check_trigger,
     parse_counts,
@@ -38,6 +39,8 @@ def throughput(
     n_sink: int = typer.Option(4, min=0), n_recent: int = typer.Option(256, min=0),
     t_max: int = typer.Option(96, min=1), min_gap: int = typer.Option(16, min=0),
     trigger: str = typer.Option("punctuation_tmax", help="punctuation_tmax, fixed, random or bootstrap"),
+    no_nms: bool = typer.Option(False, "--no-nms", help="SFI ablation beyond the paper: no Soft-NMS in the Selector"),
+    keep_neighbours: int = typer.Option(1, min=1, help=KEEP_NEIGHBOURS_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/throughput-<time>)"),
@@ -63,11 +66,13 @@ def throughput(
                              "pin one with name/path, e.g. full_kv/optimized")
         check_choice(prefill, PREFILL_MODES, "--prefill")
         check_trigger(trigger)
+        check_sfi_settings(None, keep_neighbours, None, "optimized")
         if graphs and not gpu:
             raise UsageError("--graphs needs a CUDA device; leave it out on a CPU")
         check_context_limit(PRESETS.get(model), [c for c in contexts if c != "max"], steps)
         sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head,
-                        trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap))
+                        trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap),
+                        selector=SelectorConfig(use_nms=not no_nms, keep_neighbours=keep_neighbours))
         run_dir = run_throughput(model, device, dtype, contexts, batches, method_list, path_list, steps, repeats,
                                  prefill, gpu if graphs is None else graphs, length_bucket, dense_kernels and gpu,
                                  sfi, out, overwrite, console)

@@ -185,6 +185,17 @@ def _latency_figure(rows: list[dict], path: Path) -> Path:
     return path
 
 
+def _selector_variant(sfi: dict) -> list[str]:
+    """A line naming the Selector's settings where they are not SPEC's (a step-time ablation)."""
+    selector = sfi.get("selector", {})
+    changed = [f"{name}={selector[name]}" for name, spec in (("use_nms", True), ("keep_neighbours", 1))
+               if selector.get(name, spec) != spec]
+    if not changed:
+        return []
+    return [f"- **SFI ablation beyond the paper**: the Selector runs with {', '.join(changed)} (SPEC 5: Soft-NMS "
+            "on, no neighbour pool); the other methods are unchanged."]
+
+
 def _redone_passes(rows: list[dict]) -> str:
     """A timed pass that had to capture a CUDA graph is run again (runners/throughput_measure.py): say where."""
     redone = [f"{r['method']}{' ' + r['publish'] if r.get('publish') else ''}/{r['path']} {r['context']:,} "
@@ -232,6 +243,7 @@ def markdown(results: dict) -> str:
         f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads right after a "
         f"refresh (n_sink {cfg['sfi']['n_sink']}, k_head {cfg['sfi']['k_head']}, n_recent {cfg['sfi']['n_recent']}); "
         "keys keep their original RoPE positions.",
+        *_selector_variant(cfg["sfi"]),
         *_prefill_times(rows),
         f"- Measured copy bandwidth (read + write): {res['copy_bandwidth_gb_s']:,.0f} GB/s: the roofline ceiling.", "",
         "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
