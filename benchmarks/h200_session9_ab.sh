@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Session 9's first call: the Triton kernels' tests on CUDA with programmatic dependent launch (PDL) on, then
-# an A/B of PDL on the 4B shape at 32K, B = 1 and 5 (Full-KV and SFI, optimized): off, on with the GEMV's
-# first weight tile loaded after the wait, on with it loaded before (the default).
+# An A/B of programmatic dependent launch (optimized/pdl.py) on the 4B shape at 32K, B = 1 and 5 (Full-KV and
+# SFI, optimized), after the Triton kernels' tests on CUDA: `bash benchmarks/h200_session9_ab.sh` (~7 min).
+# Session 9 ran it with the variants 0 / 1 without early weights / 1 (reports/ab-qwen3-4b-32k-h200); the
+# variants below are the next call's: off, the GEMVs and q/k kernel only, every kernel (weights after the
+# wait, which measured better).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
@@ -12,7 +14,7 @@ rc=$?; tail -3 "$OUT/tests.log"
 [ "$rc" -eq 0 ] || { echo "CUDA tests FAILED (rc=$rc): the A/B below is for diagnosis only"; \
     grep -E "^E |FAILED" "$OUT/tests.log" | head -20; }
 echo "tests done after $((SECONDS - started)) s"
-for variant in "0 1 off" "1 0 on-weights-after-wait" "1 1 on"; do
+for variant in "0 0 off" "products 0 products" "1 0 on"; do
     set -- $variant
     SFIBENCH_PDL=$1 SFIBENCH_GEMV_EARLY_WEIGHTS=$2 timeout 150 python -m sfibench throughput --model qwen3-4b \
         --ctx 32k --batch 1,5 --methods full_kv/optimized,sfi --paths optimized --steps 64 --no-dense-kernels \

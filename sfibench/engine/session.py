@@ -39,6 +39,10 @@ class Session:
         resolved = resolve_device(device)
         torch_dtype = parse_dtype(dtype, resolved)
         fused.enable_fusion(resolved.type == "cuda" if fuse is None else fuse)
+        if resolved.type == "cuda":
+            from sfibench.optimized import pdl
+
+            pdl.mode()  # a bad SFIBENCH_PDL is refused now, not at the first kernel launch of a long run
         return cls(load_model(model, resolved, torch_dtype, seed), resolved, torch_dtype)
 
     @property

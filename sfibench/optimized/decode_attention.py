@@ -403,7 +403,7 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
         merge_in_kernel = num_splits <= MAX_SPLITS_MERGED_IN_KERNEL
     block_s = min(16, triton.next_power_of_2(num_splits))
     group = q_heads // kv_heads
-    launch = pdl.launch_options(q.device)
+    launch = pdl.launch_options(q.device, "attention")
     kernel[(num_splits, kv_heads, batch)](
         q, out, part_acc, part_max, part_sum, done, *q.stride(), *out.stride(), num_splits,
         math.log2(math.e) / math.sqrt(head_dim), *kernel_args,

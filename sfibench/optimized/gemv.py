@@ -203,7 +203,7 @@ EARLY_WEIGHTS_ENV = "SFIBENCH_GEMV_EARLY_WEIGHTS"
 def _early_weights(device: torch.device) -> bool:
     """Whether the kernel loads its first weight tile before the PDL wait (pdl.py): only worth it with PDL,
     where the program can start during the kernel before; SFIBENCH_GEMV_EARLY_WEIGHTS=0 turns it off."""
-    return pdl.enabled(device) and os.environ.get(EARLY_WEIGHTS_ENV, "1") != "0"
+    return pdl.enabled(device, "products") and os.environ.get(EARLY_WEIGHTS_ENV, "1") != "0"
 
 
 _done_counters: dict[torch.device, torch.Tensor] = {}
@@ -242,7 +242,7 @@ def _launch(x2, weight, bias, y, epilogue: str, config: GemvConfig, n_out: int,
     gated = epilogue in ("silu_mul", "gelu_tanh_mul")
     config = fit_shared_memory(config, n_in, 2 if gated else 1, x2.element_size())
     unused = y  # pointer arguments an epilogue does not touch
-    launch = pdl.launch_options(x2.device)
+    launch = pdl.launch_options(x2.device, "products")
     _gemv_kernel[(triton.cdiv(n_out, config.block_n),)](
         x2, weight, bias if bias is not None else unused, y, residual if residual is not None else unused,
         norm_weight if norm_weight is not None else unused, normed if normed is not None else unused,

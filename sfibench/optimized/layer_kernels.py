@@ -165,7 +165,7 @@ def _launch_qk_norm_rope(qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_
         k.shape[2] if append is not None else 0, seq, eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HAS_NORM=has_norm, HEAD_DIM=head_dim,
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2), APPEND=append is not None, num_warps=1,
-        **pdl.launch_options(qkv.device),
+        **pdl.launch_options(qkv.device, "products"),
     )
 
 

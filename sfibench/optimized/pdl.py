@@ -18,15 +18,14 @@ The rules every kernel here follows, so that any chain of them is race-free:
 - kernels that do not opt in (cuBLAS, torch.compile's, the side stream's) launch as before; PDL
   changes nothing for them or for the kernel after them.
 
-It is OFF unless SFIBENCH_PDL=1, because it measured as a net loss. On an H200 (qwen3-4b at 32K,
-graphed steps, session 9: reports/attention-h200/pdl-ab.json) it took 0.08-0.09 ms off SFI's fast step
-at B = 1 (3.16 -> 3.07 ms) but added 0.27 ms to Full-KV's step at B = 1 (4.10 -> 4.37), 1.7-1.9 ms at
-B = 5 (8.73 -> 10.4-10.7) and 0.09-0.17 ms to SFI's fast step at B = 5; loading the GEMV's first weight
-tile before the wait made B = 5 worse still. Not yet understood: the waiting programs of the next
-kernel occupy SMs while the long dense attention kernel finishes is the first suspect. With
-SFIBENCH_PDL=1, `enabled` turns it on for CUDA devices of capability >= 9 whose Triton has the
-instructions. The interpreter never uses it: the kernels take `PDL` as a compile-time flag and skip
-both calls when it is off.
+It is OFF unless asked for (SFIBENCH_PDL=1: every kernel; =products: see MODES), because it measured
+as a net loss. On an H200 (qwen3-4b at 32K, graphed steps, session 9: reports/ab-qwen3-4b-32k-h200) it
+took 0.08-0.09 ms off SFI's fast step at B = 1 (3.16 -> 3.07 ms) but added 0.27 ms to Full-KV's step at
+B = 1 (4.10 -> 4.37), 1.7-1.9 ms at B = 5 (8.73 -> 10.4-10.7) and 0.09-0.17 ms to SFI's fast step at
+B = 5; loading the GEMV's first weight tile before the wait made B = 5 worse still. Not yet understood;
+the `products` mode tests the first suspect (MODES). When asked for, `enabled` turns it on for CUDA
+devices of capability >= 9 whose Triton has the instructions. The interpreter never uses it: the kernels
+take `PDL` as a compile-time flag and skip both calls when it is off.
 """
 
 from __future__ import annotations
@@ -38,7 +37,14 @@ import torch
 import triton
 import triton.language as tl
 
+from sfibench.errors import UsageError
+
 ENV = "SFIBENCH_PDL"
+# Which kernels launch with PDL, per value of SFIBENCH_PDL: "products" are the GEMVs and the q/k kernel,
+# "attention" the split attention kernels and their merge. `products` leaves attention out to test the
+# suspicion above: a kernel of one program per SM whose programs are placed while the previous kernel
+# still holds SMs may get two programs on one SM and none on another.
+MODES = {"0": frozenset(), "1": frozenset({"products", "attention"}), "products": frozenset({"products"})}
 
 
 @functools.cache
@@ -46,18 +52,30 @@ def _device_supports(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def enabled(device: torch.device) -> bool:
-    """Whether kernels launched for `device` use PDL (the env is read per launch, so one process can A/B it)."""
-    if device.type != "cuda" or os.environ.get(ENV, "0") != "1":
+def mode() -> str:
+    """SFIBENCH_PDL's value ("0" when unset), refused when it is not one of MODES."""
+    value = os.environ.get(ENV, "0")
+    if value not in MODES:
+        raise UsageError(f"{ENV}={value!r} is not a PDL mode; use one of {', '.join(MODES)} (0 = off, the default; "
+                         "1 = every Triton decode kernel; products = the GEMVs and the q/k kernel only)")
+    return value
+
+
+def enabled(device: torch.device, kind: str = "products") -> bool:
+    """Whether `kind` kernels ("products" or "attention") launched for `device` use PDL. The env is read per
+    launch, so one process can A/B it."""
+    if kind not in MODES["1"]:
+        raise ValueError(f"unknown kernel kind {kind!r}; one of {sorted(MODES['1'])}")
+    if kind not in MODES[mode()] or device.type != "cuda":
         return False
     if not hasattr(tl.extra.cuda, "gdc_wait"):  # older Triton: no griddepcontrol
         return False
     return _device_supports(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def launch_options(device: torch.device) -> dict:
+def launch_options(device: torch.device, kind: str) -> dict:
     """What a launcher passes: the kernel's `PDL` flag and, when on, Triton's `launch_pdl` option."""
-    return {"PDL": True, "launch_pdl": True} if enabled(device) else {"PDL": False}
+    return {"PDL": True, "launch_pdl": True} if enabled(device, kind) else {"PDL": False}
 
 
 @triton.jit
@@ -75,12 +93,14 @@ def release_dependents(PDL: tl.constexpr):
 
 
 def describe() -> str:
-    """For reports: whether this process launches with PDL on the current CUDA device."""
+    """For reports: which Triton decode kernels this process launches with PDL on the current CUDA device."""
     if not torch.cuda.is_available():
         return "off (no CUDA device)"
     device = torch.device("cuda", torch.cuda.current_device())
-    if enabled(device):
-        return "on"
-    if os.environ.get(ENV, "0") != "1":
-        return f"off (the default; {ENV}=1 turns it on)"
+    kinds = [kind for kind in ("products", "attention") if enabled(device, kind)]
+    if kinds:
+        return "on for " + " and ".join({"products": "the GEMVs and the q/k kernel",
+                                         "attention": "the attention kernels"}[kind] for kind in kinds)
+    if mode() == "0":
+        return f"off (the default; {ENV}=1 or products turns it on)"
     return "off (needs compute capability >= 9 and a Triton with griddepcontrol)"
