@@ -22,7 +22,7 @@ from sfibench.models.decoder import Decoder
 from sfibench.models.loading import DECODERS, _place, load_model, random_weights
 from sfibench.models.presets import get_preset
 from sfibench.models.rope import PositionTable, inverse_frequencies, rope_cos_sin
-from sfibench.optimized import gemv, layer_kernels
+from sfibench.optimized import gemv, layer_kernels, qkv_epilogue
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -122,9 +122,10 @@ def test_append_kv_never_writes_outside_the_cache():
 
 
 @torch.no_grad()
-def decode(model: Decoder, tokens: torch.Tensor, greedy_steps: int = 0):
+def decode(model: Decoder, tokens: torch.Tensor, greedy_steps: int = 0, append: bool = False):
     """Feed `tokens [B, N]` one position at a time through a KV cache, then `greedy_steps` greedy
-    tokens; returns all tokens `[B, N + greedy_steps]` and the logits after each fed token."""
+    tokens; returns all tokens `[B, N + greedy_steps]` and the logits after each fed token. With `append`
+    the layers write their k/v to the cache themselves (the engine's `append_target`), as at decode."""
     batch, total = tokens.shape[0], tokens.shape[1] + greedy_steps
     param = model.lm_head.weight
     cache = KVCache(model.config, batch, total, param.device, param.dtype)
@@ -135,9 +136,14 @@ def decode(model: Decoder, tokens: torch.Tensor, greedy_steps: int = 0):
         positions = torch.full((batch,), step, device=param.device)
 
         def attend(layer, q, k, v, positions=positions, step=step):
-            cache.write_step(layer, positions, k[:, :, 0], v[:, :, 0])
+            if k is not None:
+                cache.write_step(layer, positions, k[:, :, 0], v[:, :, 0])
             keys, values = cache.k[layer, :, :, :step + 1], cache.v[layer, :, :, :step + 1]
             return F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
+
+        if append:
+            attend.append_target = lambda layer, positions=positions: (cache.k[layer], cache.v[layer],
+                                                                       cache.key_norms[layer], positions)
 
         logits.append(model(tokens[:, step:step + 1], positions[:, None], attend)[:, -1])
     return tokens, torch.stack(logits, dim=1)
@@ -187,6 +193,36 @@ def test_decoder_with_triton_gemvs_matches_torch(monkeypatch, name):
         monkeypatch.setitem(fused.ops, op, getattr(gemv, op))
     _, got = decode(model, tokens)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_decoder_with_the_qkv_epilogue_matches_torch(monkeypatch, name):
+    """Decode with optimized/qkv_epilogue.py (the qkv product carrying q/k norm, RoPE and the cache append)
+    gives the logits plain torch gives (Llama: no q/k norm, Qwen2: its qkv bias, Qwen3: its q/k norms).
+    Gemma-3 scales q in a wrapper around attend, so its layers write k/v the plain way and never take it."""
+    model = load_model(name, device=DEVICE).model
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    _, expected = decode(model, tokens, append=True)
+    monkeypatch.setattr(gemv, "_sm_count", lambda device: 1)  # tiny widths would go to cuBLAS on a GPU
+    monkeypatch.setitem(fused.ops, "qk_norm_rope_append", layer_kernels.qk_norm_rope_append)
+    monkeypatch.setitem(fused.ops, "linear_qk_norm_rope_append", qkv_epilogue.linear_qk_norm_rope_append)
+    launches = []
+    kernel = qkv_epilogue._qkv_append_kernel
+    monkeypatch.setattr(qkv_epilogue, "_qkv_append_kernel", _Counting(kernel, launches))
+    _, got = decode(model, tokens, append=True)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert len(launches) == 12 * model.config.num_layers  # every decode step of every layer took the one launch
+
+
+class _Counting:
+    """A Triton kernel whose launches (`kernel[grid](...)`) are counted."""
+
+    def __init__(self, kernel, launches: list):
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid):
+        self.launches.append(grid)
+        return self.kernel[grid]
 
 
 def test_stacked_projections_load_and_save_under_hugging_face_names(tiny_models):

@@ -95,17 +95,20 @@ class SelfAttention(nn.Module):
     def attend_heads(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
         """Attention before the output projection: the heads side by side, `[B, T, H_q * D]`."""
         batch, seq, _ = x.shape
-        with label("sfibench.projections"):  # a label for `sfibench profile`
-            qkv = fused.ops["linear"](x, self.qkv_proj.weight, self.qkv_proj.bias)
         norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
         append_target = getattr(attend, "append_target", None)
         if seq == 1 and append_target is not None:
-            # Decode: the engine names where this layer's new k/v go, and one kernel normalises, rotates
-            # and appends them; attend gets no k/v to store.
-            q = fused.ops["qk_norm_rope_append"](qkv, *norms, cos, sin, self.num_heads, self.num_kv_heads,
-                                                 *append_target(layer))
+            # Decode: the engine names where this layer's new k/v go; the qkv product and one kernel that
+            # normalises, rotates and appends them (or, opt-in, the product alone: qkv_epilogue.py) give q,
+            # and attend gets no k/v to store.
+            with label("sfibench.projections"):  # a label for `sfibench profile`
+                q = fused.ops["linear_qk_norm_rope_append"](x, self.qkv_proj.weight, self.qkv_proj.bias, *norms, cos,
+                                                            sin, self.num_heads, self.num_kv_heads,
+                                                            *append_target(layer))
             out = attend(layer, q, None, None)
         else:
+            with label("sfibench.projections"):
+                qkv = fused.ops["linear"](x, self.qkv_proj.weight, self.qkv_proj.bias)
             q, k = fused.ops["qk_norm_rope"](qkv, *norms, cos, sin, self.num_heads, self.num_kv_heads)
             v = qkv.view(batch, seq, -1, self.head_dim)[:, :, self.num_heads + self.num_kv_heads:]
             out = attend(layer, q, k, v.transpose(1, 2))  # [B, H_q, T, D]

@@ -84,6 +84,17 @@ def qk_norm_rope_append(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weig
     return q
 
 
+def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                               q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                               cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
+                               k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Tensor,
+                               positions: torch.Tensor) -> torch.Tensor:
+    """Decode's qkv projection, then qk_norm_rope_append: q `[B, H_q, 1, D]`, k and v appended. Fused, the
+    two are one launch (optimized/qkv_epilogue.py, opt-in) or gemv's product and the q/k kernel."""
+    return ops["qk_norm_rope_append"](ops["linear"](x, weight, bias), q_weight, k_weight, eps, cos, sin, num_heads,
+                                      num_kv_heads, k_cache, v_cache, key_norms, positions)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """A projection: F.linear. Fused, decode-sized ones run optimized/gemv.py's kernel."""
     return F.linear(x, weight, bias)
@@ -102,7 +113,8 @@ def gate_up_activation(x: torch.Tensor, weight: torch.Tensor, activation: str) -
 
 EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope, "silu_mul": silu_mul,
          "gelu_tanh_mul": gelu_tanh_mul, "append_kv": append_kv, "qk_norm_rope_append": qk_norm_rope_append,
-         "linear": linear, "linear_add_rms_norm": linear_add_rms_norm, "gate_up_activation": gate_up_activation}
+         "linear": linear, "linear_add_rms_norm": linear_add_rms_norm, "gate_up_activation": gate_up_activation,
+         "linear_qk_norm_rope_append": linear_qk_norm_rope_append}
 # The RoPE table (rope.rope_cos_sin) is not compiled: compiled cos/sin of float32 angles up to the context
 # length were never checked against eager on a GPU. On a GPU the decoder gathers it from rope.PositionTable
 # instead (the same launch count, eager values).
@@ -122,7 +134,7 @@ def enable_fusion(enabled: bool = True) -> None:
         return
     import torch._dynamo
 
-    from sfibench.optimized import gemv, layer_kernels
+    from sfibench.optimized import gemv, layer_kernels, qkv_epilogue
 
     for limit in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
         if hasattr(torch._dynamo.config, limit):
@@ -135,3 +147,5 @@ def enable_fusion(enabled: bool = True) -> None:
     ops["linear"] = gemv.linear  # each falls back to the reference above (compiled ops) outside decode shapes
     ops["linear_add_rms_norm"] = gemv.linear_add_rms_norm
     ops["gate_up_activation"] = gemv.gate_up_activation
+    if qkv_epilogue.enabled():  # opt-in until timed: otherwise the composition above, gemv's product + q/k kernel
+        ops["linear_qk_norm_rope_append"] = qkv_epilogue.linear_qk_norm_rope_append

@@ -99,20 +99,11 @@ def _gelu_tanh(x):
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, normed_ptr, done_ptr,
-                 rows, n_out, n_in, stride_x, stride_w, stride_y, stride_r, stride_n, eps,
-                 EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-                 EARLY_WEIGHTS: tl.constexpr):
-    pid = tl.program_id(0)
-    dtype = y_ptr.dtype.element_ty
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+def _product_tile(x_ptr, w_ptr, n_out, n_in, stride_x, stride_w, offs_m, offs_n, row_ok, col_ok,
+                  gated: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, EARLY_WEIGHTS: tl.constexpr):
+    """x `[BLOCK_M, K]` times the weight rows `offs_n` (and, gated, the up half's same rows), in float32."""
     offs_k = tl.arange(0, BLOCK_K)
-    row_ok = offs_m < rows
-    col_ok = offs_n < n_out
-    gated: tl.constexpr = EPILOGUE == 2 or EPILOGUE == 3
-
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # gated: the same columns of the up half
     first_k = 0
@@ -144,6 +135,25 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, n
         if gated:  # the up half's rows start n_out rows further down the stacked weight
             w_up = tl.load(w_ptr + (offs_n + n_out)[:, None] * stride_w + k[None, :], mask=w_mask, other=0.0)
             acc_up += tl.dot(x, tl.trans(w_up), input_precision=DOT_PRECISION)
+    return acc, acc_up
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, normed_ptr, done_ptr,
+                 rows, n_out, n_in, stride_x, stride_w, stride_y, stride_r, stride_n, eps,
+                 EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+                 EARLY_WEIGHTS: tl.constexpr):
+    pid = tl.program_id(0)
+    dtype = y_ptr.dtype.element_ty
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = offs_m < rows
+    col_ok = offs_n < n_out
+    gated: tl.constexpr = EPILOGUE == 2 or EPILOGUE == 3
+
+    acc, acc_up = _product_tile(x_ptr, w_ptr, n_out, n_in, stride_x, stride_w, offs_m, offs_n, row_ok, col_ok,
+                                gated, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, PDL, EARLY_WEIGHTS)
     pdl.release_dependents(PDL)  # the epilogue's few stores overlap the next kernel's launch
 
     if HAS_BIAS:

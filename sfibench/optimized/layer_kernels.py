@@ -133,19 +133,25 @@ def qk_norm_rope_append(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weig
     head_dim = cos.shape[-1]
     if seq != 1:
         raise ValueError(f"qk_norm_rope_append appends one token per sequence; got {seq}")
-    if k_cache.shape != (batch, num_kv_heads, k_cache.shape[2], head_dim) or v_cache.shape != k_cache.shape \
-            or key_norms.shape != k_cache.shape[:3]:
-        raise ValueError(f"caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)}, norms {tuple(key_norms.shape)} "
-                         f"do not hold [B, H_kv, S, D] = [{batch}, {num_kv_heads}, S, {head_dim}]")
-    if positions.shape != (batch,) or positions.device != qkv.device:
-        raise ValueError(f"positions must be [B] = [{batch}] on {qkv.device}, got {tuple(positions.shape)} on "
-                         f"{positions.device}")
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("the caches need a contiguous last dimension")
+    check_append_inputs(batch, num_kv_heads, head_dim, qkv.device, k_cache, v_cache, key_norms, positions)
     q = torch.empty(batch, num_heads, 1, head_dim, device=qkv.device, dtype=qkv.dtype)
     _launch_qk_norm_rope(qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_kv_heads, q, k_cache,
                          (v_cache, key_norms, positions))
     return q
+
+
+def check_append_inputs(batch: int, num_kv_heads: int, head_dim: int, device: torch.device, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, key_norms: torch.Tensor, positions: torch.Tensor) -> None:
+    """The cache and positions a decode append writes to: [B, H_kv, S, D] caches, [B] positions on `device`."""
+    if k_cache.shape != (batch, num_kv_heads, k_cache.shape[2], head_dim) or v_cache.shape != k_cache.shape \
+            or key_norms.shape != k_cache.shape[:3]:
+        raise ValueError(f"caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)}, norms {tuple(key_norms.shape)} "
+                         f"do not hold [B, H_kv, S, D] = [{batch}, {num_kv_heads}, S, {head_dim}]")
+    if positions.shape != (batch,) or positions.device != device:
+        raise ValueError(f"positions must be [B] = [{batch}] on {device}, got {tuple(positions.shape)} on "
+                         f"{positions.device}")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("the caches need a contiguous last dimension")
 
 
 def _launch_qk_norm_rope(qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_kv_heads, q, k, append=None):

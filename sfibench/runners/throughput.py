@@ -34,6 +34,17 @@ def _pdl_state() -> str:
     return pdl.describe()
 
 
+def _decode_gemv() -> str:
+    """Which kernels ran the decode products (fusion on: gemv.py's, the qkv one with its opt-in epilogue)."""
+    if fused.ops["linear"] is fused.linear:
+        return "cuBLAS (F.linear)"
+    from sfibench.optimized import qkv_epilogue
+
+    if fused.ops["linear_qk_norm_rope_append"] is qkv_epilogue.linear_qk_norm_rope_append:
+        return DECODE_GEMV + "; qkv + q/k norm, RoPE and the KV append in one kernel (optimized/qkv_epilogue.py)"
+    return DECODE_GEMV
+
+
 def resolve_methods(methods: list[str], paths: list[str]) -> list[tuple[str, str]]:
     """Every registered (method, path) among those asked for; `name/path` pins one path.
 
@@ -96,7 +107,7 @@ def run_throughput(model: str, device: str, dtype: str, contexts: list[int | str
             "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
             "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
             "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
-            "decode_gemv": DECODE_GEMV if fused.ops["linear"] is not fused.linear else "cuBLAS (F.linear)",
+            "decode_gemv": _decode_gemv(),
             "pdl": _pdl_state(),
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if dense_kernels else [],
         }
