@@ -384,7 +384,7 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     rest. The split count comes from the static shapes (`n_slots` keys at most per row), never from lengths.
     With PDL (pdl.py) and `index_before_wait`, the kernel reads its index tensors (lengths, counts, row
     buffers) before waiting for the kernel before it: a caller passes it only where that kernel does not
-    write them (the decoder's q/k kernel, at decode).
+    write them (at decode: the kernel that appends the step's k/v).
     """
     batch, q_heads, head_dim = q.shape
     config = config or default_config(head_dim, q.dtype, _shared_memory(q.device))

@@ -38,8 +38,8 @@ class TritonFullKV(AttentionMethod):
         ctx.tokens_read.copy_(ctx.kv_lengths[None, :, None].expand_as(ctx.tokens_read))
 
     def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan) -> torch.Tensor:
-        # Lengths are read on the device: the default plan (nothing host-side) serves every step. The q/k
-        # kernel just before this one does not write them, so the kernel may read them before its PDL wait.
+        # Lengths are read on the device: the default plan (nothing host-side) serves every step. The kernel
+        # just before this one (the step's k/v append) does not write them: they may be read before a PDL wait.
         out = dense_decode(q[:, :, 0], cache.k[ctx.layer], cache.v[ctx.layer], ctx.kv_lengths,
                            index_before_wait=True)
         return out[:, :, None]

@@ -4,8 +4,8 @@ Steps run eagerly so every kernel is visible (CUDA graphs would hide the launch 
 exists to show). torch.profiler labels (record_function) mark attention, the sparse methods' index
 build, each Selector stage, the q/k/v/o projections and the MLP; everything else in a step (norms,
 embedding, LM head) is "other model ops". At decode the projections' label also covers the q/k norm,
-RoPE and KV-cache append after the qkv product (one op, which the fused path may run as one kernel). On a GPU, "launch gaps" is the step's
-wall time minus the time kernels were running.
+RoPE and KV-cache append after the qkv product (one op, which the fused path may run as one kernel). On
+a GPU, "launch gaps" is the step's wall time minus the time kernels were running.
 
 The reference SFI keeps no compact copy of the selected K/V: a fast step gathers through an index
 list rebuilt every step ("sparse index build"), which is where an optimized path's compact rebuild

@@ -151,9 +151,9 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
     sampler = NvmlSampler(device.index or 0) if device.type == "cuda" else None
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    # Pass 0 is the warm-up that captures the graphs. A timed pass that still had to capture one (the
-    # asynchronous SFI's plan depends on when its side stream publishes, so a plan first seen in pass 2
-    # happens) measured a capture, not decoding: it is run again, at most MAX_REDONE times in all.
+    # Pass 0 is the warm-up that captures the graphs. A timed pass that still had to capture one (a plan
+    # first met there: the asynchronous SFI's plans depend on when its side stream publishes) measured a
+    # capture, not decoding: it is run again, at most MAX_REDONE times in all.
     repeat, redone, sampling = 0, 0, False
     while len(passes) < cfg.repeats:
         timed = repeat > 0
