@@ -70,7 +70,7 @@ def test_one_launch_matches_the_product_then_the_q_k_kernel(batch, heads, kv_hea
 
 def test_shapes_it_does_not_serve_take_the_two_launch_route():
     """A tile wider than a head is narrowed; one that does not divide the head falls back to the reference."""
-    x, w, b, norms, cos, sin, caches, positions = _inputs(2, 2, 1, 32, 24, 10, torch.float32, False, True, seed=3)
+    x, w, _, norms, cos, sin, caches, positions = _inputs(2, 2, 1, 32, 24, 10, torch.float32, False, True, seed=3)
     positions[0] = 1  # every slot in range here: the fallback's reference scatter needs that
     want_caches = [c.clone() for c in caches]
     want_q = fused.qk_norm_rope_append(F.linear(x, w), *norms, cos, sin, 2, 1, *want_caches, positions)

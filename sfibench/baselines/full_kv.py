@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-
 from dataclasses import dataclass
+
+import torch
 
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import typer
 
-from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, KEEP_NEIGHBOURS_HELP, PATHS, console, user_errors
+from sfibench.commands.common import (
+    DEVICE_HELP,
+    DTYPE_HELP,
+    KEEP_NEIGHBOURS_HELP,
+    PATHS,
+    console,
+    user_errors,
+)
 from sfibench.config import SelectorConfig, SFIConfig, TriggerConfig
 from sfibench.errors import UsageError
 from sfibench.options import (

@@ -34,16 +34,16 @@ import triton.language as tl
 from sfibench.optimized import pdl
 from sfibench.optimized.decode_attention import (
     KernelConfig,
-    _shared_memory,
-    default_config,
     _accumulate,
     _attend_range,
     _check_inputs,
     _finish_split,
     _launch_split_kernel,
     _load_group_queries,
+    _shared_memory,
     _softmax_weights,
     _split_range,
+    default_config,
     default_num_splits,
     sm_count,
 )
