@@ -195,11 +195,11 @@ def test_decoder_with_triton_gemvs_matches_torch(monkeypatch, name):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3"])
 def test_decoder_with_the_qkv_epilogue_matches_torch(monkeypatch, name):
     """Decode with optimized/qkv_epilogue.py (the qkv product carrying q/k norm, RoPE and the cache append)
-    gives the logits plain torch gives (Llama: no q/k norm, Qwen2: its qkv bias, Qwen3: its q/k norms).
-    Gemma-3 scales q in a wrapper around attend, so its layers write k/v the plain way and never take it."""
+    gives the logits plain torch gives (Llama: no q/k norm, Qwen2: its qkv bias, Qwen3 and Gemma-3: their
+    q/k norms; tiny-gemma3's query scale wraps attend, which must keep the append target)."""
     model = load_model(name, device=DEVICE).model
     tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     _, expected = decode(model, tokens, append=True)

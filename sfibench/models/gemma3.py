@@ -82,6 +82,9 @@ class Gemma3Decoder(Decoder):
             def attend(layer, q, k, v):
                 return inner(layer, q * scale, k, v)
 
+            if hasattr(inner, "append_target"):  # decode: the layers still append their own k/v
+                attend.append_target = inner.append_target
+
         return super().forward(tokens, positions, attend, last_only)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
