@@ -9,7 +9,9 @@
 # converts Gemma-3's GGUF tokenizer into two-character pieces (reports/diagnostics/gemma3-h200-mismatch),
 # which sfibench refuses at load; 5.23 with the device's tokenizers 0.23.2 and huggingface_hub 1.33 is right.
 #   bash benchmarks/h200_gemma_quality.sh SECONDS CONTEXTS   (e.g. 540 16384,31744,8192)
-# Optional environment: EXTRA="--methods sfi --no-nms --keep-neighbours 7" (replaces the methods list: an
+# Optional environment: TASKS (default niah_single,niah_multiturn; e.g. TASKS=niah_multiturn,niah_multikey,
+# niah_multiquery EXTRA="--methods full_kv" TAG=-probe finds which multi-key/multi-turn task Full-KV solves);
+# EXTRA="--methods sfi --no-nms --keep-neighbours 7" (replaces the methods list: an
 # ablation run, its folder named with TAG, e.g. TAG=-no-nms-keep7); RESUME=DIR continues a stopped run
 # (e.g. RESUME=reports/quality-gemma3-32k-h200 with that folder exported into the tree: its copy in $OUT
 # gets `--resume`).
@@ -30,7 +32,7 @@ for ctx in $(echo "${2:-16384,31744,8192}" | tr , " "); do
     resume=()
     if [ -n "${RESUME:-}" ]; then cp -r "$RESUME" "$out" && resume=(--resume); fi
     # shellcheck disable=SC2086  (EXTRA is a list of flags)
-    timeout "$left" python -m sfibench quality --model "$model" --tasks niah_single,niah_multiturn --ctx "$ctx" \
+    timeout "$left" python -m sfibench quality --model "$model" --tasks "${TASKS:-niah_single,niah_multiturn}" --ctx "$ctx" \
         --sfi-preset paper-2k,paper-4k ${EXTRA:---methods full_kv,sfi,streaming_llm,snapkv} --samples 20 --batch 4 \
         --no-chat --device cuda --dtype float32 --out "$out" "${resume[@]}" > "$OUT/quality-$ctx.log" 2>&1
     echo "ctx $ctx rc=$? after $((SECONDS - started)) s"
