@@ -18,9 +18,10 @@ in as an epilogue, it costs neither:
 Folding the norm into the *next* product's prologue instead (every program normalising its own copy of
 the input) measured 5x slower: a dot operand computed in registers stops the weight loads pipelining.
 
-On Hopper the kernel launches with programmatic dependent launch (pdl.py): it may start while the
-kernel before it finishes, and it loads its first weight tile before waiting for that kernel (nothing
-writes weights), so a product's first memory round trip overlaps the previous kernel's tail.
+With programmatic dependent launch on (pdl.py; off by default, as measured there) the kernel may start
+while the kernel before it finishes. It can then load its first weight tile before waiting for that
+kernel (nothing writes weights; SFIBENCH_GEMV_EARLY_WEIGHTS=1), which measured slower at B = 5 and no
+faster at B = 1 on an H200, so by default it waits first.
 
 Every program owns BLOCK_N output columns and loops over K, BLOCK_K at a time: a [BLOCK_N, BLOCK_K]
 weight tile (rows are contiguous in K: the loads coalesce) times the [16, BLOCK_K] input tile (rows
@@ -211,9 +212,9 @@ EARLY_WEIGHTS_ENV = "SFIBENCH_GEMV_EARLY_WEIGHTS"
 
 
 def _early_weights(device: torch.device) -> bool:
-    """Whether the kernel loads its first weight tile before the PDL wait (pdl.py): only worth it with PDL,
-    where the program can start during the kernel before; SFIBENCH_GEMV_EARLY_WEIGHTS=0 turns it off."""
-    return pdl.enabled(device, "products") and os.environ.get(EARLY_WEIGHTS_ENV, "1") != "0"
+    """Whether the kernel loads its first weight tile before the PDL wait (pdl.py): only meaningful with PDL,
+    where the program can start during the kernel before; opt-in (SFIBENCH_GEMV_EARLY_WEIGHTS=1)."""
+    return pdl.enabled(device, "products") and os.environ.get(EARLY_WEIGHTS_ENV, "0") == "1"
 
 
 _done_counters: dict[torch.device, torch.Tensor] = {}
