@@ -3,9 +3,8 @@
 # SFI, optimized), after the Triton kernels' tests on CUDA: `bash benchmarks/h200_session9_ab.sh` (~7 min).
 # Session 9 ran it with the variants 0 / 1 without early weights / 1 (reports/ab-qwen3-4b-32k-h200); the
 # variants below are the next call's: off, PDL for the GEMVs and q/k kernel only, PDL for every kernel
-# (weights after the wait, which measured better), and the qkv product carrying q/k norm + RoPE + append
-# (optimized/qkv_epilogue.py, PDL off). Each variant: SFIBENCH_PDL SFIBENCH_GEMV_EARLY_WEIGHTS
-# SFIBENCH_QKV_EPILOGUE name.
+# (session 9's on-weights-after-wait), and the qkv product carrying q/k norm + RoPE + append
+# (optimized/qkv_epilogue.py, PDL off). Each variant: SFIBENCH_PDL SFIBENCH_QKV_EPILOGUE name.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
@@ -16,14 +15,14 @@ rc=$?; tail -3 "$OUT/tests.log"
 [ "$rc" -eq 0 ] || { echo "CUDA tests FAILED (rc=$rc): the A/B below is for diagnosis only"; \
     grep -E "^E |FAILED" "$OUT/tests.log" | head -20; }
 echo "tests done after $((SECONDS - started)) s"
-for variant in "0 0 0 off" "products 0 0 products" "1 0 0 on" "0 0 1 qkv-epilogue"; do
+for variant in "0 0 off" "products 0 products" "1 0 on" "0 1 qkv-epilogue"; do
     set -- $variant
-    SFIBENCH_PDL=$1 SFIBENCH_GEMV_EARLY_WEIGHTS=$2 SFIBENCH_QKV_EPILOGUE=$3 timeout 150 python -m sfibench throughput \
+    SFIBENCH_PDL=$1 SFIBENCH_QKV_EPILOGUE=$2 timeout 150 python -m sfibench throughput \
         --model qwen3-4b \
         --ctx 32k --batch 1,5 --methods full_kv/optimized,sfi --paths optimized --steps 64 --no-dense-kernels \
-        --out "$OUT/ab-$4" > "$OUT/ab-$4.log" 2>&1
-    echo "$4 rc=$? after $((SECONDS - started)) s"
-    python - "$OUT/ab-$4/results.json" <<'PY'
+        --out "$OUT/ab-$3" > "$OUT/ab-$3.log" 2>&1
+    echo "$3 rc=$? after $((SECONDS - started)) s"
+    python - "$OUT/ab-$3/results.json" <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1]))["results"]["rows"]:
     kinds = "  ".join(f"{kind} p50 {v['p50']:.3f} p90 {v['p90']:.3f}" for kind, v in r["ms_per_step"].items()

@@ -28,17 +28,10 @@ def _random(generator, *shape, scale=1.0, dtype=torch.float32):
     return (scale * torch.randn(*shape, generator=generator)).to(DEVICE, dtype)
 
 
-@pytest.fixture(params=[False, True], ids=["weights-after-wait", "first-weights-early"])
-def early_weights(request, monkeypatch):
-    """Both orders of the kernel's first weight tile and its input (on a GPU with PDL, the first tile is
-    loaded before the wait; gemv._early_weights picks)."""
-    monkeypatch.setattr(gemv, "_early_weights", lambda device: request.param)
-
-
 @pytest.mark.parametrize("rows,n_out,n_in", SHAPES)
 @pytest.mark.parametrize("dtype", _dtypes())
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_matches_f_linear(rows, n_out, n_in, dtype, bias, early_weights):
+def test_linear_matches_f_linear(rows, n_out, n_in, dtype, bias):
     g = torch.Generator().manual_seed(rows * n_out)
     x = _random(g, rows, 1, n_in, dtype=dtype)
     w = _random(g, n_out, n_in, scale=n_in ** -0.5, dtype=dtype)
@@ -50,7 +43,7 @@ def test_linear_matches_f_linear(rows, n_out, n_in, dtype, bias, early_weights):
 
 @pytest.mark.parametrize("rows,n_out,n_in", SHAPES)
 @pytest.mark.parametrize("dtype", _dtypes())
-def test_add_rms_norm_epilogue_matches_linear_then_add_rms_norm(rows, n_out, n_in, dtype, early_weights):
+def test_add_rms_norm_epilogue_matches_linear_then_add_rms_norm(rows, n_out, n_in, dtype):
     g = torch.Generator().manual_seed(7 + rows)
     x = _random(g, rows, 1, n_in, dtype=dtype)
     w = _random(g, n_out, n_in, scale=n_in ** -0.5, dtype=dtype)
@@ -66,7 +59,7 @@ def test_add_rms_norm_epilogue_matches_linear_then_add_rms_norm(rows, n_out, n_i
 
 @pytest.mark.parametrize("activation", ["silu_mul", "gelu_tanh_mul"])
 @pytest.mark.parametrize("dtype", _dtypes())
-def test_gated_epilogues_match_linear_then_activation(activation, dtype, early_weights):
+def test_gated_epilogues_match_linear_then_activation(activation, dtype):
     g = torch.Generator().manual_seed(3)
     x = _random(g, 4, 120, dtype=dtype)
     w = _random(g, 2 * 70, 120, scale=2 * 120 ** -0.5, dtype=dtype)  # gate rows, then up rows

@@ -19,9 +19,9 @@ Folding the norm into the *next* product's prologue instead (every program norma
 the input) measured 5x slower: a dot operand computed in registers stops the weight loads pipelining.
 
 With programmatic dependent launch on (pdl.py; off by default, as measured there) the kernel may start
-while the kernel before it finishes. It can then load its first weight tile before waiting for that
-kernel (nothing writes weights; SFIBENCH_GEMV_EARLY_WEIGHTS=1), which measured slower at B = 5 and no
-faster at B = 1 on an H200, so by default it waits first.
+while the kernel before it finishes, and waits for it before its first load. (Loading the first weight
+tile before that wait, which nothing forbids since no kernel writes weights, measured slower at B = 5
+and no faster at B = 1 on an H200, session 9: dropped.)
 
 Every program owns BLOCK_N output columns and loops over K, BLOCK_K at a time: a [BLOCK_N, BLOCK_K]
 weight tile (rows are contiguous in K: the loads coalesce) times the [16, BLOCK_K] input tile (rows
@@ -34,13 +34,13 @@ tests/test_gemv.py checks each function against its reference under TRITON_INTER
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 from sfibench.optimized import pdl
 
@@ -84,9 +84,6 @@ def decode_config(rows: int, n_out: int, n_in: int, device: torch.device) -> Gem
     return GemvConfig(32, 512 if few else 128, num_stages=4 if few else 3)
 
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read by Triton when the kernels are decorated
-
-
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 1  # the interpreter: any product is worth running through the kernel under test
@@ -102,31 +99,13 @@ def _gelu_tanh(x):
 @triton.jit
 def _product_tile(x_ptr, w_ptr, n_out, n_in, stride_x, stride_w, offs_m, offs_n, row_ok, col_ok,
                   gated: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, EARLY_WEIGHTS: tl.constexpr):
+                  DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
     """x `[BLOCK_M, K]` times the weight rows `offs_n` (and, gated, the up half's same rows), in float32."""
     offs_k = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # gated: the same columns of the up half
-    first_k = 0
-    if EARLY_WEIGHTS:
-        # With PDL this program may start while the kernel before it still runs. No kernel writes the
-        # weights, so the first weight tile is loaded before the wait: its memory latency overlaps that
-        # kernel's tail instead of following it.
-        k_ok = offs_k < n_in
-        w_mask = col_ok[:, None] & k_ok[None, :]
-        w = tl.load(w_ptr + offs_n[:, None] * stride_w + offs_k[None, :], mask=w_mask, other=0.0)
-        if gated:
-            w_up = tl.load(w_ptr + (offs_n + n_out)[:, None] * stride_w + offs_k[None, :], mask=w_mask, other=0.0)
-        pdl.wait_for_inputs(PDL)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_x + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :],
-                    other=0.0)
-        acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION)
-        if gated:
-            acc_up += tl.dot(x, tl.trans(w_up), input_precision=DOT_PRECISION)
-        first_k = BLOCK_K
-    else:
-        pdl.wait_for_inputs(PDL)  # x is the kernel before's output
-    for k0 in range(first_k, n_in, BLOCK_K):
+    pdl.wait_for_inputs(PDL)  # x is the kernel before's output
+    for k0 in range(0, n_in, BLOCK_K):
         k = k0 + offs_k
         k_ok = k < n_in
         x = tl.load(x_ptr + offs_m[:, None] * stride_x + k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
@@ -143,8 +122,7 @@ def _product_tile(x_ptr, w_ptr, n_out, n_in, stride_x, stride_w, offs_m, offs_n,
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, normed_ptr, done_ptr,
                  rows, n_out, n_in, stride_x, stride_w, stride_y, stride_r, stride_n, eps,
                  EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-                 EARLY_WEIGHTS: tl.constexpr):
+                 BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     dtype = y_ptr.dtype.element_ty
     offs_m = tl.arange(0, BLOCK_M)
@@ -154,7 +132,7 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, n
     gated: tl.constexpr = EPILOGUE == 2 or EPILOGUE == 3
 
     acc, acc_up = _product_tile(x_ptr, w_ptr, n_out, n_in, stride_x, stride_w, offs_m, offs_n, row_ok, col_ok,
-                                gated, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, PDL, EARLY_WEIGHTS)
+                                gated, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, PDL)
     pdl.release_dependents(PDL)  # the epilogue's few stores overlap the next kernel's launch
 
     if HAS_BIAS:
@@ -208,14 +186,7 @@ def _rms_norm_rows(x_ptr, weight_ptr, out_ptr, rows, width, stride_x, stride_out
                  mask=mask)
 
 
-EARLY_WEIGHTS_ENV = "SFIBENCH_GEMV_EARLY_WEIGHTS"
-
-
-def _early_weights(device: torch.device) -> bool:
-    """Whether the kernel loads its first weight tile before the PDL wait (pdl.py): only meaningful with PDL,
-    where the program can start during the kernel before; opt-in (SFIBENCH_GEMV_EARLY_WEIGHTS=1)."""
-    return pdl.enabled(device, "products") and os.environ.get(EARLY_WEIGHTS_ENV, "0") == "1"
-
+_INTERPRETED = isinstance(_gemv_kernel, InterpretedFunction)  # as decode_attention.py tells
 
 _done_counters: dict[torch.device, torch.Tensor] = {}
 
@@ -263,7 +234,6 @@ def _launch(x2, weight, bias, y, epilogue: str, config: GemvConfig, n_out: int,
         BLOCK_K=config.block_k,
         BLOCK_NORM=min(1024, triton.next_power_of_2(n_out)),
         DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
-        EARLY_WEIGHTS=_early_weights(x2.device),
         num_warps=config.num_warps, num_stages=config.num_stages, **launch,
     )
 

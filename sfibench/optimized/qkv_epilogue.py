@@ -48,7 +48,9 @@ def _finish_head(qkv_ptr, head, rows, stride_qkv, cos_ptr, sin_ptr, stride_cb, s
                  stride_p, n_slots, eps, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                  HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """One head of every row, from the stored product to q or the cache, rounded where the reference rounds
-    (fused.qk_norm_rope_append: the norm in float32, cast, times the weight, cast; RoPE in float32, cast)."""
+    (fused.qk_norm_rope_append: the norm in float32, cast, times the weight, cast; RoPE in float32, cast).
+    layer_kernels._norm_rope_head does the same for one (token, head); here all rows of the head are one
+    [rows, HEAD_DIM / 2] tile, so the tail costs one round trip to memory rather than one per row."""
     dtype = qkv_ptr.dtype.element_ty
     HALF: tl.constexpr = HEAD_DIM // 2
     offs_m = tl.arange(0, BLOCK_M)
@@ -112,15 +114,14 @@ def _qkv_append_kernel(x_ptr, w_ptr, bias_ptr, qkv_ptr, counter_ptr, cos_ptr, si
                        stride_ns, stride_p, n_slots, eps,
                        NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HAS_NORM: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-                       EARLY_WEIGHTS: tl.constexpr):
+                       BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_m < rows
     col_ok = offs_n < n_out
     acc, _ = gemv._product_tile(x_ptr, w_ptr, n_out, n_in, stride_x, stride_w, offs_m, offs_n, row_ok, col_ok,
-                                False, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, PDL, EARLY_WEIGHTS)
+                                False, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, PDL)
     pdl.release_dependents(PDL)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -154,7 +155,7 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
     """fused.qk_norm_rope_append(F.linear(x, weight, bias), ...) for decode's x `[B, 1, K]`: q `[B, H_q, 1, D]`,
     the new k and v appended at slot positions[b]. Shapes the kernel does not serve (prefill-sized batches,
     products cuBLAS is better at, a tile that does not divide the head) take the two-launch route."""
-    from sfibench.models import fused  # the reference ops; fused imports this module lazily
+    from sfibench.models import fused  # the two-launch composition; fused imports this module lazily
 
     n_out, n_in = weight.shape
     head_dim = cos.shape[-1]
@@ -164,9 +165,8 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
         config = replace(config, block_n=min(config.block_n, head_dim))
     if config is None or head_dim % config.block_n or x.shape[1] != 1 \
             or n_out != (num_heads + 2 * num_kv_heads) * head_dim:
-        qkv = fused.ops["linear"](x, weight, bias)
-        return fused.ops["qk_norm_rope_append"](qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_kv_heads,
-                                                k_cache, v_cache, key_norms, positions)
+        return fused.linear_qk_norm_rope_append(x, weight, bias, q_weight, k_weight, eps, cos, sin, num_heads,
+                                                num_kv_heads, k_cache, v_cache, key_norms, positions)
     batch = x.shape[0]
     check_append_inputs(batch, num_kv_heads, head_dim, x.device, k_cache, v_cache, key_norms, positions)
     if cos.stride(-1) != 1 or sin.stride(-1) != 1:
@@ -183,7 +183,7 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
         positions.stride(0), k_cache.shape[2], eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HAS_NORM=has_norm, HAS_BIAS=bias is not None,
         HEAD_DIM=head_dim, BLOCK_M=gemv.MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", EARLY_WEIGHTS=gemv._early_weights(x.device),
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device, "products"),
     )
     return q
