@@ -114,7 +114,9 @@ def test_two_segment_matches_reference_and_writes_evidence_only_where_asked(
     dense_rows = [b for b, (buffer, _, _) in enumerate(rows) if buffer == DENSE]
     if dense_rows:
         dense = dense_decode(*(inputs[name][dense_rows] for name in ("q", "k", "v", "lengths")), num_splits)
-        if num_splits:
+        # float32 one-loop launches run three pipeline stages (shared memory), dense_decode four: a different
+        # compiled kernel, so exact equality is asked only where the configs agree.
+        if num_splits and not (one_loop and dtype == torch.float32):
             assert torch.equal(out[dense_rows], dense)
         else:
             assert_matches(out[dense_rows], dense.double(), dtype)

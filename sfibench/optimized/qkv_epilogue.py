@@ -70,26 +70,29 @@ def _finish_head(qkv_ptr, head, rows, stride_qkv, cos_ptr, sin_ptr, stride_cb, s
         tl.store(dst + HALF, second, mask=in_cache)
     else:
         is_query = head < NUM_HEADS
-        first = first.to(tl.float32)
-        second = second.to(tl.float32)
+        # New names: Triton wants a variable to keep its type across the branches.
+        x_first = first.to(tl.float32)
+        x_second = second.to(tl.float32)
         if HAS_NORM:
             if is_query:
                 weight_ptr = q_weight_ptr
             else:
                 weight_ptr = k_weight_ptr
-            inv_rms = tl.rsqrt((tl.sum(first * first, 1) + tl.sum(second * second, 1)) / HEAD_DIM + eps)
+            inv_rms = tl.rsqrt((tl.sum(x_first * x_first, 1) + tl.sum(x_second * x_second, 1)) / HEAD_DIM + eps)
             w_first = tl.load(weight_ptr + offs_h).to(tl.float32)
             w_second = tl.load(weight_ptr + HALF + offs_h).to(tl.float32)
-            first = (w_first[None, :] * (first * inv_rms[:, None]).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-            second = (w_second[None, :] * (second * inv_rms[:, None]).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+            normed_first = (x_first * inv_rms[:, None]).to(dtype).to(tl.float32)
+            normed_second = (x_second * inv_rms[:, None]).to(dtype).to(tl.float32)
+            x_first = (w_first[None, :] * normed_first).to(dtype).to(tl.float32)
+            x_second = (w_second[None, :] * normed_second).to(dtype).to(tl.float32)
         cos_row = cos_ptr + batch[:, None] * stride_cb + offs_h[None, :]
         sin_row = sin_ptr + batch[:, None] * stride_sb + offs_h[None, :]
         cos_first = tl.load(cos_row, mask=row_ok[:, None], other=0.0).to(tl.float32)
         cos_second = tl.load(cos_row + HALF, mask=row_ok[:, None], other=0.0).to(tl.float32)
         sin_first = tl.load(sin_row, mask=row_ok[:, None], other=0.0).to(tl.float32)
         sin_second = tl.load(sin_row + HALF, mask=row_ok[:, None], other=0.0).to(tl.float32)
-        out_first = (first * cos_first - second * sin_first).to(dtype)
-        out_second = (second * cos_second + first * sin_second).to(dtype)
+        out_first = (x_first * cos_first - x_second * sin_first).to(dtype)
+        out_second = (x_second * cos_second + x_first * sin_second).to(dtype)
         if is_query:
             dst = q_ptr + batch[:, None] * stride_qb + head * stride_qh + offs_h[None, :]
             tl.store(dst, out_first, mask=row_ok[:, None])

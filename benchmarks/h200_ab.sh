@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# An A/B of programmatic dependent launch (optimized/pdl.py) on the 4B shape at 32K, B = 1 and 5 (Full-KV and
-# SFI, optimized), after the Triton kernels' tests on CUDA: `bash benchmarks/h200_session9_ab.sh` (~7 min).
-# Session 9 ran it with the variants 0 / 1 without early weights / 1 (reports/ab-qwen3-4b-32k-h200); the
-# variants below are the next call's: off, PDL for the GEMVs and q/k kernel only, PDL for every kernel
-# (session 9's on-weights-after-wait), and the qkv product carrying q/k norm + RoPE + append
-# (optimized/qkv_epilogue.py, PDL off). Each variant: SFIBENCH_PDL SFIBENCH_QKV_EPILOGUE name.
+# An A/B of decoder variants on the 4B shape at 32K, B = 1 and 5 (Full-KV and SFI, optimized), after the
+# Triton kernels' tests on CUDA: `bash benchmarks/h200_ab.sh` (~7 min with the default four variants).
+# Each variant is "SFIBENCH_PDL SFIBENCH_QKV_EPILOGUE name"; VARIANTS (';'-separated) and TESTS (test files)
+# override the defaults, e.g. VARIANTS="0 0 off;0 1 qkv-epilogue" TESTS="tests/test_qkv_epilogue.py".
+# Session 9 ran it (as h200_session9_ab.sh) with PDL 0 / 1 (reports/ab-qwen3-4b-32k-h200); session 10 with
+# the default list: off, PDL for the GEMVs and q/k kernel only, PDL for every kernel, and the qkv product
+# carrying q/k norm + RoPE + append (optimized/qkv_epilogue.py, PDL off).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
 cat DEVICE_COMMIT 2>/dev/null
-timeout 240 python -m pytest -q tests/test_gemv.py tests/test_fused_kernels.py tests/test_graphs.py \
-    tests/test_floor.py tests/test_two_segment.py tests/test_kernels.py tests/test_qkv_epilogue.py > "$OUT/tests.log" 2>&1
+tests=${TESTS:-tests/test_gemv.py tests/test_fused_kernels.py tests/test_graphs.py tests/test_floor.py \
+    tests/test_two_segment.py tests/test_kernels.py tests/test_qkv_epilogue.py}
+# shellcheck disable=SC2086  (a list of files)
+timeout 240 python -m pytest -q $tests > "$OUT/tests.log" 2>&1
 rc=$?; tail -3 "$OUT/tests.log"
 [ "$rc" -eq 0 ] || { echo "CUDA tests FAILED (rc=$rc): the A/B below is for diagnosis only"; \
     grep -E "^E |FAILED" "$OUT/tests.log" | head -20; }
 echo "tests done after $((SECONDS - started)) s"
-for variant in "0 0 off" "products 0 products" "1 0 on" "0 1 qkv-epilogue"; do
+IFS=';' read -ra variants <<< "${VARIANTS:-0 0 off;products 0 products;1 0 on;0 1 qkv-epilogue}"
+for variant in "${variants[@]}"; do
     set -- $variant
     SFIBENCH_PDL=$1 SFIBENCH_QKV_EPILOGUE=$2 timeout 150 python -m sfibench throughput \
         --model qwen3-4b \
