@@ -18,6 +18,7 @@ from sfibench.engine.decode import generate
 from sfibench.engine.prefill import prefill
 from sfibench.engine.sampling import Sampler
 from sfibench.methods import available, create_method
+from sfibench.models.loading import load_model
 
 BOTH_PATHS = sorted({name for name, path in available() if path == "optimized"}
                     & {name for name, path in available() if path == "reference"})
@@ -70,6 +71,28 @@ def test_paths_agree_on_tokens_and_reads(tiny_models, model_name, name):
         assert torch.equal(a.tokens_read, b.tokens_read)
     if name == "sfi":
         assert any("slow" in step.kinds for step in ref.steps)  # refreshes happened and were compared
+        assert_same_selection(ref_method, opt_method)
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma3():
+    return load_model("tiny-gemma3")
+
+
+@pytest.mark.parametrize("name", BOTH_PATHS)
+def test_paths_agree_with_sliding_window_layers(tiny_gemma3, name):
+    """Gemma-3's local layers attend their window whatever the method; only the global layer selects. The
+    prompts outgrow the 16-token window, so a local layer reads less than the whole history."""
+    runs = decode_both(tiny_gemma3, prompts_for(tiny_gemma3, 2), lambda path: small_spec(name, path), steps=24)
+    (ref, ref_method), (opt, opt_method) = runs["reference"], runs["optimized"]
+    assert torch.equal(ref.tokens, opt.tokens)
+    local = [layer for layer, is_global in enumerate(tiny_gemma3.config.layer_is_global) if not is_global]
+    for a, b in zip(ref.steps, opt.steps):
+        assert a.kinds == b.kinds
+        assert torch.equal(a.tokens_read, b.tokens_read)
+        assert int(a.tokens_read[local].max()) <= tiny_gemma3.config.sliding_window
+    if name == "sfi":
+        assert any("slow" in step.kinds for step in ref.steps)
         assert_same_selection(ref_method, opt_method)
 
 

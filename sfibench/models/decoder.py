@@ -98,9 +98,9 @@ class SelfAttention(nn.Module):
         norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
         append_target = getattr(attend, "append_target", None)
         if seq == 1 and append_target is not None:
-            # Decode: the engine names where this layer's new k/v go; the qkv product and one kernel that
-            # normalises, rotates and appends them (or, opt-in, the product alone: qkv_epilogue.py) give q,
-            # and attend gets no k/v to store.
+            # Decode: the engine names where this layer's new k/v go; the qkv product, whose kernel also
+            # normalises, rotates and appends them (qkv_epilogue.py; or a second kernel), gives q, and
+            # attend gets no k/v to store.
             with label("sfibench.projections"):  # a label for `sfibench profile`
                 q = fused.ops["linear_qk_norm_rope_append"](x, self.qkv_proj.weight, self.qkv_proj.bias, *norms, cos,
                                                             sin, self.num_heads, self.num_kv_heads,

@@ -90,7 +90,7 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
                                k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Tensor,
                                positions: torch.Tensor) -> torch.Tensor:
     """Decode's qkv projection, then qk_norm_rope_append: q `[B, H_q, 1, D]`, k and v appended. Fused, the
-    two are one launch (optimized/qkv_epilogue.py, opt-in) or gemv's product and the q/k kernel."""
+    two are one launch (optimized/qkv_epilogue.py; SFIBENCH_QKV_EPILOGUE=0: gemv's product and the q/k kernel)."""
     return ops["qk_norm_rope_append"](ops["linear"](x, weight, bias), q_weight, k_weight, eps, cos, sin, num_heads,
                                       num_kv_heads, k_cache, v_cache, key_norms, positions)
 
@@ -147,5 +147,5 @@ def enable_fusion(enabled: bool = True) -> None:
     ops["linear"] = gemv.linear  # each falls back to the reference above (compiled ops) outside decode shapes
     ops["linear_add_rms_norm"] = gemv.linear_add_rms_norm
     ops["gate_up_activation"] = gemv.gate_up_activation
-    if qkv_epilogue.enabled():  # opt-in until timed: otherwise the composition above, gemv's product + q/k kernel
+    if qkv_epilogue.enabled():  # else the composition above: gemv's product, then the q/k kernel
         ops["linear_qk_norm_rope_append"] = qkv_epilogue.linear_qk_norm_rope_append
