@@ -12,7 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sfibench.config import MethodSpec, SamplingConfig, SFIConfig, SnapKVConfig, StreamingLLMConfig, TriggerConfig
+from sfibench.config import (
+    MethodSpec,
+    SamplingConfig,
+    SFIConfig,
+    SnapKVConfig,
+    StreamingLLMConfig,
+    TriggerConfig,
+)
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
 from sfibench.engine.prefill import prefill
