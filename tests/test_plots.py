@@ -73,3 +73,18 @@ def test_profile_keeps_each_components_spread_over_the_steps_and_draws_it(tmp_pa
     chart(saved, tmp_path / "profile.png")
     bars = [c for c in drawn[0].axes[0].containers if isinstance(c, ErrorbarContainer)]
     assert len(bars) == 1 and bars[0].has_xerr
+
+
+def test_profile_report_shows_the_refresh_parts_only_when_the_run_timed_them():
+    from sfibench.reporting.profile_report import markdown
+
+    result = {"method": "sfi", "path": "optimized", "context": 4096, "steps": 8, "step_kinds": ["fast"] * 7 + ["slow"],
+              "ms_per_step": {"weights GEMMs (floor chain)": 2.0, "attention kernels": 0.4},
+              "wall_ms_per_step": 2.6, "clock": "CUDA-graph replays, fast step", "graphs": True,
+              "step_ms_by_kind": {"fast": 2.6, "slow": 5.25}}
+    document = {"results": result, "config": {"model": "tiny-llama"}, "provenance": {"device": "test"}}
+    assert "Per refresh" not in markdown(document)
+    result["per_refresh_ms"] = {"selector": 1.5, "publish + compact rebuild": 0.25, "candidates": 3000}
+    text = markdown(document)
+    assert "| selector | 1.500 |" in text and "| publish + compact rebuild | 0.250 |" in text
+    assert "3,000 candidates" in text and "| a whole slow step of the run above (median) | 5.250 |" in text
