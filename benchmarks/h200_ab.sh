@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # An A/B of decoder variants on the 4B shape at 32K, B = 1 and 5 (Full-KV and SFI, optimized), after the
-# Triton kernels' tests on CUDA: `bash benchmarks/h200_ab.sh` (~7 min with the default four variants).
-# Each variant is "SFIBENCH_PDL SFIBENCH_QKV_EPILOGUE name"; VARIANTS (';'-separated) and TESTS (test files)
-# override the defaults, e.g. VARIANTS="0 0 off;0 1 qkv-epilogue" TESTS="tests/test_qkv_epilogue.py".
-# Session 9 ran it (as h200_session9_ab.sh) with PDL 0 / 1 (reports/ab-qwen3-4b-32k-h200); session 10 with
-# the default list: off, PDL for the GEMVs and q/k kernel only, PDL for every kernel, and the qkv product
-# carrying q/k norm + RoPE + append (optimized/qkv_epilogue.py, PDL off).
+# Triton kernels' tests on CUDA: `bash benchmarks/h200_ab.sh` (~4 min with the default two variants).
+# VARIANTS is ';'-separated, each "name" or "name:VAR=value,VAR=value" (environment of that run), e.g.
+# VARIANTS="off;fold:SFIBENCH_FOLD_INPUT_NORM=1;pdl:SFIBENCH_PDL=1"; TESTS overrides the test files.
+# Session 9 ran it (as h200_session9_ab.sh) with PDL 0 / 1 (reports/ab-qwen3-4b-32k-h200); session 10
+# (variants then written "SFIBENCH_PDL SFIBENCH_QKV_EPILOGUE name") with off / PDL products / PDL all / the
+# qkv epilogue. The default now: today's decoder against the input norm folded into the qkv product
+# (models/decoder.py fold_input_norms).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
@@ -18,15 +19,17 @@ rc=$?; tail -3 "$OUT/tests.log"
 [ "$rc" -eq 0 ] || { echo "CUDA tests FAILED (rc=$rc): the A/B below is for diagnosis only"; \
     grep -E "^E |FAILED" "$OUT/tests.log" | head -20; }
 echo "tests done after $((SECONDS - started)) s"
-IFS=';' read -ra variants <<< "${VARIANTS:-0 0 off;products 0 products;1 0 on;0 1 qkv-epilogue}"
+IFS=';' read -ra variants <<< "${VARIANTS:-off;fold:SFIBENCH_FOLD_INPUT_NORM=1}"
 for variant in "${variants[@]}"; do
-    set -- $variant
-    SFIBENCH_PDL=$1 SFIBENCH_QKV_EPILOGUE=$2 timeout 150 python -m sfibench throughput \
+    name=${variant%%:*}
+    settings=()
+    [[ "$variant" == *:* ]] && IFS=',' read -ra settings <<< "${variant#*:}"
+    env "${settings[@]}" timeout 150 python -m sfibench throughput \
         --model qwen3-4b \
         --ctx 32k --batch 1,5 --methods full_kv/optimized,sfi --paths optimized --steps 64 --no-dense-kernels \
-        --out "$OUT/ab-$3" > "$OUT/ab-$3.log" 2>&1
-    echo "$3 rc=$? after $((SECONDS - started)) s"
-    python - "$OUT/ab-$3/results.json" <<'PY'
+        --out "$OUT/ab-$name" > "$OUT/ab-$name.log" 2>&1
+    echo "$name rc=$? after $((SECONDS - started)) s"
+    python - "$OUT/ab-$name/results.json" <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1]))["results"]["rows"]:
     kinds = "  ".join(f"{kind} p50 {v['p50']:.3f} p90 {v['p90']:.3f}" for kind, v in r["ms_per_step"].items()

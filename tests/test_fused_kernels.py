@@ -214,6 +214,53 @@ def test_decoder_with_the_qkv_epilogue_matches_torch(monkeypatch, name):
     assert len(launches) == 12 * model.config.num_layers  # every decode step of every layer took the one launch
 
 
+@pytest.mark.parametrize("kernels", [False, True])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernels):
+    """Decode with each layer's input norm folded into its qkv product (Decoder.fold_input_norms): the
+    torch references of the folded ops, then every decode op through its Triton kernel, give the logits the
+    unfolded decoder gives; down_proj's add + sums-of-squares launch replaces the add + norm kernel."""
+    model = load_model(name, device=DEVICE).model
+    tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    _, expected = decode(model, tokens, append=True)
+    model.fold_input_norms()
+    calls = []
+    monkeypatch.setitem(fused.ops, "add_rms_norm", _Recording(fused.ops["add_rms_norm"], calls))
+    if kernels:
+        monkeypatch.setattr(gemv, "_sm_count", lambda device: 1)  # tiny widths would go to cuBLAS on a GPU
+        for op in ("linear", "linear_add_rms_norm", "gate_up_activation", "linear_add_squares"):
+            monkeypatch.setitem(fused.ops, op, getattr(gemv, op))
+        monkeypatch.setitem(fused.ops, "qk_norm_rope_append", layer_kernels.qk_norm_rope_append)
+        monkeypatch.setitem(fused.ops, "linear_qk_norm_rope_append", qkv_epilogue.linear_qk_norm_rope_append)
+    _, got = decode(model, tokens, append=True)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert not calls  # no layer ran the separate add + norm
+
+
+def test_the_fold_is_refused_where_the_layers_differ_and_its_switch_is_checked(monkeypatch):
+    from sfibench.errors import UsageError
+    from sfibench.models.decoder import FOLD_ENV, fold_requested
+
+    with pytest.raises(ValueError, match="Llama-family"):
+        load_model("tiny-gemma3", device=DEVICE).model.fold_input_norms()
+    monkeypatch.delenv(FOLD_ENV, raising=False)
+    assert not fold_requested()
+    monkeypatch.setenv(FOLD_ENV, "yes")
+    with pytest.raises(UsageError, match="SFIBENCH_FOLD_INPUT_NORM='yes'"):
+        fold_requested()
+
+
+class _Recording:
+    """An op whose calls are recorded."""
+
+    def __init__(self, op, calls: list):
+        self.op, self.calls = op, calls
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append(args)
+        return self.op(*args, **kwargs)
+
+
 class _Counting:
     """A Triton kernel whose launches (`kernel[grid](...)`) are counted."""
 

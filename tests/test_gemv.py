@@ -68,6 +68,50 @@ def test_gated_epilogues_match_linear_then_activation(activation, dtype):
     torch.testing.assert_close(got, fused.EAGER[activation](F.linear(x, w)), **_tolerance(dtype))
 
 
+@pytest.mark.parametrize("rows,n_out,n_in", SHAPES)
+@pytest.mark.parametrize("dtype", _dtypes())
+def test_add_squares_epilogue_gives_the_sum_and_each_programs_share_of_its_squares(rows, n_out, n_in, dtype):
+    g = torch.Generator().manual_seed(17 + rows)
+    x = _random(g, rows, 1, n_in, dtype=dtype)
+    w = _random(g, n_out, n_in, scale=n_in ** -0.5, dtype=dtype)
+    residual = _random(g, rows, 1, n_out, scale=3.0, dtype=dtype)
+    want_sum, want_squares = fused.linear_add_squares(x, w, residual)
+    summed, squares = gemv.linear_add_squares(x, w, residual, config=SMALL)
+    torch.testing.assert_close(summed, want_sum, **_tolerance(dtype))
+    assert squares.shape == (-(-n_out // SMALL.block_n), rows)  # one share per program and row
+    # each program's share covers its own columns of the sum it stored
+    stored = summed.reshape(rows, n_out).float()
+    for program in range(squares.shape[0]):
+        columns = stored[:, program * SMALL.block_n:(program + 1) * SMALL.block_n]
+        torch.testing.assert_close(squares[program], columns.pow(2).sum(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(squares.sum(0, keepdim=True), want_squares, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("rows,n_out,n_in", SHAPES)
+@pytest.mark.parametrize("dtype", _dtypes())
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_folded_input_norm_matches_the_norm_then_the_product(rows, n_out, n_in, dtype, bias):
+    """W (g * x / rms(x)) = (W diag(g)) x / rms(x): the kernel, fed x raw, the folded weight and partial sums
+    of squares split over several programs' shares, gives the product of the normalised input."""
+    g = torch.Generator().manual_seed(29 + n_in)
+    x = _random(g, rows, 1, n_in, scale=2.0, dtype=dtype)
+    w = _random(g, n_out, n_in, scale=n_in ** -0.5, dtype=dtype)
+    gain = (1 + 0.2 * torch.randn(n_in, generator=g)).to(DEVICE, dtype)
+    b = _random(g, n_out, dtype=dtype) if bias else None
+    folded = (w.float() * gain.float()[None, :]).to(dtype)
+    squares = x.reshape(rows, n_in).float().pow(2)
+    partials = torch.stack([part.sum(-1) for part in squares.split(48, dim=-1)]).contiguous()  # [parts, rows]
+    got = gemv.linear(x, folded, b, config=SMALL, input_squares=partials, input_eps=1e-6)
+    torch.testing.assert_close(got, fused.linear(x, folded, b, input_squares=partials, input_eps=1e-6),
+                               **_tolerance(dtype))
+    normed = fused.rms_norm(x.float(), gain.float(), 1e-6)
+    unfolded = F.linear(normed, w.float(), None if b is None else b.float())
+    torch.testing.assert_close(got.float(), unfolded, **_tolerance(dtype))
+    with pytest.raises(ValueError, match="input_squares"):
+        gemv.linear(x, folded, b, config=SMALL, input_squares=torch.ones(2, rows + 1, device=DEVICE),
+                    input_eps=1e-6)
+
+
 def test_shapes_the_kernel_does_not_serve_go_to_the_reference():
     """Prefill (more rows than decode has) is cuBLAS's; so is a product too narrow to fill the GPU."""
     assert gemv.decode_config(gemv.MAX_ROWS + 1, 6144, 2560, torch.device(DEVICE)) is None

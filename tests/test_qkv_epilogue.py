@@ -68,6 +68,30 @@ def test_one_launch_matches_the_product_then_the_q_k_kernel(batch, heads, kv_hea
     assert int(counters.abs().sum()) == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if DEVICE == "cuda" else [torch.float32])
+def test_a_folded_input_norm_scales_the_product_before_its_epilogue(dtype):
+    """With `input_squares` (Decoder.fold_input_norms) x is the raw residual stream: the kernel scales the
+    product by each row's 1 / rms from the partial sums before q/k norm, RoPE and the append."""
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    x, w, b, norms, cos, sin, caches, positions = _inputs(3, 4, 2, 32, 48, 20, dtype, True, True, seed=41)
+    positions[0] = 2  # every slot in range: the reference scatters
+    x = 3 * x
+    partials = torch.stack([part.float().pow(2).sum(-1) for part in x[:, 0].split(20, dim=-1)]).contiguous()
+    want_caches = [c.clone() for c in caches]
+    want_q = fused.linear_qk_norm_rope_append(x, w, b, *norms, cos, sin, 4, 2, *want_caches, positions,
+                                              input_squares=partials, input_eps=1e-6)
+    got_caches = [c.clone() for c in caches]
+    q = qkv_epilogue.linear_qk_norm_rope_append(x, w, b, *norms, cos, sin, 4, 2, *got_caches, positions,
+                                                config=gemv.GemvConfig(block_n=16, block_k=16),
+                                                input_squares=partials, input_eps=1e-6)
+    torch.testing.assert_close(q, want_q, **tolerance)
+    for got, want in zip(got_caches, want_caches):
+        torch.testing.assert_close(got, want, **tolerance)
+    unscaled_caches = [c.clone() for c in caches]
+    fused.linear_qk_norm_rope_append(x, w, b, *norms, cos, sin, 4, 2, *unscaled_caches, positions)
+    assert not torch.allclose(unscaled_caches[1], want_caches[1], **tolerance)  # v is not normed: the scale shows
+
+
 def test_shapes_it_does_not_serve_take_the_two_launch_route():
     """A tile wider than a head is narrowed; one that does not divide the head falls back to the reference."""
     x, w, _, norms, cos, sin, caches, positions = _inputs(2, 2, 1, 32, 24, 10, torch.float32, False, True, seed=3)

@@ -14,6 +14,7 @@ from sfibench.engine.sampling import Sampler
 from sfibench.methods import create_method
 from sfibench.metrics.device import resolve_device
 from sfibench.models import fused
+from sfibench.models.decoder import fold_requested
 from sfibench.models.loading import LoadedModel, load_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -38,12 +39,18 @@ class Session:
         """`fuse` (default: on a GPU) compiles the decoder's elementwise chains; see models/fused.py."""
         resolved = resolve_device(device)
         torch_dtype = parse_dtype(dtype, resolved)
-        fused.enable_fusion(resolved.type == "cuda" if fuse is None else fuse)
+        fuse = resolved.type == "cuda" if fuse is None else fuse
+        fused.enable_fusion(fuse)
+        fold = False
         if resolved.type == "cuda":
             from sfibench.optimized import pdl
 
             pdl.mode()  # a bad SFIBENCH_PDL is refused now, not at the first kernel launch of a long run
-        return cls(load_model(model, resolved, torch_dtype, seed), resolved, torch_dtype)
+            fold = fuse and fold_requested()  # likewise a bad SFIBENCH_FOLD_INPUT_NORM
+        loaded = load_model(model, resolved, torch_dtype, seed)
+        if fold:
+            loaded.model.fold_input_norms()
+        return cls(loaded, resolved, torch_dtype)
 
     @property
     def cache_dtype_bytes(self) -> int:

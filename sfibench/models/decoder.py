@@ -19,7 +19,9 @@ the cache append, o_proj with the residual add and the post-attention norm, gate
 down_proj, and the residual add with the next input norm (the GEMVs are optimized/gemv.py's, the ops
 after two of them its epilogues). It was 8 before the epilogues, 20 before any fusion: norm, 3 GEMMs,
 2 q/k norms, 2 RoPEs, 5 for the cache append (3 scatters, a cast, a norm), o_proj, add+norm, 2 GEMMs,
-silu*mul, down_proj and the residual add.
+silu*mul, down_proj and the residual add. The qkv product carries the q/k kernel by default
+(optimized/qkv_epilogue.py: 5 plus attention), and with the input norm folded into it (opt-in,
+`Decoder.fold_input_norms`) the add + norm after down_proj goes too: 4 plus attention.
 """
 
 from __future__ import annotations
@@ -35,6 +37,21 @@ from sfibench.models.presets import ModelConfig
 from sfibench.models.rope import PositionTable, inverse_frequencies, rope_cos_sin
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+FOLD_ENV = "SFIBENCH_FOLD_INPUT_NORM"
+
+
+def fold_requested() -> bool:
+    """Whether a GPU session folds the input norms into the qkv products (SFIBENCH_FOLD_INPUT_NORM=1; off by
+    default until timed on a GPU): Decoder.fold_input_norms."""
+    import os
+
+    value = os.environ.get(FOLD_ENV, "0")
+    if value not in ("0", "1"):
+        from sfibench.errors import UsageError
+
+        raise UsageError(f"{FOLD_ENV}={value!r}: use 1 (fold each layer's input norm into its qkv product) "
+                         "or 0")
+    return value == "1"
 
 
 class RMSNorm(nn.Module):
@@ -92,12 +109,21 @@ class SelfAttention(nn.Module):
         with label("sfibench.projections"):
             return fused.ops["linear"](heads, self.o_proj.weight)
 
-    def attend_heads(self, x, cos, sin, layer: int, attend: Attend) -> torch.Tensor:
-        """Attention before the output projection: the heads side by side, `[B, T, H_q * D]`."""
+    def attend_heads(self, x, cos, sin, layer: int, attend: Attend, folded_norm=None) -> torch.Tensor:
+        """Attention before the output projection: the heads side by side, `[B, T, H_q * D]`.
+        `folded_norm` = (input_squares, eps): x is the raw residual stream and the input norm rides on the
+        qkv product (Decoder.fold_input_norms; decode only)."""
         batch, seq, _ = x.shape
         norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
         append_target = getattr(attend, "append_target", None)
-        if seq == 1 and append_target is not None:
+        if folded_norm is not None:
+            squares, eps = folded_norm
+            with label("sfibench.projections"):
+                q = fused.ops["linear_qk_norm_rope_append"](
+                    x, self.qkv_folded, self.qkv_proj.bias, *norms, cos, sin, self.num_heads, self.num_kv_heads,
+                    *append_target(layer), input_squares=squares, input_eps=eps)
+            out = attend(layer, q, None, None)
+        elif seq == 1 and append_target is not None:
             # Decode: the engine names where this layer's new k/v go; the qkv product, whose kernel also
             # normalises, rotates and appends them (qkv_epilogue.py; or a second kernel), gives q, and
             # attend gets no k/v to store.
@@ -161,6 +187,22 @@ class DecoderLayer(nn.Module):
             mlp_out = fused.ops["linear"](self.mlp.activated(normed), self.mlp.down_proj.weight)
             return fused.ops["add_rms_norm"](mlp_out, residual, next_norm.weight, next_norm.eps)
 
+    def forward_folded(self, residual, squares, cos, sin, layer: int, attend: Attend):
+        """A decode step with the input norm folded into the qkv product (Decoder.fold_input_norms):
+        `squares` holds partial sums of squares of `residual`'s rows, from which the qkv kernel scales its
+        product; down_proj adds the residual and writes the next layer's partials. No norm kernel of its
+        own: with the qkv epilogue a layer is 4 launches plus attention. Returns (the stream after this
+        layer, its partials)."""
+        heads = self.self_attn.attend_heads(residual, cos, sin, layer, attend,
+                                            folded_norm=(squares, self.input_layernorm.eps))
+        norm = self.post_attention_layernorm
+        with label("sfibench.projections"):
+            residual, normed = fused.ops["linear_add_rms_norm"](heads, self.self_attn.o_proj.weight, residual,
+                                                                norm.weight, norm.eps)
+        with label("sfibench.mlp"):
+            down = self.mlp.down_proj.weight
+            return fused.ops["linear_add_squares"](self.mlp.activated(normed), down, residual)
+
 
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_class: type[nn.Module]):
@@ -195,12 +237,37 @@ class Decoder(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def fold_input_norms(self) -> None:
+        """Decode without an input-norm kernel per layer (opt-in: SFIBENCH_FOLD_INPUT_NORM=1, GPU sessions).
+
+        A layer's input norm feeds only its qkv product, and W (g * x / rms(x)) = (W diag(g)) x / rms(x):
+        the norm's weight can live in a copy of the qkv weight (`qkv_folded`, in the model dtype) and the
+        1 / rms, one number per row, can scale the product's output. The sum of squares it needs comes from
+        the kernel before (down_proj's epilogue, each program its columns' share), so the qkv GEMV's main
+        loop is unchanged. Rounding differs from the unfolded decoder by the copy's one rounding per weight
+        and the norm computed in float32 without the intermediate casts. Prefill keeps the unfolded path.
+        """
+        if self.layer_class is not DecoderLayer:
+            raise ValueError(f"{type(self).__name__} has its own layer structure: the input-norm fold is "
+                             "written for the Llama-family DecoderLayer only")
+        for layer in self.model.layers:
+            attn, gain = layer.self_attn, layer.input_layernorm.weight
+            weight = attn.qkv_proj.weight
+            attn.qkv_folded = (weight.float() * gain.float()[None, :]).to(weight.dtype)
+        self.folded_input_norms = True
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,
                 last_only: bool = False) -> torch.Tensor:
         """tokens and positions `[B, T]` -> logits `[B, T, V]` (or `[B, 1, V]` with last_only)."""
         x = self.embed(tokens)
         tables = self.rope_tables(positions, x.dtype)
         layers = self.model.layers
+        if getattr(self, "folded_input_norms", False) and tokens.shape[1] == 1 \
+                and getattr(attend, "append_target", None) is not None:
+            residual, squares = x, x.float().pow(2).sum(-1).reshape(1, -1)  # the first layer's partials
+            for index, layer in enumerate(layers):
+                residual, squares = layer.forward_folded(residual, squares, *tables[index], index, attend)
+            return self.head(self.model.norm(residual))
         residual, normed = x, layers[0].input_layernorm(x)
         for index, layer in enumerate(layers):
             next_norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.model.norm

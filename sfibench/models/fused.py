@@ -88,16 +88,36 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
                                q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
                                cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
                                k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Tensor,
-                               positions: torch.Tensor) -> torch.Tensor:
+                               positions: torch.Tensor, *, input_squares: torch.Tensor | None = None,
+                               input_eps: float = 0.0) -> torch.Tensor:
     """Decode's qkv projection, then qk_norm_rope_append: q `[B, H_q, 1, D]`, k and v appended. Fused, the
-    two are one launch (optimized/qkv_epilogue.py; SFIBENCH_QKV_EPILOGUE=0: gemv's product and the q/k kernel)."""
-    return ops["qk_norm_rope_append"](ops["linear"](x, weight, bias), q_weight, k_weight, eps, cos, sin, num_heads,
-                                      num_kv_heads, k_cache, v_cache, key_norms, positions)
+    two are one launch (optimized/qkv_epilogue.py; SFIBENCH_QKV_EPILOGUE=0: gemv's product, the q/k kernel).
+    `input_squares`/`input_eps`: the folded input norm, as in `linear`."""
+    qkv = ops["linear"](x, weight, bias, input_squares=input_squares, input_eps=input_eps) \
+        if input_squares is not None else ops["linear"](x, weight, bias)
+    return ops["qk_norm_rope_append"](qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_kv_heads,
+                                      k_cache, v_cache, key_norms, positions)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """A projection: F.linear. Fused, decode-sized ones run optimized/gemv.py's kernel."""
-    return F.linear(x, weight, bias)
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           input_squares: torch.Tensor | None = None, input_eps: float = 0.0) -> torch.Tensor:
+    """A projection: F.linear. Fused, decode-sized ones run optimized/gemv.py's kernel.
+
+    With `input_squares` the input norm is folded in (Decoder.fold_input_norms): x is the raw residual
+    stream, `weight` already carries the norm's weight, and the product in float32 is scaled by each
+    row's 1 / rms, computed from the partial sums of squares `[partials, rows]` the kernel before wrote."""
+    if input_squares is None:
+        return F.linear(x, weight, bias)
+    inv_rms = torch.rsqrt(input_squares.sum(0) / x.shape[-1] + input_eps).view(*x.shape[:-1], 1)
+    y = F.linear(x.float(), weight.float()) * inv_rms
+    return (y if bias is None else y + bias.float()).to(x.dtype)
+
+
+def linear_add_squares(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor):
+    """down_proj with the residual add, when the next input norm is folded into the next product: (the new
+    residual stream, its rows' sums of squares as one partial `[1, rows]`). Fused, one launch."""
+    summed = F.linear(x, weight) + residual
+    return summed, summed.float().pow(2).sum(-1).reshape(1, -1)
 
 
 def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
@@ -114,7 +134,7 @@ def gate_up_activation(x: torch.Tensor, weight: torch.Tensor, activation: str) -
 EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope, "silu_mul": silu_mul,
          "gelu_tanh_mul": gelu_tanh_mul, "append_kv": append_kv, "qk_norm_rope_append": qk_norm_rope_append,
          "linear": linear, "linear_add_rms_norm": linear_add_rms_norm, "gate_up_activation": gate_up_activation,
-         "linear_qk_norm_rope_append": linear_qk_norm_rope_append}
+         "linear_qk_norm_rope_append": linear_qk_norm_rope_append, "linear_add_squares": linear_add_squares}
 # The RoPE table (rope.rope_cos_sin) is not compiled: compiled cos/sin of float32 angles up to the context
 # length were never checked against eager on a GPU. On a GPU the decoder gathers it from rope.PositionTable
 # instead (the same launch count, eager values).
@@ -147,5 +167,6 @@ def enable_fusion(enabled: bool = True) -> None:
     ops["linear"] = gemv.linear  # each falls back to the reference above (compiled ops) outside decode shapes
     ops["linear_add_rms_norm"] = gemv.linear_add_rms_norm
     ops["gate_up_activation"] = gemv.gate_up_activation
+    ops["linear_add_squares"] = gemv.linear_add_squares
     if qkv_epilogue.enabled():  # else the composition above: gemv's product, then the q/k kernel
         ops["linear_qk_norm_rope_append"] = qkv_epilogue.linear_qk_norm_rope_append

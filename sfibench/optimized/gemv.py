@@ -17,6 +17,10 @@ in as an epilogue, it costs neither:
 
 Folding the norm into the *next* product's prologue instead (every program normalising its own copy of
 the input) measured 5x slower: a dot operand computed in registers stops the weight loads pipelining.
+So the opt-in input-norm fold (models/decoder.py fold_input_norms) leaves both dot operands loaded:
+the norm's weight lives in a copy of the qkv weight, and the 1 / rms scales the product's output
+(`input_squares`, RMS_INPUT), from partial sums of squares that down_proj's `add_squares` epilogue
+writes, each program for its own columns (no program waits for another). UNTIMED on a GPU so far.
 
 With programmatic dependent launch on (pdl.py; off by default, as measured there) the kernel may start
 while the kernel before it finishes, and waits for it before its first load. (Loading the first weight
@@ -45,7 +49,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from sfibench.optimized import pdl
 
 MAX_ROWS = 16  # decode: one row per sequence; more rows (prefill) go to cuBLAS
-EPILOGUES = {"none": 0, "add_rms_norm": 1, "silu_mul": 2, "gelu_tanh_mul": 3}
+EPILOGUES = {"none": 0, "add_rms_norm": 1, "silu_mul": 2, "gelu_tanh_mul": 3, "add_squares": 4}
 
 
 @dataclass(frozen=True)
@@ -119,10 +123,26 @@ def _product_tile(x_ptr, w_ptr, n_out, n_in, stride_x, stride_w, offs_m, offs_n,
 
 
 @triton.jit
+def input_inv_rms(squares_ptr, n_partials, rows, n_in, eps, BLOCK_M: tl.constexpr):
+    """1 / rms of each input row from the partial sums of squares `[n_partials, rows]` the kernel before
+    wrote (linear_add_squares): the folded input norm's scale, applied to the product, not to the input."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_p = tl.arange(0, 32)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    for p0 in range(0, n_partials, 32):
+        part = p0 + offs_p
+        tile = tl.load(squares_ptr + part[:, None] * rows + offs_m[None, :],
+                       mask=(part < n_partials)[:, None] & (offs_m < rows)[None, :], other=0.0)
+        total += tl.sum(tile, 0)
+    return tl.rsqrt(total / n_in + eps)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, normed_ptr, done_ptr,
-                 rows, n_out, n_in, stride_x, stride_w, stride_y, stride_r, stride_n, eps,
-                 EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
+                 squares_ptr, n_partials, rows, n_out, n_in, stride_x, stride_w, stride_y, stride_r, stride_n,
+                 eps, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, RMS_INPUT: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     dtype = y_ptr.dtype.element_ty
     offs_m = tl.arange(0, BLOCK_M)
@@ -135,6 +155,8 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, n
                                 gated, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, PDL)
     pdl.release_dependents(PDL)  # the epilogue's few stores overlap the next kernel's launch
 
+    if RMS_INPUT:  # x is the raw residual stream; the weight carries the norm's weight (fold_input_norms)
+        acc = acc * input_inv_rms(squares_ptr, n_partials, rows, n_in, eps, BLOCK_M)[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     y = acc.to(dtype)  # F.linear's output, before the op that follows rounds it again
@@ -146,10 +168,15 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, n
         else:
             act = _gelu_tanh(gate)
         y = (act.to(dtype).to(tl.float32) * acc_up.to(dtype).to(tl.float32)).to(dtype)
-    if EPILOGUE == 1:  # y is the new residual stream: the product plus the old one
+    if EPILOGUE == 1 or EPILOGUE == 4:  # y is the new residual stream: the product plus the old one
         y = (y + tl.load(residual_ptr + offs_m[:, None] * stride_r + offs_n[None, :], mask=out_mask,
                          other=0.0)).to(dtype)
     tl.store(y_ptr + offs_m[:, None] * stride_y + offs_n[None, :], y, mask=out_mask)
+    if EPILOGUE == 4:
+        # Each program's share of every row's sum of squares, for the next product's folded norm: no
+        # program waits for another, the next kernel adds the shares up.
+        stored = tl.where(out_mask, y.to(tl.float32), 0.0)
+        tl.store(squares_ptr + pid * rows + offs_m, tl.sum(stored * stored, 1), mask=row_ok)
     if EPILOGUE == 1:
         # The last program to finish normalises whole rows. The barrier orders every thread's stores
         # before the counter's release; the last program reads the sums past L1 (.cg).
@@ -217,7 +244,8 @@ def fit_shared_memory(config: GemvConfig, n_in: int, weight_tiles: int, itemsize
 
 
 def _launch(x2, weight, bias, y, epilogue: str, config: GemvConfig, n_out: int,
-            residual=None, norm_weight=None, normed=None, eps: float = 0.0) -> None:
+            residual=None, norm_weight=None, normed=None, eps: float = 0.0, squares=None,
+            input_squares=None) -> None:
     rows, n_in = x2.shape
     if x2.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight need a contiguous last dimension")
@@ -228,14 +256,31 @@ def _launch(x2, weight, bias, y, epilogue: str, config: GemvConfig, n_out: int,
     _gemv_kernel[(triton.cdiv(n_out, config.block_n),)](
         x2, weight, bias if bias is not None else unused, y, residual if residual is not None else unused,
         norm_weight if norm_weight is not None else unused, normed if normed is not None else unused,
-        _done_counter(x2.device), rows, n_out, n_in, x2.stride(0), weight.stride(0), y.stride(0),
+        _done_counter(x2.device), *_squares_args(squares, input_squares, y),
+        rows, n_out, n_in, x2.stride(0), weight.stride(0), y.stride(0),
         residual.stride(0) if residual is not None else 0, normed.stride(0) if normed is not None else 0, eps,
-        EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n,
+        EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, RMS_INPUT=input_squares is not None,
+        BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         BLOCK_NORM=min(1024, triton.next_power_of_2(n_out)),
         DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **launch,
     )
+
+
+def _squares_args(squares, input_squares, unused) -> tuple:
+    """The kernel's (squares pointer, partial count): written by add_squares, read by a folded norm."""
+    for partials in (squares, input_squares):
+        if partials is not None:
+            return partials, partials.shape[0]
+    return unused, 0
+
+
+def check_input_squares(input_squares: torch.Tensor, rows: int) -> None:
+    if input_squares.dtype != torch.float32 or input_squares.dim() != 2 or input_squares.shape[1] != rows \
+            or not input_squares.is_contiguous():
+        raise ValueError(f"input_squares must be contiguous float32 [partials, rows] with rows = {rows}, got "
+                         f"{input_squares.dtype} {tuple(input_squares.shape)}")
 
 
 def _rows(x: torch.Tensor, width: int, weight: torch.Tensor) -> torch.Tensor:
@@ -247,16 +292,41 @@ def _rows(x: torch.Tensor, width: int, weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           config: GemvConfig | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for x `[..., K]`; at decode shapes (decode_config) one Triton launch."""
+           config: GemvConfig | None = None, *, input_squares: torch.Tensor | None = None,
+           input_eps: float = 0.0) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x `[..., K]`; at decode shapes (decode_config) one Triton launch.
+    With `input_squares` (partial sums of squares of x's rows, `[partials, rows]`) x is an un-normalised
+    residual stream and the product is scaled by its 1 / rms (fused.linear's folded input norm)."""
+    from sfibench.models import fused
+
+    n_out, n_in = weight.shape
+    x2 = _rows(x, n_in, weight)
+    if input_squares is not None:
+        check_input_squares(input_squares, x2.shape[0])
+    config = config or decode_config(x2.shape[0], n_out, n_in, x.device)
+    if config is None:
+        return fused.linear(x, weight, bias, input_squares=input_squares, input_eps=input_eps)
+    y = torch.empty(x2.shape[0], n_out, device=x.device, dtype=x.dtype)
+    _launch(x2, weight, bias, y, "none", config, n_out, eps=input_eps, input_squares=input_squares)
+    return y.view(*x.shape[:-1], n_out)
+
+
+def linear_add_squares(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                       config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fused.linear_add_squares: (F.linear(x, weight) + residual, its rows' partial sums of squares)."""
+    from sfibench.models import fused
+
     n_out, n_in = weight.shape
     x2 = _rows(x, n_in, weight)
     config = config or decode_config(x2.shape[0], n_out, n_in, x.device)
-    if config is None:
-        return F.linear(x, weight, bias)
-    y = torch.empty(x2.shape[0], n_out, device=x.device, dtype=x.dtype)
-    _launch(x2, weight, bias, y, "none", config, n_out)
-    return y.view(*x.shape[:-1], n_out)
+    if config is None or residual.shape != (*x.shape[:-1], n_out) or residual.stride(-1) != 1:
+        return fused.linear_add_squares(x, weight, residual)
+    residual2 = residual.reshape(-1, n_out)
+    summed = torch.empty_like(residual2)
+    programs = triton.cdiv(n_out, config.block_n)
+    squares = torch.empty(programs, x2.shape[0], device=x.device, dtype=torch.float32)
+    _launch(x2, weight, None, summed, "add_squares", config, n_out, residual2, squares=squares)
+    return summed.view(residual.shape), squares
 
 
 def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,

@@ -114,13 +114,15 @@ def _finish_head(qkv_ptr, head, rows, stride_qkv, cos_ptr, sin_ptr, stride_cb, s
 
 @triton.jit
 def _qkv_append_kernel(x_ptr, w_ptr, bias_ptr, qkv_ptr, counter_ptr, cos_ptr, sin_ptr, q_weight_ptr, k_weight_ptr,
-                       q_ptr, k_cache_ptr, v_cache_ptr, norms_ptr, positions_ptr,
+                       q_ptr, k_cache_ptr, v_cache_ptr, norms_ptr, positions_ptr, squares_ptr, n_partials,
+                       input_eps,
                        rows, n_out, n_in, stride_x, stride_w, stride_qkv, stride_cb, stride_sb, stride_qb, stride_qh,
                        stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_nb, stride_nh,
                        stride_ns, stride_p, n_slots, eps,
                        NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HAS_NORM: tl.constexpr,
-                       HAS_BIAS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
+                       HAS_BIAS: tl.constexpr, RMS_INPUT: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -129,6 +131,8 @@ def _qkv_append_kernel(x_ptr, w_ptr, bias_ptr, qkv_ptr, counter_ptr, cos_ptr, si
     acc, _ = gemv._product_tile(x_ptr, w_ptr, n_out, n_in, stride_x, stride_w, offs_m, offs_n, row_ok, col_ok,
                                 False, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, PDL)
     pdl.release_dependents(PDL)
+    if RMS_INPUT:  # the folded input norm (gemv.input_inv_rms)
+        acc = acc * gemv.input_inv_rms(squares_ptr, n_partials, rows, n_in, input_eps, BLOCK_M)[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     tl.store(qkv_ptr + offs_m[:, None] * stride_qkv + offs_n[None, :], acc.to(qkv_ptr.dtype.element_ty),
@@ -157,7 +161,8 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
                                q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
                                cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
                                k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Tensor,
-                               positions: torch.Tensor, config: gemv.GemvConfig | None = None) -> torch.Tensor:
+                               positions: torch.Tensor, config: gemv.GemvConfig | None = None, *,
+                               input_squares: torch.Tensor | None = None, input_eps: float = 0.0) -> torch.Tensor:
     """fused.qk_norm_rope_append(F.linear(x, weight, bias), ...) for decode's x `[B, 1, K]`: q `[B, H_q, 1, D]`,
     the new k and v appended at slot positions[b]. Shapes the kernel does not serve (prefill-sized batches,
     products cuBLAS is better at, a tile that does not divide the head) take the two-launch route."""
@@ -172,8 +177,11 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
     if config is None or head_dim % config.block_n or x.shape[1] != 1 \
             or n_out != (num_heads + 2 * num_kv_heads) * head_dim:
         return fused.linear_qk_norm_rope_append(x, weight, bias, q_weight, k_weight, eps, cos, sin, num_heads,
-                                                num_kv_heads, k_cache, v_cache, key_norms, positions)
+                                                num_kv_heads, k_cache, v_cache, key_norms, positions,
+                                                input_squares=input_squares, input_eps=input_eps)
     batch = x.shape[0]
+    if input_squares is not None:
+        gemv.check_input_squares(input_squares, batch)
     check_append_inputs(batch, num_kv_heads, head_dim, x.device, k_cache, v_cache, key_norms, positions)
     if cos.stride(-1) != 1 or sin.stride(-1) != 1:
         raise ValueError("cos and sin need a contiguous last dimension")
@@ -184,10 +192,13 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
     _qkv_append_kernel[(n_out // config.block_n,)](
         x2, weight, bias if bias is not None else qkv, qkv, _head_counters(x.device, n_out // head_dim), cos, sin,
         q_weight if has_norm else qkv, k_weight if has_norm else qkv, q, k_cache, v_cache, key_norms, positions,
+        input_squares if input_squares is not None else qkv,
+        input_squares.shape[0] if input_squares is not None else 0, input_eps,
         batch, n_out, n_in, x2.stride(0), weight.stride(0), qkv.stride(0), cos.stride(0), sin.stride(0),
         q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], *key_norms.stride(),
         positions.stride(0), k_cache.shape[2], eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HAS_NORM=has_norm, HAS_BIAS=bias is not None,
+        RMS_INPUT=input_squares is not None,
         HEAD_DIM=head_dim, BLOCK_M=gemv.MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device, "products"),

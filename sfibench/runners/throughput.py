@@ -34,15 +34,20 @@ def _pdl_state() -> str:
     return pdl.describe()
 
 
-def _decode_gemv() -> str:
-    """Which kernels ran the decode products (fusion on: gemv.py's, the qkv one with its opt-in epilogue)."""
+def _decode_gemv(model) -> str:
+    """Which kernels ran the decode products (fusion on: gemv.py's, the qkv one with its epilogue, and
+    whether the input norms were folded into the qkv products)."""
     if fused.ops["linear"] is fused.linear:
         return "cuBLAS (F.linear)"
     from sfibench.optimized import qkv_epilogue
 
+    described = DECODE_GEMV
     if fused.ops["linear_qk_norm_rope_append"] is qkv_epilogue.linear_qk_norm_rope_append:
-        return DECODE_GEMV + "; qkv + q/k norm, RoPE and the KV append in one kernel (optimized/qkv_epilogue.py)"
-    return DECODE_GEMV
+        described += "; qkv + q/k norm, RoPE and the KV append in one kernel (optimized/qkv_epilogue.py)"
+    if getattr(model, "folded_input_norms", False):
+        described += ("; input norms folded into the qkv products, down_proj + residual add + sums of squares "
+                      "(SFIBENCH_FOLD_INPUT_NORM=1)")
+    return described
 
 
 def resolve_methods(methods: list[str], paths: list[str]) -> list[tuple[str, str]]:
@@ -107,7 +112,7 @@ def run_throughput(model: str, device: str, dtype: str, contexts: list[int | str
             "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
             "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
             "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
-            "decode_gemv": _decode_gemv(),
+            "decode_gemv": _decode_gemv(session.loaded.model),
             "pdl": _pdl_state(),
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if dense_kernels else [],
         }
