@@ -249,7 +249,7 @@ class Decoder(nn.Module):
         """
         if self.layer_class is not DecoderLayer:
             raise ValueError(f"{type(self).__name__} has its own layer structure: the input-norm fold is "
-                             "written for the Llama-family DecoderLayer only")
+                             f"written for the Llama-family DecoderLayer only; unset {FOLD_ENV} for this model")
         for layer in self.model.layers:
             attn, gain = layer.self_attn, layer.input_layernorm.weight
             weight = attn.qkv_proj.weight
