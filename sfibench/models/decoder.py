@@ -43,15 +43,10 @@ FOLD_ENV = "SFIBENCH_FOLD_INPUT_NORM"
 def fold_requested() -> bool:
     """Whether a GPU session folds the input norms into the qkv products (SFIBENCH_FOLD_INPUT_NORM=1; off by
     default until timed on a GPU): Decoder.fold_input_norms."""
-    import os
+    from sfibench.switches import read_switch
 
-    value = os.environ.get(FOLD_ENV, "0")
-    if value not in ("0", "1"):
-        from sfibench.errors import UsageError
-
-        raise UsageError(f"{FOLD_ENV}={value!r}: use 1 (fold each layer's input norm into its qkv product) "
-                         "or 0")
-    return value == "1"
+    choice = read_switch(FOLD_ENV, {"0": "off", "1": "fold each layer's input norm into its qkv product"}, "0")
+    return choice == "1"
 
 
 class RMSNorm(nn.Module):

@@ -93,8 +93,7 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
     """Decode's qkv projection, then qk_norm_rope_append: q `[B, H_q, 1, D]`, k and v appended. Fused, the
     two are one launch (optimized/qkv_epilogue.py; SFIBENCH_QKV_EPILOGUE=0: gemv's product, the q/k kernel).
     `input_squares`/`input_eps`: the folded input norm, as in `linear`."""
-    qkv = ops["linear"](x, weight, bias, input_squares=input_squares, input_eps=input_eps) \
-        if input_squares is not None else ops["linear"](x, weight, bias)
+    qkv = ops["linear"](x, weight, bias, input_squares=input_squares, input_eps=input_eps)
     return ops["qk_norm_rope_append"](qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_kv_heads,
                                       k_cache, v_cache, key_norms, positions)
 

@@ -297,14 +297,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """F.linear(x, weight, bias) for x `[..., K]`; at decode shapes (decode_config) one Triton launch.
     With `input_squares` (partial sums of squares of x's rows, `[partials, rows]`) x is an un-normalised
     residual stream and the product is scaled by its 1 / rms (fused.linear's folded input norm)."""
-    from sfibench.models import fused
-
     n_out, n_in = weight.shape
     x2 = _rows(x, n_in, weight)
     if input_squares is not None:
         check_input_squares(input_squares, x2.shape[0])
     config = config or decode_config(x2.shape[0], n_out, n_in, x.device)
     if config is None:
+        if input_squares is None:  # the common fallback (prefill, cuBLAS-sized products): no import per call
+            return F.linear(x, weight, bias)
+        from sfibench.models import fused  # fused imports this module at load time
+
         return fused.linear(x, weight, bias, input_squares=input_squares, input_eps=input_eps)
     y = torch.empty(x2.shape[0], n_out, device=x.device, dtype=x.dtype)
     _launch(x2, weight, bias, y, "none", config, n_out, eps=input_eps, input_squares=input_squares)

@@ -31,13 +31,12 @@ take `PDL` as a compile-time flag and skip both calls when it is off.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from sfibench.errors import UsageError
+from sfibench.switches import read_switch
 
 ENV = "SFIBENCH_PDL"
 # Which kernels launch with PDL, per value of SFIBENCH_PDL: "products" are the GEMVs and the q/k kernel,
@@ -45,6 +44,8 @@ ENV = "SFIBENCH_PDL"
 # suspicion above: a kernel of one program per SM whose programs are placed while the previous kernel
 # still holds SMs may get two programs on one SM and none on another.
 MODES = {"0": frozenset(), "1": frozenset({"products", "attention"}), "products": frozenset({"products"})}
+MEANINGS = {"0": "off, the default", "1": "every Triton decode kernel",
+            "products": "the GEMVs and the q/k kernel only"}
 
 
 @functools.cache
@@ -54,11 +55,7 @@ def _device_supports(index: int) -> bool:
 
 def mode() -> str:
     """SFIBENCH_PDL's value ("0" when unset), refused when it is not one of MODES."""
-    value = os.environ.get(ENV, "0")
-    if value not in MODES:
-        raise UsageError(f"{ENV}={value!r} is not a PDL mode; use one of {', '.join(MODES)} (0 = off, the default; "
-                         "1 = every Triton decode kernel; products = the GEMVs and the q/k kernel only)")
-    return value
+    return read_switch(ENV, MEANINGS, "0")
 
 
 def enabled(device: torch.device, kind: str = "products") -> bool:

@@ -20,7 +20,6 @@ under TRITON_INTERPRET=1 and on CUDA.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import replace
 
 import torch
@@ -29,6 +28,7 @@ import triton.language as tl
 
 from sfibench.optimized import gemv, pdl
 from sfibench.optimized.layer_kernels import check_append_inputs
+from sfibench.switches import read_switch
 
 ENV = "SFIBENCH_QKV_EPILOGUE"
 
@@ -36,12 +36,8 @@ ENV = "SFIBENCH_QKV_EPILOGUE"
 def enabled() -> bool:
     """Whether fused decoding uses this kernel (the default, SFIBENCH_QKV_EPILOGUE=1) rather than gemv's
     product + the q/k kernel (SFIBENCH_QKV_EPILOGUE=0)."""
-    value = os.environ.get(ENV, "1")
-    if value not in ("0", "1"):
-        from sfibench.errors import UsageError
-
-        raise UsageError(f"{ENV}={value!r}: use 1 (the qkv product carries q/k norm, RoPE and the append) or 0")
-    return value == "1"
+    choices = {"1": "the qkv product carries q/k norm, RoPE and the append", "0": "off"}
+    return read_switch(ENV, choices, "1") == "1"
 
 
 @triton.jit
