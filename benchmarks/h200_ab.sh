@@ -2,11 +2,11 @@
 # An A/B of decoder variants on the 4B shape at 32K, B = 1 and 5 (Full-KV and SFI, optimized), after the
 # Triton kernels' tests on CUDA: `bash benchmarks/h200_ab.sh` (~4 min with the default two variants).
 # VARIANTS is ';'-separated, each "name" or "name:VAR=value,VAR=value" (environment of that run), e.g.
-# VARIANTS="off;fold:SFIBENCH_FOLD_INPUT_NORM=1;pdl:SFIBENCH_PDL=1"; TESTS overrides the test files.
+# VARIANTS="default;no-fold:SFIBENCH_FOLD_INPUT_NORM=0;pdl:SFIBENCH_PDL=1"; TESTS overrides the test files.
 # Session 9 ran it (as h200_session9_ab.sh) with PDL 0 / 1 (reports/ab-qwen3-4b-32k-h200); session 10
 # (variants then written "SFIBENCH_PDL SFIBENCH_QKV_EPILOGUE name") with off / PDL products / PDL all / the
-# qkv epilogue. The default now: today's decoder against the input norm folded into the qkv product
-# (models/decoder.py fold_input_norms).
+# qkv epilogue; session 11 with off / the input norm folded into the qkv product (then opt-in, now the
+# default). The default now: today's decoder against the fold turned off.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
@@ -19,7 +19,7 @@ rc=$?; tail -3 "$OUT/tests.log"
 [ "$rc" -eq 0 ] || { echo "CUDA tests FAILED (rc=$rc): the A/B below is for diagnosis only"; \
     grep -E "^E |FAILED" "$OUT/tests.log" | head -20; }
 echo "tests done after $((SECONDS - started)) s"
-IFS=';' read -ra variants <<< "${VARIANTS:-off;fold:SFIBENCH_FOLD_INPUT_NORM=1}"
+IFS=';' read -ra variants <<< "${VARIANTS:-default;no-fold:SFIBENCH_FOLD_INPUT_NORM=0}"
 for variant in "${variants[@]}"; do
     name=${variant%%:*}
     settings=()

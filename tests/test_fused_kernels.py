@@ -243,7 +243,11 @@ def test_the_fold_is_refused_where_the_layers_differ_and_its_switch_is_checked(m
 
     with pytest.raises(ValueError, match="Llama-family"):
         load_model("tiny-gemma3", device=DEVICE).model.fold_input_norms()
+    assert not load_model("tiny-gemma3", device=DEVICE).model.can_fold_input_norms
+    assert load_model("tiny-qwen3", device=DEVICE).model.can_fold_input_norms
     monkeypatch.delenv(FOLD_ENV, raising=False)
+    assert fold_requested()  # on by default (GPU sessions only: engine/session.py)
+    monkeypatch.setenv(FOLD_ENV, "0")
     assert not fold_requested()
     monkeypatch.setenv(FOLD_ENV, "yes")
     with pytest.raises(UsageError, match="SFIBENCH_FOLD_INPUT_NORM='yes'"):

@@ -41,11 +41,13 @@ FOLD_ENV = "SFIBENCH_FOLD_INPUT_NORM"
 
 
 def fold_requested() -> bool:
-    """Whether a GPU session folds the input norms into the qkv products (SFIBENCH_FOLD_INPUT_NORM=1; off by
-    default until timed on a GPU): Decoder.fold_input_norms."""
+    """Whether a GPU session folds the input norms into the qkv products where the layers allow it
+    (Decoder.fold_input_norms): the default since session 11, when it took 0.03-0.07 ms off every step
+    of qwen3-4b at 32K on an H200 (reports/ab-qwen3-4b-32k-h200/session11); SFIBENCH_FOLD_INPUT_NORM=0
+    turns it off."""
     from sfibench.switches import read_switch
 
-    choice = read_switch(FOLD_ENV, {"0": "off", "1": "fold each layer's input norm into its qkv product"}, "0")
+    choice = read_switch(FOLD_ENV, {"1": "fold each layer's input norm into its qkv product", "0": "off"}, "1")
     return choice == "1"
 
 
@@ -232,8 +234,13 @@ class Decoder(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    @property
+    def can_fold_input_norms(self) -> bool:
+        """Whether fold_input_norms applies: Llama-family layers (Gemma-3's norm sits elsewhere)."""
+        return self.layer_class is DecoderLayer
+
     def fold_input_norms(self) -> None:
-        """Decode without an input-norm kernel per layer (opt-in: SFIBENCH_FOLD_INPUT_NORM=1, GPU sessions).
+        """Decode without an input-norm kernel per layer (GPU sessions, unless SFIBENCH_FOLD_INPUT_NORM=0).
 
         A layer's input norm feeds only its qkv product, and W (g * x / rms(x)) = (W diag(g)) x / rms(x):
         the norm's weight can live in a copy of the qkv weight (`qkv_folded`, in the model dtype) and the
@@ -242,9 +249,9 @@ class Decoder(nn.Module):
         loop is unchanged. Rounding differs from the unfolded decoder by the copy's one rounding per weight
         and the norm computed in float32 without the intermediate casts. Prefill keeps the unfolded path.
         """
-        if self.layer_class is not DecoderLayer:
+        if not self.can_fold_input_norms:
             raise ValueError(f"{type(self).__name__} has its own layer structure: the input-norm fold is "
-                             f"written for the Llama-family DecoderLayer only; unset {FOLD_ENV} for this model")
+                             f"written for the Llama-family DecoderLayer only")
         for layer in self.model.layers:
             attn, gain = layer.self_attn, layer.input_layernorm.weight
             weight = attn.qkv_proj.weight

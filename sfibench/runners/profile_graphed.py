@@ -60,6 +60,8 @@ def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int
     for kind, (_, seconds) in zip(kinds, timer.durations()):
         by_kind.setdefault(kind, []).append(seconds * 1e3)
     main_kind = next(k for k in ("fast", "dense", "sparse") if k in by_kind)
+    folded = getattr(model, "folded_input_norms", False)
+    norms = "input norms folded into the qkv products" if folded else "input norms unfolded"
     step_ms = statistics.median(by_kind[main_kind])
     floor = weights_floor_seconds(model, 1, device)
     weights_ms = floor["seconds"] * 1e3
@@ -74,7 +76,7 @@ def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int
                                     "attention kernels": [min(attention), max(attention)], REST: rest[1:]},
               "step_ms_by_kind": {k: statistics.median(v) for k, v in by_kind.items()},
               "wall_ms_per_step": step_ms, "wall_ms_range": [min(by_kind[main_kind]), max(by_kind[main_kind])],
-              "clock": f"CUDA-graph replays, {main_kind} step, PDL {pdl.describe()}", "graphs": True}
+              "clock": f"CUDA-graph replays, {main_kind} step, PDL {pdl.describe()}, {norms}", "graphs": True}
     if spec.name == "sfi":
         result["per_refresh_ms"] = _refresh_parts(method, cache, int(cache.lengths_host[0]))
     return result

@@ -46,7 +46,7 @@ def _decode_gemv(model) -> str:
         described += "; qkv + q/k norm, RoPE and the KV append in one kernel (optimized/qkv_epilogue.py)"
     if getattr(model, "folded_input_norms", False):
         described += ("; input norms folded into the qkv products, down_proj + residual add + sums of squares "
-                      "(SFIBENCH_FOLD_INPUT_NORM=1)")
+                      "(SFIBENCH_FOLD_INPUT_NORM=0 turns it off)")
     return described
 
 
