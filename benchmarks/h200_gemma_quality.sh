@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Gemma-3-270M quality on the H200 (issue 12). Its GGUF (241 MiB) is larger than one call may carry
-# (64 MiB with the tree), so it travels in five parts (`split -n 5 -d -a 2 GGUF .devweights/g.`): five
-# back-to-back calls each copy theirs with `mkdir -p /root/g && cp .devweights/g.0N /root/g/` while the
+# (64 MiB with the tree), so it travels in six parts (`split -n 6 -d -a 2 GGUF .devweights/g.`; five
+# were enough until the tree passed 14 MiB): six back-to-back calls each copy theirs with `mkdir -p /root/g && cp .devweights/g.0N /root/g/` while the
 # machine stays warm, and this script, run from the exported tree (.devtree) with `.whl` carried,
 # assembles and checks the file, then runs `sfibench quality` at each context (one run per context: the
 # authors' presets fix the budget in tokens) while time is left.
@@ -23,7 +23,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=$PWD:/tmp/site
 python -c "import transformers; print('transformers', transformers.__version__)"
 model=/root/g/gemma-3-270m-q4_k_m.gguf
-cat /root/g/g.00 /root/g/g.01 /root/g/g.02 /root/g/g.03 /root/g/g.04 > "$model" || exit 1
+cat /root/g/g.[0-9][0-9] > "$model" || exit 1  # the glob sorts: g.00, g.01, ...
 echo "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818  $model" | sha256sum -c || exit 1
 for ctx in $(echo "${2:-16384,31744,8192}" | tr , " "); do
     left=$(( ${1:-540} - (SECONDS - started) ))
