@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Gemma-3-270M quality on the H200 (issue 12). Its GGUF (241 MiB) is larger than one call may carry
 # (64 MiB with the tree), so it travels in six parts (`split -n 6 -d -a 2 GGUF .devweights/g.`; five
-# were enough until the tree passed 14 MiB): six back-to-back calls each copy theirs with `mkdir -p /root/g && cp .devweights/g.0N /root/g/` while the
-# machine stays warm, and this script, run from the exported tree (.devtree) with `.whl` carried,
-# assembles and checks the file, then runs `sfibench quality` at each context (one run per context: the
-# authors' presets fix the budget in tokens) while time is left.
+# were enough until the tree passed 14 MiB): six back-to-back calls each copy theirs with
+# `mkdir -p /root/g && cp .devweights/g.0N /root/g/` while the machine stays warm, and this script, run
+# from the exported tree (.devtree) with `.whl` carried, assembles and checks the file, then runs
+# `sfibench quality` at each context (one run per context: the authors' presets fix the budget in
+# tokens) while time is left.
 # `.whl` holds gguf-0.19.0 and transformers-5.23.0 (pure-Python wheels): the device's transformers 5.17
 # converts Gemma-3's GGUF tokenizer into two-character pieces (reports/diagnostics/gemma3-h200-mismatch),
 # which sfibench refuses at load; 5.23 with the device's tokenizers 0.23.2 and huggingface_hub 1.33 is right.
