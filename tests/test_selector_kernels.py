@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sfibench.config import SelectorConfig
-from sfibench.optimized.selector_kernels import fused_scores, fused_select, fused_top_k
+from sfibench.optimized.selector_kernels import SelectorTiles, fused_scores, fused_select, fused_top_k
 from sfibench.sfi.selector import (
     choose_lambda,
     cross_head_exclusivity,
@@ -123,6 +123,21 @@ def test_ablations_outside_the_kernels_go_to_the_torch_selector():
     visible = dataclasses.replace(DEFAULT, evidence_norm="visible")
     assert torch.equal(fused_select(logits, norms, 0, 20, visible, outside),
                        select(logits, norms, 0, 20, visible, outside))
+
+
+def test_other_tile_shapes_give_the_same_scores():
+    """bench_fast_path --selector-tiles times other launch shapes: they must rank the same scores. n = 700
+    leaves a partial last tile and chunk under every shape here."""
+    logits, norms = evidence(2, 4, 3, 700, seed=11)
+    expected = fused_scores(logits, norms, DEFAULT)
+    shapes = (SelectorTiles(block=128, chunk_blocks=1, nms_tile=64),
+              SelectorTiles(block=256, chunk_blocks=3, pool_warps=8, nms_warps=8))
+    for tiles in shapes:
+        torch.testing.assert_close(fused_scores(logits, norms, DEFAULT, tiles), expected, atol=1e-5, rtol=1e-6)
+    with pytest.raises(ValueError, match="power of two"):
+        SelectorTiles(block=1000)
+    with pytest.raises(ValueError, match="chunk_blocks"):
+        SelectorTiles(chunk_blocks=0)
 
 
 def test_bad_input_is_refused():

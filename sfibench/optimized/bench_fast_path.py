@@ -11,13 +11,17 @@
    same evidence, with the share of positions they agree on; then where the Triton Selector's time
    goes, kernel by kernel (torch.profiler's CUDA times), and the compact rebuild's gather, the torch
    reference (sfi/state.gather_compact) against the Triton kernel (optimized/compact_kernels).
+3. The Selector's launch shapes (`--selector-tiles CONTEXTS`): each Triton Selector kernel's time under
+   other tiles, chunks and warp counts (selector_kernels.SelectorTiles), one group varied at a time.
 
     python -m sfibench.optimized.bench_fast_path --out fast_path.json
+    python -m sfibench.optimized.bench_fast_path --batch "" --contexts "" --selector-tiles 130944
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -29,7 +33,7 @@ import torch
 from sfibench.config import SelectorConfig
 from sfibench.optimized import compact_kernels
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
-from sfibench.optimized.selector_kernels import fused_select
+from sfibench.optimized.selector_kernels import SelectorTiles, fused_scores, fused_select
 from sfibench.optimized.two_segment import two_segment_decode
 from sfibench.sfi import state
 from sfibench.sfi.selector import select
@@ -111,7 +115,35 @@ def selector_refresh(context: int, layers: int, kv_heads: int, group: int, k_hea
     return row
 
 
-def kernel_times(fn, calls: int = 10) -> dict[str, float]:
+def selector_tiles(context: int, layers: int, kv_heads: int, group: int) -> list[dict]:
+    """CUDA ms per refresh of each Selector kernel under other launch shapes (SelectorTiles), one group of
+    settings varied at a time from the defaults, on the same random evidence; with each shape's largest
+    score difference from the default's (float32 sums in another order)."""
+    device = torch.device("cuda")
+    n = context - 4 - 256
+    generator = torch.Generator(device).manual_seed(0)
+    logits = torch.randn(layers, kv_heads, group, n, device=device, generator=generator) * 2
+    norms = torch.rand(layers, kv_heads, n, device=device, generator=generator) * 10 + 1
+    cfg, default = SelectorConfig(), SelectorTiles()
+    shapes = [default]
+    shapes += [SelectorTiles(block=b, chunk_blocks=c, pool_warps=w) for b, c, w in
+               itertools.product((512, 1024, 2048), (1, 2, 8), (4, 8))]
+    shapes += [SelectorTiles(nms_tile=t, nms_warps=w)
+               for t, w in itertools.product((128, 256, 512, 1024), (4, 8))]
+    expected = fused_scores(logits, norms, cfg, default)
+    rows = []
+    for tiles in dict.fromkeys(shapes):  # the default appears in both sweeps: once is enough
+        diff = (fused_scores(logits, norms, cfg, tiles) - expected).abs().nan_to_num(0.0).max().item()
+        kernels = kernel_times(lambda tiles=tiles: fused_scores(logits, norms, cfg, tiles), quiet=True)
+        kernels = {name: ms for name, ms in kernels.items() if name.startswith("_")}  # the Triton kernels
+        rows.append({"context": context, **dataclasses.asdict(tiles), "kernels_ms": kernels,
+                     "triton_ms": sum(kernels.values()), "max_abs_diff_vs_default": diff})
+        print(f"selector tiles {tiles}: {sum(kernels.values()):.3f} ms "
+              + " ".join(f"{name} {ms:.3f}" for name, ms in kernels.items()), flush=True)
+    return rows
+
+
+def kernel_times(fn, calls: int = 10, quiet: bool = False) -> dict[str, float]:
     """CUDA time per call of each kernel `fn` launches (torch.profiler), largest first."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -126,7 +158,7 @@ def kernel_times(fn, calls: int = 10) -> dict[str, float]:
         if event.device_type == torch.autograd.DeviceType.CUDA:
             name = event.name[:80]
             totals[name] = totals.get(name, 0.0) + event.device_time / 1000 / calls
-    for name, ms in sorted(totals.items(), key=lambda item: -item[1])[:12]:
+    for name, ms in sorted(totals.items(), key=lambda item: -item[1])[:0 if quiet else 12]:
         print(f"    {ms:8.4f} ms  {name}", flush=True)
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
@@ -171,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                         "to finish) and/or separate (a second kernel)")
     parser.add_argument("--one-loop", default="0,1", help="0: a loop per segment, 1: one loop over both")
     parser.add_argument("--contexts", default="32768,130944", help="contexts of the Selector timing")
+    parser.add_argument("--selector-tiles", default="", help="contexts at which to time the Selector kernels "
+                        "under other launch shapes (optimized/selector_kernels.SelectorTiles), e.g. 130944")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_fast_path times CUDA kernels and no CUDA device is visible here; nothing measured.",
@@ -191,11 +225,13 @@ def main(argv: list[str] | None = None) -> int:
             attention += fast_step_attention(batch, 8, group, 128, layers, 4 + 2048, 256, splits, variants)
     selector = [selector_refresh(int(c), 36, 8, 4, 2048) for c in args.contexts.split(",") if c]
     rebuild = [compact_rebuild(int(c), 5, 36, 8, 2048) for c in args.contexts.split(",") if c]
+    tiles = [row for c in args.selector_tiles.split(",") if c for row in selector_tiles(int(c), 36, 8, 4)]
     payload = {"provenance": provenance(), "sm_count": sms,
                "rule": {"dense read (B=1, 128K)": default_num_splits(1, 8, 130944, sms),
                         **{f"fast step (B={b}, 2,308 rows)": default_num_splits(int(b), 8, 2308, sms)
                            for b in args.batch.split(",") if b}},
-               "fast_step_attention": attention, "selector": selector, "compact_rebuild": rebuild}
+               "fast_step_attention": attention, "selector": selector, "compact_rebuild": rebuild,
+               "selector_tiles": tiles}
     if args.out:
         args.out.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.out}")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -38,9 +39,30 @@ import triton.language as tl
 from sfibench.config import SelectorConfig
 from sfibench.sfi.selector import DEBUG_RANDOM_SELECTION_ENV, keep_neighbours, select
 
-BLOCK = 1024  # candidates per tile
-CHUNK_BLOCKS = 8  # tiles per program in the chunked reductions (8K candidates)
+BLOCK = 1024  # candidates per tile of the compaction
 NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SelectorTiles:
+    """How `fused_scores` cuts the work into programs. The defaults are session 7's choice; session 11's
+    kernel breakdown found pooling (0.83 ms) and Soft-NMS + cross-head (0.46 ms) 3-6x above what their
+    bytes need at 128K on an H200, so `python -m sfibench.optimized.bench_fast_path --selector-tiles`
+    times other shapes (same result up to the order of float32 sums)."""
+
+    block: int = 1024  # candidates per tile of the passes over the evidence
+    chunk_blocks: int = 8  # tiles per program in the chunked pooling (8K candidates)
+    pool_warps: int = 4  # warps per program of the row normalisers, pooling and fusion
+    nms_tile: int = 256  # candidates per [KV heads, tile] program of Soft-NMS + cross-head
+    nms_warps: int = 4
+
+    def __post_init__(self):
+        for name in ("block", "nms_tile", "pool_warps", "nms_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"SelectorTiles.{name} must be a power of two, got {value}")
+        if self.chunk_blocks < 1:
+            raise ValueError(f"SelectorTiles.chunk_blocks must be >= 1, got {self.chunk_blocks}")
 
 
 @triton.jit
@@ -244,7 +266,8 @@ def _mix_offsets(log_sums: torch.Tensor, num_rows: int, cfg: SelectorConfig) -> 
     return torch.stack([log_weight_evidence - lse_f, log_weight_prior - lse_r], dim=-1)
 
 
-def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorConfig) -> torch.Tensor:
+def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorConfig,
+                 tiles: SelectorTiles = SelectorTiles()) -> torch.Tensor:
     """The Selector's final score `[L, H, n]` (float32) from evidence logits `[L, H, R, n]` (float32, any
     strides) and key norms `[L, H, n]`: what `select` ranks, before the neighbour pool and the top-K."""
     layers, heads, rows, n = logits.shape
@@ -257,32 +280,34 @@ def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorCon
     prior = (cfg.gamma, cfg.w_norm, cfg.w_pos, cfg.pos_p, cfg.eta, cfg.beta, cfg.eps)
 
     row_lse = torch.empty(pairs * rows, device=device, dtype=torch.float32)
-    _row_lse_kernel[(pairs * rows,)](logits, row_lse, *logits.stride(), n, heads, rows, BLOCK=BLOCK)
+    block, warps = tiles.block, tiles.pool_warps
+    _row_lse_kernel[(pairs * rows,)](logits, row_lse, *logits.stride(), n, heads, rows, BLOCK=block,
+                                     num_warps=warps)
     valid = (row_lse.view(pairs, rows) > NEG_INF).sum(dim=1)
     log_rows = torch.where(valid > 0, valid.clamp_min(1).float().log(), -1.0)  # -1 flags "no valid row"
 
-    chunk = BLOCK * CHUNK_BLOCKS
+    chunk = block * tiles.chunk_blocks
     parts = triton.cdiv(n, chunk)
     stats = torch.empty(pairs, parts, 16, device=device, dtype=torch.float32)
     pooled = torch.empty(layers, heads, n, device=device, dtype=torch.float32)
     prior_logits = torch.empty_like(pooled) if cfg.use_prior else pooled  # unused without the prior
     _pool_stats_kernel[(pairs, parts)](logits, row_lse, key_norms, log_rows, stats, pooled, prior_logits, n,
                                        heads, chunk, *strides, cfg.alpha, *prior, ROWS=rows,
-                                       USE_PRIOR=cfg.use_prior, BLOCK=BLOCK)
+                                       USE_PRIOR=cfg.use_prior, BLOCK=block, num_warps=warps)
     mix = _mix_offsets(_merge_partials(stats), rows, cfg).contiguous()
 
     fused = pooled  # written in place: each program reads its tile's log f and prior, then overwrites it
-    _fuse_kernel[(pairs, triton.cdiv(n, BLOCK))](pooled, prior_logits, mix, fused, n, USE_PRIOR=cfg.use_prior,
-                                                 BLOCK=BLOCK)
+    _fuse_kernel[(pairs, triton.cdiv(n, block))](pooled, prior_logits, mix, fused, n, USE_PRIOR=cfg.use_prior,
+                                                 BLOCK=block, num_warps=warps)
     use_cross = cfg.use_cross_head and heads > 2  # SPEC skips the stage with one or two KV heads
     if not (cfg.use_nms or use_cross):
         return fused
     final = torch.empty_like(fused)
-    tile = 256  # [heads, tile] per program: the NMS window re-reads neighbours through the cache
+    tile = tiles.nms_tile  # [heads, tile] per program: the NMS window re-reads neighbours through the cache
     _nms_cross_head_kernel[(layers, triton.cdiv(n, tile))](
         fused, final, n, heads, min(cfg.nms_radius, n - 1), cfg.nms_alpha, 1.0 / cfg.cross_temperature,
         cfg.cross_alpha, math.log(cfg.eps), USE_NMS=cfg.use_nms, USE_CROSS=use_cross,
-        BLOCK_H=triton.next_power_of_2(heads), BLOCK=tile)
+        BLOCK_H=triton.next_power_of_2(heads), BLOCK=tile, num_warps=tiles.nms_warps)
     return final
 
 
