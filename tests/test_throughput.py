@@ -273,3 +273,17 @@ def test_the_selector_ablation_reaches_sfi_and_the_report(tmp_path):
     assert "ablation beyond the paper" in (tmp_path / "run" / "report.md").read_text()
     even = CliRunner().invoke(app, ["throughput", "--keep-neighbours", "4", "--out", str(tmp_path / "bad")])
     assert even.exit_code != 0 and "odd" in even.output and not (tmp_path / "bad").exists()
+
+
+def test_bridge_steps_are_timed_as_their_own_kind(tmp_path):
+    """`--bridge-steps 3`: the first 3 steps of each pass read the whole history and are filed as `bridge`,
+    not as fast steps (whose reads they would inflate); the report says so."""
+    result = CliRunner().invoke(app, ["throughput", "--model", "tiny-llama", "--ctx", "600", "--methods", "sfi",
+                                      "--k-head", "64", "--n-recent", "32", "--steps", "10", "--repeats", "2",
+                                      "--bridge-steps", "3", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    row = json.loads((tmp_path / "run" / "results.json").read_text())["results"]["rows"][0]
+    assert row["ms_per_step"]["bridge"]["n"] == 3 * 2  # 3 per timed pass
+    reads = row["tokens_read_by_kind"]
+    assert reads["bridge"] >= 600 > 4 * reads["fast"]  # dense against sinks + selection + recent window
+    assert "SFI bridge steps" in (tmp_path / "run" / "report.md").read_text()

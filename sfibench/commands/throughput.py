@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from sfibench.commands.common import (
+    BRIDGE_STEPS_HELP,
     DEVICE_HELP,
     DTYPE_HELP,
     KEEP_NEIGHBOURS_HELP,
@@ -48,6 +49,7 @@ def throughput(
     trigger: str = typer.Option("punctuation_tmax", help="punctuation_tmax, fixed, random or bootstrap"),
     no_nms: bool = typer.Option(False, "--no-nms", help="SFI ablation beyond the paper: no Soft-NMS in the Selector"),
     keep_neighbours: int = typer.Option(1, min=1, help=KEEP_NEIGHBOURS_HELP),
+    bridge_steps: int = typer.Option(0, min=0, help=BRIDGE_STEPS_HELP),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/throughput-<time>)"),
@@ -77,7 +79,7 @@ def throughput(
         if graphs and not gpu:
             raise UsageError("--graphs needs a CUDA device; leave it out on a CPU")
         check_context_limit(PRESETS.get(model), [c for c in contexts if c != "max"], steps)
-        sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head,
+        sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head, bridge_steps=bridge_steps,
                         trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap),
                         selector=SelectorConfig(use_nms=not no_nms, keep_neighbours=keep_neighbours))
         run_dir = run_throughput(model, device, dtype, contexts, batches, method_list, path_list, steps, repeats,

@@ -93,6 +93,13 @@ def step_kinds(method: AttentionMethod, ctx: StepContext) -> list[str]:
     return [method.step_kind] * ctx.slow.shape[0]
 
 
+def batch_step_kind(method: AttentionMethod, ctx: StepContext) -> str:
+    """The kind a timer files a whole batch step under: the costliest any row ran ("slow": a dense read and
+    a refresh, then "bridge": a dense read only), else "fast"; a method without slow steps has one kind."""
+    kinds = step_kinds(method, ctx)
+    return next((kind for kind in ("slow", "bridge") if kind in kinds), kinds[0])
+
+
 def _record(method: AttentionMethod, ctx: StepContext) -> StepRecord:
     # copies: the driver reuses these buffers every step (and .cpu() of a CPU tensor is no copy)
     return StepRecord(step_kinds(method, ctx), ctx.tokens_read.to("cpu", copy=True),

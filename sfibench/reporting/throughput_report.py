@@ -196,6 +196,16 @@ def _selector_variant(sfi: dict) -> list[str]:
             "on, no neighbour pool); the other methods are unchanged."]
 
 
+def _bridge_steps(sfi: dict) -> list[str]:
+    """A line saying SFI read densely for its first steps (the authors' bridge), timed as their own kind."""
+    steps = sfi.get("bridge_steps", 0)
+    if not steps:
+        return []
+    return [f"- **SFI bridge steps**: the first {steps} decode steps of every pass read the whole history before "
+            "the bootstrap selection is used; they are timed as the step kind `bridge` (the latency table), the "
+            "others as before."]
+
+
 def _redone_passes(rows: list[dict]) -> str:
     """A timed pass that had to capture a CUDA graph is run again (runners/throughput_measure.py): say where."""
     redone = [f"{r['method']}{' ' + r['publish'] if r.get('publish') else ''}/{r['path']} {r['context']:,} "
@@ -244,6 +254,7 @@ def markdown(results: dict) -> str:
         f"refresh (n_sink {cfg['sfi']['n_sink']}, k_head {cfg['sfi']['k_head']}, n_recent {cfg['sfi']['n_recent']}); "
         "keys keep their original RoPE positions.",
         *_selector_variant(cfg["sfi"]),
+        *_bridge_steps(cfg["sfi"]),
         *_prefill_times(rows),
         f"- Measured copy bandwidth (read + write): {res['copy_bandwidth_gb_s']:,.0f} GB/s: the roofline ceiling.", "",
         "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),

@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from sfibench.config import MethodSpec
 from sfibench.engine.cache import KVCache
+from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import prefill
 from sfibench.engine.session import Session
@@ -103,7 +104,7 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) 
                 if cuda:
                     torch.cuda.synchronize()
                 walls_us.append((time.perf_counter() - started) * 1e6)
-                kinds.append("slow" if bool(ctx.slow.any()) else "fast")
+                kinds.append(batch_step_kind(method, ctx))
                 method.observe(inputs[step:step + 1])
                 prof.step()
     per_step_ms = {name: [step[name] / 1e3 for step in per_step] for name in per_step[0]}

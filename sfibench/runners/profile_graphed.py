@@ -21,6 +21,7 @@ import torch
 from sfibench.config import MethodSpec
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
+from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
@@ -50,7 +51,7 @@ def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int
         for index in range(steps):
             with timer.step():
                 result = driver.step(inputs[index:index + 1].to(device, non_blocking=True))
-            kind = "slow" if bool(result.ctx.slow.any()) else ("fast" if method.has_slow_steps else method.step_kind)
+            kind = batch_step_kind(method, result.ctx)
             method.observe(inputs[index + 1:index + 2])
             if timed:
                 kinds.append(kind)

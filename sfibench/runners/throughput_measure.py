@@ -16,6 +16,7 @@ import torch
 
 from sfibench.config import MethodSpec, SFIConfig, SnapKVConfig, StreamingLLMConfig
 from sfibench.engine.cache import KVCache
+from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import Prefilled, prefill
 from sfibench.engine.session import Session
@@ -171,7 +172,7 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
             with timer.step():
                 result = runner.step(tokens)
             ctx, replayed = result.ctx, result.replayed
-            kind = ("slow" if bool(ctx.slow.any()) else "fast") if method.has_slow_steps else method.step_kind
+            kind = batch_step_kind(method, ctx)
             method.observe(inputs[:, index])
             pass_kinds.append(kind)
             pass_replays += replayed
