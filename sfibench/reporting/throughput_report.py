@@ -202,8 +202,7 @@ def _bridge_steps(sfi: dict) -> list[str]:
     if not steps:
         return []
     return [f"- **SFI bridge steps**: the first {steps} decode steps of every pass read the whole history before "
-            "the bootstrap selection is used; they are timed as the step kind `bridge` (the latency table), the "
-            "others as before."]
+            "the bootstrap selection is used; the latency table times them as their own step kind, `bridge`."]
 
 
 def _redone_passes(rows: list[dict]) -> str:
