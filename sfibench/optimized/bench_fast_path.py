@@ -94,13 +94,21 @@ def fast_step_attention(batch: int, kv_heads: int, group: int, head_dim: int, la
     return rows
 
 
-def selector_refresh(context: int, layers: int, kv_heads: int, group: int, k_head: int) -> dict:
-    """ms of one refresh's Selector over all layers, PyTorch against Triton, on the same random evidence."""
-    device = torch.device("cuda")
+def random_evidence(context: int, layers: int, kv_heads: int, group: int,
+                    device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
+    """A refresh's inputs at `context` (candidates: all but 4 sinks and a 256-token window), seeded: evidence
+    logits `[layers, kv_heads, group, n]` and key norms `[layers, kv_heads, n]`."""
     n = context - 4 - 256
     generator = torch.Generator(device).manual_seed(0)
     logits = torch.randn(layers, kv_heads, group, n, device=device, generator=generator) * 2
     norms = torch.rand(layers, kv_heads, n, device=device, generator=generator) * 10 + 1
+    return logits, norms
+
+
+def selector_refresh(context: int, layers: int, kv_heads: int, group: int, k_head: int) -> dict:
+    """ms of one refresh's Selector over all layers, PyTorch against Triton, on the same random evidence."""
+    logits, norms = random_evidence(context, layers, kv_heads, group)
+    n = logits.shape[-1]
     cfg = SelectorConfig()
     torch_ms = _time_ms(lambda: select(logits, norms, 4, k_head, cfg), repeats=3, calls=5)
     triton_ms = _time_ms(lambda: fused_select(logits, norms, 4, k_head, cfg), repeats=3, calls=5)
@@ -119,11 +127,7 @@ def selector_tiles(context: int, layers: int, kv_heads: int, group: int) -> list
     """CUDA ms per refresh of each Selector kernel under other launch shapes (SelectorTiles), one group of
     settings varied at a time from the defaults, on the same random evidence; with each shape's largest
     score difference from the default's (float32 sums in another order)."""
-    device = torch.device("cuda")
-    n = context - 4 - 256
-    generator = torch.Generator(device).manual_seed(0)
-    logits = torch.randn(layers, kv_heads, group, n, device=device, generator=generator) * 2
-    norms = torch.rand(layers, kv_heads, n, device=device, generator=generator) * 10 + 1
+    logits, norms = random_evidence(context, layers, kv_heads, group)
     cfg, default = SelectorConfig(), SelectorTiles()
     shapes = [default]
     shapes += [SelectorTiles(block=b, chunk_blocks=c, pool_warps=w) for b, c, w in
