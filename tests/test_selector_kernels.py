@@ -115,6 +115,7 @@ def test_top_k_ties_go_to_the_lowest_positions():
     assert torch.equal(out, top_k_positions(scores, 40, lo=9))
     assert out[0, 1, -1].item() == 2009 and out[0, 0, 0].item() == 9
     assert torch.equal(fused_top_k(scores, 5000, lo=0), top_k_positions(scores, 5000, lo=0))  # K > n: all
+    assert torch.equal(fused_top_k(scores, 40, lo=9, radix=False), out)  # session 7's top-K, timed against
 
 
 def test_ablations_outside_the_kernels_go_to_the_torch_selector():
@@ -131,7 +132,8 @@ def test_other_tile_shapes_give_the_same_scores():
     logits, norms = evidence(2, 4, 3, 700, seed=11)
     expected = fused_scores(logits, norms, DEFAULT)
     shapes = (SelectorTiles(block=128, chunk_blocks=1, nms_tile=64),
-              SelectorTiles(block=256, chunk_blocks=3, pool_warps=8, nms_warps=8))
+              SelectorTiles(block=256, chunk_blocks=3, pool_warps=8, nms_warps=8),
+              SelectorTiles(block=128, chunk_blocks=2, lane_stats=True))
     for tiles in shapes:
         torch.testing.assert_close(fused_scores(logits, norms, DEFAULT, tiles), expected, atol=1e-5, rtol=1e-6)
     with pytest.raises(ValueError, match="power of two"):

@@ -33,7 +33,7 @@ import torch
 from sfibench.config import SelectorConfig
 from sfibench.optimized import compact_kernels
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
-from sfibench.optimized.selector_kernels import SelectorTiles, fused_scores, fused_select
+from sfibench.optimized.selector_kernels import SelectorTiles, fused_scores, fused_select, fused_top_k
 from sfibench.optimized.two_segment import two_segment_decode
 from sfibench.sfi import state
 from sfibench.sfi.selector import select
@@ -120,6 +120,13 @@ def selector_refresh(context: int, layers: int, kv_heads: int, group: int, k_hea
     print(f"selector {context}: torch {row['torch_ms']:.2f} ms, triton {row['triton_ms']:.2f} ms, "
           f"overlap {same}", flush=True)
     row["triton_kernels_ms"] = kernel_times(lambda: fused_select(logits, norms, 4, k_head, cfg))
+    # The top-K alone on these final scores: the radix select against torch.topk + one program per head.
+    scores = fused_scores(logits, norms, cfg)
+    assert torch.equal(fused_top_k(scores, k_head, 4), fused_top_k(scores, k_head, 4, radix=False))
+    for name, radix in (("radix", True), ("torch_topk", False)):
+        rounds = _time_ms(lambda radix=radix: fused_top_k(scores, k_head, 4, radix=radix), repeats=3, calls=10)
+        row[f"top_k_{name}_ms"], row[f"top_k_{name}_ms_rounds"] = statistics.median(rounds), rounds
+        print(f"  top-K {name}: {row[f'top_k_{name}_ms']:.3f} ms", flush=True)
     return row
 
 
@@ -132,6 +139,8 @@ def selector_tiles(context: int, layers: int, kv_heads: int, group: int) -> list
     shapes = [default]
     shapes += [SelectorTiles(block=b, chunk_blocks=c, pool_warps=w) for b, c, w in
                itertools.product((512, 1024, 2048), (1, 2, 8), (4, 8))]
+    shapes += [SelectorTiles(block=b, chunk_blocks=c, pool_warps=w, lane_stats=True) for b, c, w in
+               itertools.product((512, 1024, 2048), (2, 8), (4, 8))]
     shapes += [SelectorTiles(nms_tile=t, nms_warps=w)
                for t, w in itertools.product((128, 256, 512, 1024), (4, 8))]
     expected = fused_scores(logits, norms, cfg, default)

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from sfibench.config import SelectorConfig
+from sfibench.optimized.top_k_kernels import radix_top_k
 from sfibench.sfi.selector import DEBUG_RANDOM_SELECTION_ENV, keep_neighbours, select
 
 BLOCK = 1024  # candidates per tile of the compaction
@@ -55,6 +56,7 @@ class SelectorTiles:
     pool_warps: int = 4  # warps per program of the row normalisers, pooling and fusion
     nms_tile: int = 256  # candidates per [KV heads, tile] program of Soft-NMS + cross-head
     nms_warps: int = 4
+    lane_stats: bool = False  # pooling's five log-sums per lane, reduced once per program (see the kernel)
 
     def __post_init__(self):
         for name in ("block", "nms_tile", "pool_warps", "nms_warps"):
@@ -100,63 +102,108 @@ def _row_lse_kernel(logits_ptr, lse_ptr, stride_l, stride_h, stride_r, stride_n,
 
 
 @triton.jit
-def _pooled_and_prior(logits_ptr, lse_ptr, norms_ptr, pair, layer, head, idx, n,
+def _pooled_and_prior(logits_ptr, lse_ptr, norms_ptr, position_ptr, pair, layer, head, idx, n,
                       stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
-                      alpha, log_rows, has_rows, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
+                      alpha, log_rows, has_rows, gamma, w_norm, w_pos, eps,
                       ROWS: tl.constexpr, USE_PRIOR: tl.constexpr):
     """log_pooled (before its normalisation over n) and the prior's logit (before its softmax) at `idx`."""
     inside = idx < n
     base = logits_ptr + layer * stride_l + head * stride_h
-    pooled = tl.full(idx.shape, float("-inf"), tl.float32)
+    # log Σ_r exp(alpha log p_r) as max + log Σ exp(. - max): one exp per row and one log, where adding
+    # the rows one at a time (log-add-exp) took two exps and a log per row. The rows are read twice
+    # (the second time from the cache) rather than held: R is not bounded.
+    top = tl.full(idx.shape, float("-inf"), tl.float32)
     for r in tl.static_range(ROWS):
         row_lse = tl.load(lse_ptr + pair * ROWS + r)
         x = tl.load(base + r * stride_r + idx * stride_n, mask=inside, other=float("-inf"))
         valid = row_lse > float("-inf")  # a row masked everywhere is left out of the pool
-        log_p = x - tl.where(valid, row_lse, 0.0)
-        pooled = _log_add_exp(pooled, tl.where(valid, alpha * log_p, float("-inf")))
+        top = tl.maximum(top, tl.where(valid, alpha * (x - tl.where(valid, row_lse, 0.0)), float("-inf")))
+    shift = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.zeros(idx.shape, tl.float32)
+    for r in tl.static_range(ROWS):
+        row_lse = tl.load(lse_ptr + pair * ROWS + r)
+        x = tl.load(base + r * stride_r + idx * stride_n, mask=inside, other=float("-inf"))
+        valid = row_lse > float("-inf")
+        total += tl.exp(tl.where(valid, alpha * (x - tl.where(valid, row_lse, 0.0)), float("-inf")) - shift)
+    pooled = tl.where(top == float("-inf"), top, shift + tl.log(tl.where(total > 0, total, 1.0)))
     pooled = tl.where(has_rows, (pooled - log_rows) / alpha, 0.0)  # no valid row at all: uniform f
     prior = tl.zeros(idx.shape, tl.float32)
     if USE_PRIOR:
         norm = tl.load(norms_ptr + layer * stride_nl + head * stride_nh + idx * stride_nn, mask=inside, other=1.0)
-        u = idx.to(tl.float32) / tl.maximum(n - 1, 1).to(tl.float32)
-        u_pow = tl.where(u > 0, tl.exp2(pos_p * tl.log2(tl.maximum(u, 1e-30))), 0.0)
-        position_term = -beta * u_pow + eta * tl.log(tl.maximum(1 - u, eps))
+        position_term = tl.load(position_ptr + idx, mask=inside, other=0.0)  # the same for every head
         prior = w_norm * (-gamma * tl.log(tl.maximum(norm.to(tl.float32), eps))) + w_pos * position_term
     return tl.where(inside, pooled, float("-inf")), tl.where(inside, prior, float("-inf"))
 
 
 @triton.jit
-def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, log_rows_ptr, stats_ptr, pooled_ptr, prior_ptr,
-                       n, heads, chunk,
+def _lane_lse(run_max, run_sum, values):
+    """Fold values into per-lane running (max, sum of exp(v - max)) pairs: no reduction across the tile."""
+    new_max = tl.maximum(run_max, values)
+    shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+    return new_max, run_sum * tl.exp(run_max - shift) + tl.exp(values - shift)
+
+
+@triton.jit
+def _lanes_to_lse(run_max, run_sum):
+    """Per-lane (max, sum) pairs -> one (max, sum) pair."""
+    top = tl.max(run_max, 0)
+    shift = tl.where(top == float("-inf"), 0.0, top)
+    return top, tl.sum(run_sum * tl.exp(run_max - shift), 0)
+
+
+@triton.jit
+def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, position_ptr, log_rows_ptr, stats_ptr, pooled_ptr,
+                       prior_ptr, n, heads, chunk,
                        stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
-                       alpha, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
-                       ROWS: tl.constexpr, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr):
+                       alpha, gamma, w_norm, w_pos, eps,
+                       ROWS: tl.constexpr, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr,
+                       LANE_STATS: tl.constexpr):
     """Partial (max, sum) of five log-sums over one chunk of candidates of one (layer, KV head), and the
-    pooled log f and prior log r at each candidate (for the fusion, so it need not read the logits again)."""
+    pooled log f and prior log r at each candidate (for the fusion, so it need not read the logits again).
+
+    LANE_STATS keeps the five running sums per lane and reduces them across the tile once at the end
+    (two exps per value and sum); otherwise every tile is reduced as it comes (one exp per value and
+    sum, ten reductions across the program's warps per tile)."""
     pair, part = tl.program_id(0), tl.program_id(1)
     layer, head = (pair // heads).to(tl.int64), pair % heads
     log_rows = tl.load(log_rows_ptr + pair)
     has_rows = log_rows >= 0  # log R of the valid rows; -1 when no row is valid
     offs = tl.arange(0, BLOCK)
     # Running (max, sum) pairs of LSE(log f), LSE(2 log f), LSE(log r), LSE(2 log r), LSE(log f + log r).
-    m0 = tl.full([], float("-inf"), tl.float32)
+    if LANE_STATS:
+        m0 = tl.full([BLOCK], float("-inf"), tl.float32)
+        s0 = tl.zeros([BLOCK], tl.float32)
+    else:
+        m0 = tl.full([], float("-inf"), tl.float32)
+        s0 = tl.zeros([], tl.float32)
     m1, m2, m3, m4 = m0, m0, m0, m0
-    s0 = tl.zeros([], tl.float32)
     s1, s2, s3, s4 = s0, s0, s0, s0
     for start in range(part * chunk, tl.minimum(part * chunk + chunk, n), BLOCK):
-        lp, pr = _pooled_and_prior(logits_ptr, lse_ptr, norms_ptr, pair, layer, head, start + offs, n,
-                                   stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
-                                   alpha, log_rows, has_rows, gamma, w_norm, w_pos, pos_p, eta, beta, eps,
-                                   ROWS, USE_PRIOR)
+        lp, pr = _pooled_and_prior(logits_ptr, lse_ptr, norms_ptr, position_ptr, pair, layer, head, start + offs,
+                                   n, stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
+                                   alpha, log_rows, has_rows, gamma, w_norm, w_pos, eps, ROWS, USE_PRIOR)
         idx = start + offs
         tl.store(pooled_ptr + pair.to(tl.int64) * n + idx, lp, mask=idx < n)
         if USE_PRIOR:
             tl.store(prior_ptr + pair.to(tl.int64) * n + idx, pr, mask=idx < n)
-        m0, s0 = _online_lse(m0, s0, lp)
-        m1, s1 = _online_lse(m1, s1, 2 * lp)
-        m2, s2 = _online_lse(m2, s2, pr)
-        m3, s3 = _online_lse(m3, s3, 2 * pr)
-        m4, s4 = _online_lse(m4, s4, lp + pr)
+        if LANE_STATS:
+            m0, s0 = _lane_lse(m0, s0, lp)
+            m1, s1 = _lane_lse(m1, s1, 2 * lp)
+            m2, s2 = _lane_lse(m2, s2, pr)
+            m3, s3 = _lane_lse(m3, s3, 2 * pr)
+            m4, s4 = _lane_lse(m4, s4, lp + pr)
+        else:
+            m0, s0 = _online_lse(m0, s0, lp)
+            m1, s1 = _online_lse(m1, s1, 2 * lp)
+            m2, s2 = _online_lse(m2, s2, pr)
+            m3, s3 = _online_lse(m3, s3, 2 * pr)
+            m4, s4 = _online_lse(m4, s4, lp + pr)
+    if LANE_STATS:
+        m0, s0 = _lanes_to_lse(m0, s0)
+        m1, s1 = _lanes_to_lse(m1, s1)
+        m2, s2 = _lanes_to_lse(m2, s2)
+        m3, s3 = _lanes_to_lse(m3, s3)
+        m4, s4 = _lanes_to_lse(m4, s4)
     slot = tl.arange(0, 8)  # stored as [maxes 0..4, pad, sums 8..12, pad]: power-of-two vectors
     maxes = tl.where(slot == 0, m0, tl.where(slot == 1, m1, tl.where(slot == 2, m2, tl.where(slot == 3, m3, m4))))
     sums = tl.where(slot == 0, s0, tl.where(slot == 1, s1, tl.where(slot == 2, s2, tl.where(slot == 3, s3, s4))))
@@ -192,13 +239,21 @@ def _nms_cross_head_kernel(score_ptr, out_ptr, n, heads, radius, nms_alpha, inv_
     real = (offs_h < heads)[:, None] & (idx < n)[None, :]
     score = tl.load(rows + idx[None, :], mask=real, other=float("-inf"))
     if USE_NMS:
-        # The window is truncated at the ends of C: positions outside read as -inf and never win.
+        # The window is truncated at the ends of C: positions outside read as -inf and never win. Only
+        # tiles within `radius` of an end need that test; the others (all but two per layer) skip it.
         window = score
-        for offset in range(-radius, radius + 1):
-            at = idx + offset
-            near = tl.load(rows + at[None, :], mask=(offs_h < heads)[:, None] & ((at >= 0) & (at < n))[None, :],
-                           other=float("-inf"))
-            window = tl.maximum(window, near)
+        edge = (block * BLOCK < radius) | (block * BLOCK + BLOCK + radius > n)
+        if edge:
+            for offset in range(-radius, radius + 1):
+                at = idx + offset
+                near = tl.load(rows + at[None, :],
+                               mask=(offs_h < heads)[:, None] & ((at >= 0) & (at < n))[None, :], other=float("-inf"))
+                window = tl.maximum(window, near)
+        else:
+            head_rows = (offs_h < heads)[:, None] & (idx >= 0)[None, :]
+            for offset in range(-radius, radius + 1):
+                window = tl.maximum(window, tl.load(rows + (idx + offset)[None, :], mask=head_rows,
+                                                    other=float("-inf")))
         finite = score > float("-inf")  # -inf stays -inf (and -inf - -inf is never formed)
         below_peak = tl.where(finite, window, 0.0) - tl.where(finite, score, 0.0)
         suppressed = score - nms_alpha * tl.maximum(below_peak, 0.0)
@@ -277,7 +332,10 @@ def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorCon
         raise ValueError(f"key_norms must be [L, H, n] = {[layers, heads, n]}, got {list(key_norms.shape)}")
     pairs, device = layers * heads, logits.device
     strides = (*logits.stride(), *key_norms.stride())
-    prior = (cfg.gamma, cfg.w_norm, cfg.w_pos, cfg.pos_p, cfg.eta, cfg.beta, cfg.eps)
+    prior = (cfg.gamma, cfg.w_norm, cfg.w_pos, cfg.eps)
+    # The prior's position term depends on the position only: once per refresh, not per (layer, head).
+    u = torch.arange(n, device=device, dtype=torch.float32) / max(n - 1, 1)
+    position_term = -cfg.beta * u.pow(cfg.pos_p) + cfg.eta * (1 - u).clamp_min(cfg.eps).log()
 
     row_lse = torch.empty(pairs * rows, device=device, dtype=torch.float32)
     block, warps = tiles.block, tiles.pool_warps
@@ -291,9 +349,10 @@ def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorCon
     stats = torch.empty(pairs, parts, 16, device=device, dtype=torch.float32)
     pooled = torch.empty(layers, heads, n, device=device, dtype=torch.float32)
     prior_logits = torch.empty_like(pooled) if cfg.use_prior else pooled  # unused without the prior
-    _pool_stats_kernel[(pairs, parts)](logits, row_lse, key_norms, log_rows, stats, pooled, prior_logits, n,
-                                       heads, chunk, *strides, cfg.alpha, *prior, ROWS=rows,
-                                       USE_PRIOR=cfg.use_prior, BLOCK=block, num_warps=warps)
+    _pool_stats_kernel[(pairs, parts)](logits, row_lse, key_norms, position_term, log_rows, stats, pooled,
+                                       prior_logits, n, heads, chunk, *strides, cfg.alpha, *prior, ROWS=rows,
+                                       USE_PRIOR=cfg.use_prior, BLOCK=block, LANE_STATS=tiles.lane_stats,
+                                       num_warps=warps)
     mix = _mix_offsets(_merge_partials(stats), rows, cfg).contiguous()
 
     fused = pooled  # written in place: each program reads its tile's log f and prior, then overwrites it
@@ -311,9 +370,12 @@ def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorCon
     return final
 
 
-def fused_top_k(scores: torch.Tensor, k: int, lo: int) -> torch.Tensor:
+def fused_top_k(scores: torch.Tensor, k: int, lo: int, radix: bool = True) -> torch.Tensor:
     """sfi/selector.top_k_positions for float32 scores `[L, H, n]`: the min(k, n) best per head as absolute
-    positions, ascending, ties to the lower position."""
+    positions, ascending, ties to the lower position. `radix`: optimized/top_k_kernels.py; otherwise
+    torch.topk for the K-th best and one compaction program per head (session 7's, kept to time against)."""
+    if radix:
+        return radix_top_k(scores, k, lo)
     n = scores.shape[-1]
     k = min(k, n)
     flat = scores.reshape(-1, n)
