@@ -133,7 +133,7 @@ def test_other_tile_shapes_give_the_same_scores():
     expected = fused_scores(logits, norms, DEFAULT)
     shapes = (SelectorTiles(block=128, chunk_blocks=1, nms_tile=64),
               SelectorTiles(block=256, chunk_blocks=3, pool_warps=8, nms_warps=8),
-              SelectorTiles(block=128, chunk_blocks=2, lane_stats=True))
+              SelectorTiles(stream_block=64, block=1024, chunk_blocks=1))
     for tiles in shapes:
         torch.testing.assert_close(fused_scores(logits, norms, DEFAULT, tiles), expected, atol=1e-5, rtol=1e-6)
     with pytest.raises(ValueError, match="power of two"):

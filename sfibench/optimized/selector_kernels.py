@@ -46,20 +46,23 @@ NEG_INF = float("-inf")
 
 @dataclass(frozen=True)
 class SelectorTiles:
-    """How `fused_scores` cuts the work into programs. The defaults are session 7's choice; session 11's
-    kernel breakdown found pooling (0.83 ms) and Soft-NMS + cross-head (0.46 ms) 3-6x above what their
-    bytes need at 128K on an H200, so `python -m sfibench.optimized.bench_fast_path --selector-tiles`
-    times other shapes (same result up to the order of float32 sums)."""
+    """How `fused_scores` cuts the work into programs (same result up to the order of float32 sums).
 
-    block: int = 1024  # candidates per tile of the passes over the evidence
-    chunk_blocks: int = 8  # tiles per program in the chunked pooling (8K candidates)
+    Chosen by `python -m sfibench.optimized.bench_fast_path --selector-tiles 130944` on an H200
+    (reports/attention-h200/refresh-parts-session12.json, 36 layers x 8 KV heads x 130,688 candidates):
+    the passes that only stream (row normalisers, fusion) are fastest on 2,048-wide tiles (0.150 and
+    0.115 ms against 0.175 and 0.135 on 1,024), pooling, which holds more per candidate, on 512-wide
+    tiles in 1,024-candidate chunks (0.42 ms against 0.46); Soft-NMS barely moves with its tile."""
+
+    stream_block: int = 2048  # candidates per tile of the row normalisers and the fusion
+    block: int = 512  # candidates per tile of the pooling
+    chunk_blocks: int = 2  # tiles per pooling program
     pool_warps: int = 4  # warps per program of the row normalisers, pooling and fusion
     nms_tile: int = 256  # candidates per [KV heads, tile] program of Soft-NMS + cross-head
     nms_warps: int = 4
-    lane_stats: bool = False  # pooling's five log-sums per lane, reduced once per program (see the kernel)
 
     def __post_init__(self):
-        for name in ("block", "nms_tile", "pool_warps", "nms_warps"):
+        for name in ("stream_block", "block", "nms_tile", "pool_warps", "nms_warps"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"SelectorTiles.{name} must be a power of two, got {value}")
@@ -136,46 +139,21 @@ def _pooled_and_prior(logits_ptr, lse_ptr, norms_ptr, position_ptr, pair, layer,
 
 
 @triton.jit
-def _lane_lse(run_max, run_sum, values):
-    """Fold values into per-lane running (max, sum of exp(v - max)) pairs: no reduction across the tile."""
-    new_max = tl.maximum(run_max, values)
-    shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-    return new_max, run_sum * tl.exp(run_max - shift) + tl.exp(values - shift)
-
-
-@triton.jit
-def _lanes_to_lse(run_max, run_sum):
-    """Per-lane (max, sum) pairs -> one (max, sum) pair."""
-    top = tl.max(run_max, 0)
-    shift = tl.where(top == float("-inf"), 0.0, top)
-    return top, tl.sum(run_sum * tl.exp(run_max - shift), 0)
-
-
-@triton.jit
 def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, position_ptr, log_rows_ptr, stats_ptr, pooled_ptr,
                        prior_ptr, n, heads, chunk,
                        stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
                        alpha, gamma, w_norm, w_pos, eps,
-                       ROWS: tl.constexpr, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr,
-                       LANE_STATS: tl.constexpr):
+                       ROWS: tl.constexpr, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr):
     """Partial (max, sum) of five log-sums over one chunk of candidates of one (layer, KV head), and the
-    pooled log f and prior log r at each candidate (for the fusion, so it need not read the logits again).
-
-    LANE_STATS keeps the five running sums per lane and reduces them across the tile once at the end
-    (two exps per value and sum); otherwise every tile is reduced as it comes (one exp per value and
-    sum, ten reductions across the program's warps per tile)."""
+    pooled log f and prior log r at each candidate (for the fusion, so it need not read the logits again)."""
     pair, part = tl.program_id(0), tl.program_id(1)
     layer, head = (pair // heads).to(tl.int64), pair % heads
     log_rows = tl.load(log_rows_ptr + pair)
     has_rows = log_rows >= 0  # log R of the valid rows; -1 when no row is valid
     offs = tl.arange(0, BLOCK)
     # Running (max, sum) pairs of LSE(log f), LSE(2 log f), LSE(log r), LSE(2 log r), LSE(log f + log r).
-    if LANE_STATS:
-        m0 = tl.full([BLOCK], float("-inf"), tl.float32)
-        s0 = tl.zeros([BLOCK], tl.float32)
-    else:
-        m0 = tl.full([], float("-inf"), tl.float32)
-        s0 = tl.zeros([], tl.float32)
+    m0 = tl.full([], float("-inf"), tl.float32)
+    s0 = tl.zeros([], tl.float32)
     m1, m2, m3, m4 = m0, m0, m0, m0
     s1, s2, s3, s4 = s0, s0, s0, s0
     for start in range(part * chunk, tl.minimum(part * chunk + chunk, n), BLOCK):
@@ -186,24 +164,11 @@ def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, position_ptr, log_rows_pt
         tl.store(pooled_ptr + pair.to(tl.int64) * n + idx, lp, mask=idx < n)
         if USE_PRIOR:
             tl.store(prior_ptr + pair.to(tl.int64) * n + idx, pr, mask=idx < n)
-        if LANE_STATS:
-            m0, s0 = _lane_lse(m0, s0, lp)
-            m1, s1 = _lane_lse(m1, s1, 2 * lp)
-            m2, s2 = _lane_lse(m2, s2, pr)
-            m3, s3 = _lane_lse(m3, s3, 2 * pr)
-            m4, s4 = _lane_lse(m4, s4, lp + pr)
-        else:
-            m0, s0 = _online_lse(m0, s0, lp)
-            m1, s1 = _online_lse(m1, s1, 2 * lp)
-            m2, s2 = _online_lse(m2, s2, pr)
-            m3, s3 = _online_lse(m3, s3, 2 * pr)
-            m4, s4 = _online_lse(m4, s4, lp + pr)
-    if LANE_STATS:
-        m0, s0 = _lanes_to_lse(m0, s0)
-        m1, s1 = _lanes_to_lse(m1, s1)
-        m2, s2 = _lanes_to_lse(m2, s2)
-        m3, s3 = _lanes_to_lse(m3, s3)
-        m4, s4 = _lanes_to_lse(m4, s4)
+        m0, s0 = _online_lse(m0, s0, lp)
+        m1, s1 = _online_lse(m1, s1, 2 * lp)
+        m2, s2 = _online_lse(m2, s2, pr)
+        m3, s3 = _online_lse(m3, s3, 2 * pr)
+        m4, s4 = _online_lse(m4, s4, lp + pr)
     slot = tl.arange(0, 8)  # stored as [maxes 0..4, pad, sums 8..12, pad]: power-of-two vectors
     maxes = tl.where(slot == 0, m0, tl.where(slot == 1, m1, tl.where(slot == 2, m2, tl.where(slot == 3, m3, m4))))
     sums = tl.where(slot == 0, s0, tl.where(slot == 1, s1, tl.where(slot == 2, s2, tl.where(slot == 3, s3, s4))))
@@ -339,8 +304,8 @@ def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorCon
 
     row_lse = torch.empty(pairs * rows, device=device, dtype=torch.float32)
     block, warps = tiles.block, tiles.pool_warps
-    _row_lse_kernel[(pairs * rows,)](logits, row_lse, *logits.stride(), n, heads, rows, BLOCK=block,
-                                     num_warps=warps)
+    _row_lse_kernel[(pairs * rows,)](logits, row_lse, *logits.stride(), n, heads, rows,
+                                     BLOCK=tiles.stream_block, num_warps=warps)
     valid = (row_lse.view(pairs, rows) > NEG_INF).sum(dim=1)
     log_rows = torch.where(valid > 0, valid.clamp_min(1).float().log(), -1.0)  # -1 flags "no valid row"
 
@@ -351,13 +316,13 @@ def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorCon
     prior_logits = torch.empty_like(pooled) if cfg.use_prior else pooled  # unused without the prior
     _pool_stats_kernel[(pairs, parts)](logits, row_lse, key_norms, position_term, log_rows, stats, pooled,
                                        prior_logits, n, heads, chunk, *strides, cfg.alpha, *prior, ROWS=rows,
-                                       USE_PRIOR=cfg.use_prior, BLOCK=block, LANE_STATS=tiles.lane_stats,
-                                       num_warps=warps)
+                                       USE_PRIOR=cfg.use_prior, BLOCK=block, num_warps=warps)
     mix = _mix_offsets(_merge_partials(stats), rows, cfg).contiguous()
 
     fused = pooled  # written in place: each program reads its tile's log f and prior, then overwrites it
-    _fuse_kernel[(pairs, triton.cdiv(n, block))](pooled, prior_logits, mix, fused, n, USE_PRIOR=cfg.use_prior,
-                                                 BLOCK=block, num_warps=warps)
+    _fuse_kernel[(pairs, triton.cdiv(n, tiles.stream_block))](pooled, prior_logits, mix, fused, n,
+                                                              USE_PRIOR=cfg.use_prior, BLOCK=tiles.stream_block,
+                                                              num_warps=warps)
     use_cross = cfg.use_cross_head and heads > 2  # SPEC skips the stage with one or two KV heads
     if not (cfg.use_nms or use_cross):
         return fused

@@ -75,12 +75,13 @@ def _histogram_kernel(score_ptr, hist_ptr, n, rows, k, chunk, PASS: tl.constexpr
         inside = idx < n
         key = _order_key(tl.load(score_ptr + row.to(tl.int64) * n + idx, mask=inside, other=0.0))
         if PASS == 0:
-            byte = (key >> 24) + 128
-            match = inside
+            counts += tl.histogram((key >> 24) + 128, 256, mask=inside)
         else:
-            byte = (key >> shift) & 255
+            # After the first pass or two only the keys next to the K-th best still match: most tiles
+            # hold none of them and skip the histogram, the costly part.
             match = inside & ((key >> (shift + 8)) == prefix)
-        counts += tl.histogram(byte, 256, mask=match)
+            if tl.max(match.to(tl.int32), 0) > 0:
+                counts += tl.histogram((key >> shift) & 255, 256, mask=match)
     bins = tl.arange(0, 256)
     tl.atomic_add(hist_ptr + (PASS * rows + row) * 256 + bins, counts, mask=counts > 0)
 
@@ -118,12 +119,15 @@ def _write_kept_kernel(score_ptr, hist_ptr, kept_ptr, out_ptr, n, rows, k, chunk
         idx = start + tl.arange(0, TILE)
         key = _order_key(tl.load(score_ptr + row.to(tl.int64) * n + idx, mask=idx < n, other=0.0))
         tied = (key == threshold) & (idx < n)
-        tied_rank = tied_before + tl.cumsum(tied.to(tl.int32), 0)  # 1-based among the head's ties
-        keep = ((key > threshold) & (idx < n)) | (tied & (tied_rank <= room))
+        keep = (key > threshold) & (idx < n)
+        ties_here = tl.sum(tied.to(tl.int32), 0)
+        if ties_here > 0:  # a tile without ties (most of them) spares this prefix count
+            tied_rank = tied_before + tl.cumsum(tied.to(tl.int32), 0)  # 1-based among the head's ties
+            keep = keep | (tied & (tied_rank <= room))
         rank = kept_before + tl.cumsum(keep.to(tl.int32), 0) - 1
         tl.store(out_ptr + row.to(tl.int64) * k + rank, (idx + lo).to(tl.int64), mask=keep & (rank < k))
         kept_before += tl.sum(keep.to(tl.int32), 0)
-        tied_before += tl.sum(tied.to(tl.int32), 0)
+        tied_before += ties_here
 
 
 def radix_top_k(scores: torch.Tensor, k: int, lo: int) -> torch.Tensor:
