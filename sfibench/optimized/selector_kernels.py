@@ -1,23 +1,24 @@
-"""The SFI Selector in four Triton passes over the evidence, for the optimized path's refreshes.
+"""The SFI Selector in Triton passes over the evidence, for the optimized path's refreshes.
 
 sfi/selector.py states the Selector stage by stage in PyTorch: about forty whole-tensor operations,
 each a pass over `[layers, H_kv, R, n]` float32 logits (at 128K candidates and 36 layers, 600 MB).
 On an H200 that took ~12 ms per refresh, and the optimized path runs it beside decoding, where every
-pass also steals bandwidth from the fast steps. The same arithmetic in four passes:
+pass also steals bandwidth from the fast steps. The same arithmetic in five launches:
 
 1. `_row_lse_kernel`: each evidence row's log-sum-exp over the candidates (its softmax normaliser).
 2. `_pool_stats_kernel`: per (layer, KV head), the pooled log f (power mean of the rows) and the
    prior's log r at every candidate, reduced to the five log-sums the fusion needs: LSE(log f),
    LSE(2 log f), LSE(log r), LSE(2 log r), LSE(log f + log r). Chunked over positions, so every SM
-   has work; the partial sums are merged in PyTorch on tiny tensors. It also stores log f and log r:
-   recomputing them in (3) from the logits (four exp/log per row and candidate) cost more than
-   reading them back (on an H200 at 128K the fusion took 0.62 ms recomputing).
-3. `_fuse_kernel`: log s = log((1 - lambda) f + lambda r) at every candidate, lambda from those sums.
-4. `_nms_cross_head_kernel`: Soft-NMS (the window max read straight from (3)'s output, which the
+   has work. It also stores log f and log r: recomputing them in (4) from the logits cost more than
+   reading them back (on an H200 at 128K the fusion took 0.62 ms recomputing). The prior's position
+   term, the same for every (layer, head), is computed once per refresh and read.
+3. `_mix_kernel`: per (layer, KV head) the chunks' partial sums merged and lambda chosen.
+4. `_fuse_kernel`: log s = log((1 - lambda) f + lambda r) at every candidate.
+5. `_nms_cross_head_kernel`: Soft-NMS (the window max read straight from (4)'s output, which the
    cache serves) and the cross-head exclusivity, all KV heads of a layer in one tile.
 
-Then the top-K: torch.topk finds each head's K-th best score, and `_compact_kernel` writes every
-position above it (and the lowest tied ones) in ascending order, as sfi/selector.top_k_positions does.
+Then the top-K (optimized/top_k_kernels.py): a radix select of each head's K-th best score and a
+parallel compaction of the kept positions in ascending order, as sfi/selector.top_k_positions does.
 
 The result equals `select` up to float32 rounding of the log-sums (a reordered sum), so where two
 candidates' scores differ by less than that the choice may differ; tests/test_selector_kernels.py
@@ -39,9 +40,6 @@ import triton.language as tl
 from sfibench.config import SelectorConfig
 from sfibench.optimized.top_k_kernels import radix_top_k
 from sfibench.sfi.selector import DEBUG_RANDOM_SELECTION_ENV, keep_neighbours, select
-
-BLOCK = 1024  # candidates per tile of the compaction
-NEG_INF = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -139,17 +137,21 @@ def _pooled_and_prior(logits_ptr, lse_ptr, norms_ptr, position_ptr, pair, layer,
 
 
 @triton.jit
-def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, position_ptr, log_rows_ptr, stats_ptr, pooled_ptr,
+def _pool_stats_kernel(logits_ptr, lse_ptr, norms_ptr, position_ptr, stats_ptr, pooled_ptr,
                        prior_ptr, n, heads, chunk,
                        stride_l, stride_h, stride_r, stride_n, stride_nl, stride_nh, stride_nn,
                        alpha, gamma, w_norm, w_pos, eps,
-                       ROWS: tl.constexpr, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr):
+                       ROWS: tl.constexpr, USE_PRIOR: tl.constexpr, BLOCK: tl.constexpr,
+                       BLOCK_ROWS: tl.constexpr):
     """Partial (max, sum) of five log-sums over one chunk of candidates of one (layer, KV head), and the
     pooled log f and prior log r at each candidate (for the fusion, so it need not read the logits again)."""
     pair, part = tl.program_id(0), tl.program_id(1)
     layer, head = (pair // heads).to(tl.int64), pair % heads
-    log_rows = tl.load(log_rows_ptr + pair)
-    has_rows = log_rows >= 0  # log R of the valid rows; -1 when no row is valid
+    rows = tl.arange(0, BLOCK_ROWS)
+    row_lse = tl.load(lse_ptr + pair * ROWS + rows, mask=rows < ROWS, other=float("-inf"))
+    valid_rows = tl.sum((row_lse > float("-inf")).to(tl.float32), 0)  # R counts the rows that see a candidate
+    has_rows = valid_rows > 0
+    log_rows = tl.log(tl.maximum(valid_rows, 1.0))
     offs = tl.arange(0, BLOCK)
     # Running (max, sum) pairs of LSE(log f), LSE(2 log f), LSE(log r), LSE(2 log r), LSE(log f + log r).
     m0 = tl.full([], float("-inf"), tl.float32)
@@ -236,54 +238,44 @@ def _nms_cross_head_kernel(score_ptr, out_ptr, n, heads, radius, nms_alpha, inv_
 
 
 @triton.jit
-def _compact_kernel(score_ptr, threshold_ptr, room_ptr, out_ptr, n, k, lo, BLOCK: tl.constexpr):
-    """Positions of one head's kept candidates, ascending: every score above the threshold, and of the
-    scores equal to it the lowest `room`."""
-    row = tl.program_id(0).to(tl.int64)
-    threshold = tl.load(threshold_ptr + row)
-    room = tl.load(room_ptr + row)
-    offs = tl.arange(0, BLOCK)
-    kept_before = tl.zeros([], tl.int32)
-    tied_before = tl.zeros([], tl.int32)
-    for start in range(0, n, BLOCK):
-        idx = start + offs
-        score = tl.load(score_ptr + row * n + idx, mask=idx < n, other=float("-inf"))
-        tied = (score == threshold) & (idx < n)
-        tied_rank = tied_before + tl.cumsum(tied.to(tl.int32), 0)
-        keep = ((score > threshold) | (tied & (tied_rank <= room))) & (idx < n)
-        rank = kept_before + tl.cumsum(keep.to(tl.int32), 0) - 1
-        tl.store(out_ptr + row * k + rank, (idx + lo).to(tl.int64), mask=keep & (rank < k))
-        kept_before += tl.sum(keep.to(tl.int32), 0)
-        tied_before += tl.sum(tied.to(tl.int32), 0)
+def _merged_log_sum(stats_ptr, pair, parts, slot, BLOCK_PARTS: tl.constexpr):
+    """One of the five log-sums of a (layer, KV head) from its chunks' (max, sum) partials."""
+    part = tl.arange(0, BLOCK_PARTS)
+    at = stats_ptr + (pair * parts + part) * 16 + slot
+    maxes = tl.load(at, mask=part < parts, other=float("-inf"))
+    sums = tl.load(at + 8, mask=part < parts, other=0.0)
+    top = tl.max(maxes, 0)
+    shift = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.sum(tl.where(maxes == float("-inf"), 0.0, sums * tl.exp(maxes - shift)), 0)
+    return tl.where(total > 0, shift + tl.log(tl.where(total > 0, total, 1.0)), float("-inf"))
 
 
-def _merge_partials(stats: torch.Tensor) -> torch.Tensor:
-    """Chunk partials `[pairs, chunks, 16]` (maxes in 0..4, sums in 8..12) -> the five log-sums `[pairs, 5]`."""
-    maxes, sums = stats[..., :5], stats[..., 8:13]
-    finite = torch.where(torch.isneginf(maxes), 0.0, maxes)
-    top = finite.amax(dim=1, keepdim=True)
-    total = (sums * torch.exp(finite - top)).sum(dim=1)
-    return torch.where(total > 0, top[:, 0] + total.log(), NEG_INF)
-
-
-def _mix_offsets(log_sums: torch.Tensor, num_rows: int, cfg: SelectorConfig) -> torch.Tensor:
-    """Per (layer, KV head) the fusion's [log(1 - lambda) - LSE(log f), log lambda - LSE(log r)], lambda
-    chosen as sfi/selector.choose_lambda does, from the sums Σf², Σfr, Σr² written as log-sums."""
-    lse_f, lse_ff, lse_r, lse_rr, lse_fr = log_sums.unbind(-1)
-    if not cfg.use_prior:
-        return torch.stack([-lse_f, torch.full_like(lse_f, NEG_INF)], dim=-1)
-    if cfg.lambda_fixed is not None:
-        if not 0.0 <= cfg.lambda_fixed <= 1.0:
-            raise ValueError(f"lambda_fixed must lie in [0, 1], got {cfg.lambda_fixed}")
-        lam = torch.full_like(lse_f, cfg.lambda_fixed)
+@triton.jit
+def _mix_kernel(stats_ptr, mix_ptr, parts, lambda_fixed, clip, eps,
+                USE_PRIOR: tl.constexpr, FIXED: tl.constexpr, BLOCK_PARTS: tl.constexpr):
+    """Per (layer, KV head) the fusion's [log(1 - lambda) - LSE(log f), log lambda - LSE(log r)] (-inf for
+    a dropped branch), lambda chosen as sfi/selector.choose_lambda does from the sums Σf², Σfr, Σr²
+    written as log-sums. One launch: as ~20 PyTorch operations on these tiny tensors, the host's launch
+    gaps cost more than the work."""
+    pair = tl.program_id(0)
+    lse_f = _merged_log_sum(stats_ptr, pair, parts, 0, BLOCK_PARTS)
+    if USE_PRIOR:
+        lse_r = _merged_log_sum(stats_ptr, pair, parts, 2, BLOCK_PARTS)
+        if FIXED:
+            lam = lambda_fixed
+        else:
+            sum_ff = tl.exp(_merged_log_sum(stats_ptr, pair, parts, 1, BLOCK_PARTS) - 2 * lse_f)
+            sum_rr = tl.exp(_merged_log_sum(stats_ptr, pair, parts, 3, BLOCK_PARTS) - 2 * lse_r)
+            sum_fr = tl.exp(_merged_log_sum(stats_ptr, pair, parts, 4, BLOCK_PARTS) - lse_f - lse_r)
+            lam = (sum_ff - sum_fr) / tl.maximum(sum_ff - 2 * sum_fr + sum_rr, eps)
+            lam = tl.minimum(tl.maximum(lam, 0.0), clip)
+        log_weight_prior = tl.where(lam > eps, tl.log(tl.maximum(lam, eps)), float("-inf"))
+        log_weight_evidence = tl.where(1 - lam > eps, tl.log(tl.maximum(1 - lam, eps)), float("-inf"))
+        tl.store(mix_ptr + pair * 2, log_weight_evidence - lse_f)
+        tl.store(mix_ptr + pair * 2 + 1, log_weight_prior - lse_r)
     else:
-        sum_ff, sum_rr = torch.exp(lse_ff - 2 * lse_f), torch.exp(lse_rr - 2 * lse_r)
-        sum_fr = torch.exp(lse_fr - lse_f - lse_r)
-        lam = ((sum_ff - sum_fr) / (sum_ff - 2 * sum_fr + sum_rr).clamp_min(cfg.eps)).clamp_min(0.0)
-        lam = lam.clamp_max(cfg.lambda_clip_multi if num_rows > 1 else cfg.lambda_clip_single)
-    log_weight_prior = torch.where(lam > cfg.eps, lam.log(), NEG_INF)
-    log_weight_evidence = torch.where(1 - lam > cfg.eps, torch.log1p(-lam), NEG_INF)
-    return torch.stack([log_weight_evidence - lse_f, log_weight_prior - lse_r], dim=-1)
+        tl.store(mix_ptr + pair * 2, -lse_f)
+        tl.store(mix_ptr + pair * 2 + 1, float("-inf"))
 
 
 def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorConfig,
@@ -306,18 +298,24 @@ def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorCon
     block, warps = tiles.block, tiles.pool_warps
     _row_lse_kernel[(pairs * rows,)](logits, row_lse, *logits.stride(), n, heads, rows,
                                      BLOCK=tiles.stream_block, num_warps=warps)
-    valid = (row_lse.view(pairs, rows) > NEG_INF).sum(dim=1)
-    log_rows = torch.where(valid > 0, valid.clamp_min(1).float().log(), -1.0)  # -1 flags "no valid row"
 
     chunk = block * tiles.chunk_blocks
     parts = triton.cdiv(n, chunk)
     stats = torch.empty(pairs, parts, 16, device=device, dtype=torch.float32)
     pooled = torch.empty(layers, heads, n, device=device, dtype=torch.float32)
     prior_logits = torch.empty_like(pooled) if cfg.use_prior else pooled  # unused without the prior
-    _pool_stats_kernel[(pairs, parts)](logits, row_lse, key_norms, position_term, log_rows, stats, pooled,
+    _pool_stats_kernel[(pairs, parts)](logits, row_lse, key_norms, position_term, stats, pooled,
                                        prior_logits, n, heads, chunk, *strides, cfg.alpha, *prior, ROWS=rows,
-                                       USE_PRIOR=cfg.use_prior, BLOCK=block, num_warps=warps)
-    mix = _mix_offsets(_merge_partials(stats), rows, cfg).contiguous()
+                                       USE_PRIOR=cfg.use_prior, BLOCK=block,
+                                       BLOCK_ROWS=triton.next_power_of_2(rows), num_warps=warps)
+    fixed = cfg.lambda_fixed is not None
+    if fixed and not 0.0 <= cfg.lambda_fixed <= 1.0:
+        raise ValueError(f"lambda_fixed must lie in [0, 1], got {cfg.lambda_fixed}")
+    mix = torch.empty(pairs, 2, device=device, dtype=torch.float32)
+    _mix_kernel[(pairs,)](stats, mix, parts, cfg.lambda_fixed if fixed else 0.0,
+                          cfg.lambda_clip_multi if rows > 1 else cfg.lambda_clip_single, cfg.eps,
+                          USE_PRIOR=cfg.use_prior, FIXED=fixed, BLOCK_PARTS=max(2, triton.next_power_of_2(parts)),
+                          num_warps=1)
 
     fused = pooled  # written in place: each program reads its tile's log f and prior, then overwrites it
     _fuse_kernel[(pairs, triton.cdiv(n, tiles.stream_block))](pooled, prior_logits, mix, fused, n,
@@ -335,27 +333,6 @@ def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorCon
     return final
 
 
-def fused_top_k(scores: torch.Tensor, k: int, lo: int, radix: bool = True) -> torch.Tensor:
-    """sfi/selector.top_k_positions for float32 scores `[L, H, n]`: the min(k, n) best per head as absolute
-    positions, ascending, ties to the lower position. `radix`: optimized/top_k_kernels.py; otherwise
-    torch.topk for the K-th best and one compaction program per head (session 7's, kept to time against)."""
-    if radix:
-        return radix_top_k(scores, k, lo)
-    n = scores.shape[-1]
-    k = min(k, n)
-    flat = scores.reshape(-1, n)
-    out = torch.empty(flat.shape[0], k, dtype=torch.long, device=scores.device)
-    if k == 0:
-        return out.view(*scores.shape[:-1], 0)
-    best = flat.topk(k, dim=-1, sorted=False).values
-    threshold = best.amin(dim=-1).contiguous()
-    # Every score above the K-th best is among the K best, so counting them there, not over all n
-    # candidates, spares a pass over the scores.
-    room = (k - (best > threshold[:, None]).sum(dim=-1)).to(torch.int32)
-    _compact_kernel[(flat.shape[0],)](flat, threshold, room, out, n, k, lo, BLOCK=BLOCK)
-    return out.view(*scores.shape[:-1], k)
-
-
 def fused_select(logits: torch.Tensor, key_norms: torch.Tensor, lo: int, k: int, cfg: SelectorConfig,
                  outside_lse: torch.Tensor | None = None) -> torch.Tensor:
     """`select` (sfi/selector.py) through the kernels above; same arguments, same result up to rounding.
@@ -367,4 +344,4 @@ def fused_select(logits: torch.Tensor, key_norms: torch.Tensor, lo: int, k: int,
     scores = fused_scores(logits.float(), key_norms, cfg)
     if cfg.keep_neighbours > 1:
         scores = keep_neighbours(scores, cfg.keep_neighbours)
-    return fused_top_k(scores, k, lo)
+    return radix_top_k(scores, k, lo)
