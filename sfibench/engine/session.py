@@ -48,7 +48,7 @@ class Session:
             pdl.mode()  # a bad SFIBENCH_PDL is refused now, not at the first kernel launch of a long run
             fold = fuse and fold_requested()  # likewise a bad SFIBENCH_FOLD_INPUT_NORM
         loaded = load_model(model, resolved, torch_dtype, seed)
-        if fold and loaded.model.can_fold_input_norms:  # Gemma-3 decodes unfolded
+        if fold and loaded.model.fold_pays(resolved):  # Gemma-3, and models with a narrow down_proj, unfolded
             loaded.model.fold_input_norms()
         return cls(loaded, resolved, torch_dtype)
 

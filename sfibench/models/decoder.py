@@ -239,6 +239,18 @@ class Decoder(nn.Module):
         """Whether fold_input_norms applies: Llama-family layers (Gemma-3's norm sits elsewhere)."""
         return self.layer_class is DecoderLayer
 
+    def fold_pays(self, device) -> bool:
+        """Whether folding the input norms saves launches on `device`: the sums of squares the fold needs
+        come from down_proj's Triton epilogue. Where down_proj stays on cuBLAS (too few output columns to
+        fill the GPU, e.g. qwen3-0.6b's 1,024) they cost launches of their own, more than the norm kernel
+        they replace: folded, qwen3-0.6b's fast step spent 0.34 ms outside weights and attention against
+        0.175 unfolded (reports/profile-qwen3-0.6b-optimized-h200 at 89b644e and at 6d1797f)."""
+        from sfibench.optimized import gemv
+
+        cfg = self.config
+        return self.can_fold_input_norms and \
+            gemv.decode_config(1, cfg.hidden_size, cfg.intermediate_size, torch.device(device)) is not None
+
     def fold_input_norms(self) -> None:
         """Decode without an input-norm kernel per layer (GPU sessions, unless SFIBENCH_FOLD_INPUT_NORM=0).
 
