@@ -244,7 +244,7 @@ class Decoder(nn.Module):
         come from down_proj's Triton epilogue. Where down_proj stays on cuBLAS (too few output columns to
         fill the GPU, e.g. qwen3-0.6b's 1,024) they cost launches of their own, more than the norm kernel
         they replace: folded, qwen3-0.6b's fast step spent 0.34 ms outside weights and attention against
-        0.175 unfolded (reports/profile-qwen3-0.6b-optimized-h200 at 89b644e and at 6d1797f)."""
+        0.179 unfolded (reports/fold-qwen3-0.6b-h200 against reports/profile-qwen3-0.6b-optimized-h200)."""
         from sfibench.optimized import gemv
 
         cfg = self.config
