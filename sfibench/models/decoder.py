@@ -20,8 +20,9 @@ down_proj, and the residual add with the next input norm (the GEMVs are optimize
 after two of them its epilogues). It was 8 before the epilogues, 20 before any fusion: norm, 3 GEMMs,
 2 q/k norms, 2 RoPEs, 5 for the cache append (3 scatters, a cast, a norm), o_proj, add+norm, 2 GEMMs,
 silu*mul, down_proj and the residual add. The qkv product carries the q/k kernel by default
-(optimized/qkv_epilogue.py: 5 plus attention), and with the input norm folded into it (opt-in,
-`Decoder.fold_input_norms`) the add + norm after down_proj goes too: 4 plus attention.
+(optimized/qkv_epilogue.py: 5 plus attention), and with the input norm folded into it
+(`Decoder.fold_input_norms`, on GPUs where down_proj has its Triton epilogue: `fold_pays`) the add + norm
+after down_proj goes too: 4 plus attention.
 """
 
 from __future__ import annotations
