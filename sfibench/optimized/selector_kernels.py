@@ -217,7 +217,7 @@ def _nms_cross_head_kernel(score_ptr, out_ptr, n, heads, radius, nms_alpha, inv_
                                mask=(offs_h < heads)[:, None] & ((at >= 0) & (at < n))[None, :], other=float("-inf"))
                 window = tl.maximum(window, near)
         else:
-            head_rows = (offs_h < heads)[:, None] & (idx >= 0)[None, :]
+            head_rows = (offs_h < heads)[:, None] & (idx >= 0)[None, :]  # the head mask at the tile's shape
             for offset in range(-radius, radius + 1):
                 window = tl.maximum(window, tl.load(rows + (idx + offset)[None, :], mask=head_rows,
                                                     other=float("-inf")))
