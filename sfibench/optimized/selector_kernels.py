@@ -245,28 +245,25 @@ def _nms_cross_head_kernel(score_ptr, prefix_ptr, suffix_ptr, out_ptr, n, heads,
     layer, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs_h = tl.arange(0, BLOCK_H)
     idx = block * BLOCK + tl.arange(0, BLOCK)
-    rows = score_ptr + (layer * heads + offs_h)[:, None] * n
+    head_offsets = (layer * heads + offs_h)[:, None] * n
+    rows = score_ptr + head_offsets
     real = (offs_h < heads)[:, None] & (idx < n)[None, :]
     score = tl.load(rows + idx[None, :], mask=real, other=float("-inf"))
     if USE_NMS:
         # The window is truncated at the ends of C: positions outside read as -inf and never win. Only
         # tiles within `radius` of an end need that test; the others (all but two per layer) skip it.
         window = score
-        edge = (block * BLOCK < radius) | (block * BLOCK + BLOCK + radius > n)
         if WINDOW_BLOCKS:
             width = 2 * radius
             lo = tl.maximum(idx - radius, 0)[None, :]  # the window [lo, hi], cut at the ends of C
             hi = tl.minimum(idx + radius, n - 1)[None, :]
-            heads_real = (offs_h < heads)[:, None] & (idx < n)[None, :]
-            from_lo = tl.load(suffix_ptr + (layer * heads + offs_h)[:, None] * n + lo, mask=heads_real,
-                              other=float("-inf"))
-            to_hi = tl.load(prefix_ptr + (layer * heads + offs_h)[:, None] * n + hi, mask=heads_real,
-                            other=float("-inf"))
+            from_lo = tl.load(suffix_ptr + head_offsets + lo, mask=real, other=float("-inf"))
+            to_hi = tl.load(prefix_ptr + head_offsets + hi, mask=real, other=float("-inf"))
             # One block holds the whole window only where an end of C cuts it: at the start (lo opens
             # the block: the prefix max up to hi is exact) or at the end (the suffix max from lo is).
             one_block = (lo // width) == (hi // width)
             window = tl.where(one_block, tl.where(lo % width == 0, to_hi, from_lo), tl.maximum(from_lo, to_hi))
-        elif edge:
+        elif (block * BLOCK < radius) | (block * BLOCK + BLOCK + radius > n):  # a tile near an end of C
             for offset in range(-radius, radius + 1):
                 at = idx + offset
                 near = tl.load(rows + at[None, :],
@@ -289,8 +286,7 @@ def _nms_cross_head_kernel(score_ptr, prefix_ptr, suffix_ptr, out_ptr, n, heads,
         log_total = safe + tl.log(tl.where(total > 0, total, 1.0))  # 0 only where every head is -inf
         log_rho = tl.maximum(tl.where(scaled > float("-inf"), scaled - log_total[None, :], log_eps), log_eps)
         score = tl.where(score == float("-inf"), score, score + cross_alpha * log_rho)
-    out_rows = out_ptr + (layer * heads + offs_h)[:, None] * n
-    tl.store(out_rows + idx[None, :], score, mask=real)
+    tl.store(out_ptr + head_offsets + idx[None, :], score, mask=real)
 
 
 @triton.jit
