@@ -20,9 +20,11 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sfibench.optimized.decode_attention import (  # after the env setup, on purpose
+    KernelConfig,
     default_config,
     default_num_splits,
     dense_decode,
+    merges_at_once,
     sparse_decode,
 )
 from sfibench.optimized.decode_reference import dense_decode_reference, sparse_decode_reference
@@ -113,6 +115,31 @@ def test_sparse_decode_matches_reference(batch, kv_heads, group, head_dim, slots
     if counts.numel() > 2:  # the KV head with no keys gives zeros, not NaN
         b, h = divmod(2, kv_heads)
         assert not out[b, h * group:(h + 1) * group].any()
+
+
+MERGE_CASES = [  # batch, kv_heads, group, head_dim, slots, lengths, num_splits, all partials in one load
+    (2, 2, 3, 64, 400, [400, 90], 6, True),  # 4 (3 heads padded) x 8 splits x 64 values
+    (1, 2, 4, 128, 1100, [1100], 16, True),  # at the limit: 4 x 16 x 128 values
+    (2, 1, 2, 64, 900, [900, 5], 37, False),  # more splits than one load holds: head by head, 16 at a time
+    (1, 1, 8, 256, 300, [300], 8, False),  # 8 x 8 x 256 values: too many registers for one load
+]
+
+
+@pytest.mark.parametrize("batch,kv_heads,group,head_dim,slots,lengths,num_splits,at_once", MERGE_CASES)
+def test_every_merge_form_gives_the_reference(batch, kv_heads, group, head_dim, slots, lengths, num_splits,
+                                              at_once):
+    # The last split to finish merges (all partials at once, or head by head) or a second kernel does:
+    # all three must give the reference, with empty splits (short rows) neutral.
+    assert merges_at_once(group, num_splits, head_dim) == at_once
+    q, k, v = random_qkv(batch, kv_heads, group, head_dim, slots, torch.float32, num_splits)
+    lengths = torch.tensor(lengths, device=DEVICE)
+    reference = dense_decode_reference(q, k, v, lengths)
+    base = default_config(head_dim, torch.float32)
+    for in_kernel in (True, False):
+        config = KernelConfig(base.block_n, base.num_warps, base.num_stages, merge_in_kernel=in_kernel)
+        out = torch.full_like(q, float("nan"))
+        dense_decode(q, k, v, lengths, num_splits, config=config, out=out)
+        assert_matches(out, reference, torch.float32)
 
 
 def test_output_is_allocated_in_input_dtype_and_layout():

@@ -204,6 +204,21 @@ def test_profile_breaks_a_step_into_components(tmp_path):
     assert bad.exit_code == 2 and "valid methods" in bad.output
 
 
+def test_profile_decodes_a_batch_and_says_so(tmp_path, monkeypatch):
+    from sfibench.engine.driver import StepDriver
+
+    widths = []
+    step = StepDriver.step
+    monkeypatch.setattr(StepDriver, "step", lambda self, tokens: widths.append(tokens.shape) or step(self, tokens))
+    out = tmp_path / "profile"
+    result = runner.invoke(app, ["profile", "--ctx", "2000", "--steps", "3", "--batch", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert set(widths) == {torch.Size([2])}  # every step fed both rows
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["config"]["batch"] == 2 and saved["results"]["batch"] == 2
+    assert "at 2,000 tokens, B = 2" in (out / "report.md").read_text()
+
+
 def test_profile_rows_are_exclusive_times():
     from sfibench.runners.profile import LABELS, exclusive_times
 

@@ -16,6 +16,7 @@ def profile(
     method: str = typer.Option("sfi", help="full_kv, sfi, streaming_llm or snapkv"),
     path: str = typer.Option("reference", help=PATH_HELP),
     steps: int = typer.Option(16, min=1, help="eager decode steps profiled (slow ones included as they come)"),
+    batch: int = typer.Option(1, min=1, help="sequences decoded together, each replaying its own text"),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/profile-<time>)"),
@@ -33,6 +34,6 @@ def profile(
         check_method(method, path)
         context = parse_tokens(ctx if ctx is not None else ("32k" if gpu else "3k"), "--ctx")
         check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)
-        run_dir = run_profile(model, device, dtype, method, path, context, steps, out, overwrite)
+        run_dir = run_profile(model, device, dtype, method, path, context, steps, out, overwrite, batch)
     console.print(terminal_table(read_results(run_dir)))
     console.print(f"[green]wrote[/] {run_dir}/results.json, report.md and profile.png")

@@ -185,6 +185,12 @@ def tune_dense(batch: int, kv_heads: int, group: int, head_dim: int, context: in
                 config = replace(base, block_n=block_n, num_stages=stages)
                 row = _prepare("triton split-K", partial(dense_decode, q, k, v, lengths, n, config=config), nbytes)
                 rows.append({**row, "num_splits": n, "block_n": block_n, "num_stages": stages})
+        for in_kernel in (True, False):  # where the splits merge, at the default tile
+            config = replace(base, merge_in_kernel=in_kernel)
+            name = f"triton split-K, merged {'in the kernel' if in_kernel else 'by a second kernel'}"
+            row = _prepare(name, partial(dense_decode, q, k, v, lengths, n, config=config), nbytes)
+            rows.append({**row, "num_splits": n, "block_n": base.block_n, "num_stages": base.num_stages,
+                         "merge_in_kernel": in_kernel})
     q_sdpa = q.unsqueeze(2)
     for name in ("cudnn", "flash"):
         def sdpa(backend=SDPA_BACKENDS[name]):

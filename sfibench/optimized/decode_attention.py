@@ -217,10 +217,11 @@ def _split_range(n_keys, split, num_splits, BLOCK_N: tl.constexpr):
 def _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
                   stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                  MERGE_IN_KERNEL: tl.constexpr):
+                  MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr):
     """Store this split's partials; with MERGE_IN_KERNEL the last split of the KV head to finish merges.
 
-    An empty split (no keys) stores max -inf, sum 0, output 0: neutral in the merge.
+    An empty split (no keys) stores max -inf, sum 0, output 0: neutral in the merge. MERGE_AT_ONCE: all
+    partials fit one tile of MERGE_G (GROUP rounded up to a power of two) x BLOCK_S x HEAD_DIM values.
     """
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -240,8 +241,13 @@ def _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, par
         counter = done_ptr + seq * tl.num_programs(1) + kv_head
         finished_before = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
         if finished_before == num_splits - 1:
-            _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
-                          seq, kv_head * GROUP, q_heads_total, num_splits, GROUP, HEAD_DIM, BLOCK_S)
+            if MERGE_AT_ONCE:
+                _merge_group_at_once(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh,
+                                     stride_od, seq, kv_head * GROUP, q_heads_total, num_splits,
+                                     GROUP, MERGE_G, HEAD_DIM, BLOCK_S)
+            else:
+                _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
+                              seq, kv_head * GROUP, q_heads_total, num_splits, GROUP, HEAD_DIM, BLOCK_S)
             tl.store(counter, 0)  # zero again for the next launch or graph replay
 
 
@@ -254,8 +260,8 @@ def _decode_split_kernel(
     stride_vb, stride_vh, stride_vs, stride_vd,
     stride_bound_b, stride_bound_h, stride_pb, stride_ph, stride_pn, n_slots,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    SPARSE: tl.constexpr, PDL: tl.constexpr, INDEX_BEFORE_WAIT: tl.constexpr,
+    BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, SPARSE: tl.constexpr, PDL: tl.constexpr, INDEX_BEFORE_WAIT: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
@@ -285,7 +291,7 @@ def _decode_split_kernel(
     pdl.release_dependents(PDL)
     _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
                   stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
-                  GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL)
+                  GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL, MERGE_G, MERGE_AT_ONCE)
 
 
 @triton.jit
@@ -320,6 +326,48 @@ def _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, 
             merged_max = new_max
         out = merged / tl.where(merged_sum > 0, merged_sum, 1.0)  # no keys at all: zeros, not NaN
         tl.store(out_ptr + seq * stride_ob + head * stride_oh + offs_d * stride_od, out.to(out_ptr.dtype.element_ty))
+
+
+# The in-kernel merge loads every partial of a KV head's query heads at once when they fit in this many
+# float32 values per program (64 registers a thread at 4 warps): [MERGE_G, BLOCK_S, HEAD_DIM].
+MERGE_AT_ONCE_MAX_VALUES = 8192
+
+
+def merges_at_once(group: int, num_splits: int, head_dim: int) -> bool:
+    """Whether an in-kernel merge takes _merge_group_at_once (else _merge_splits, head by head)."""
+    block_s = min(16, triton.next_power_of_2(num_splits))
+    return num_splits <= block_s and triton.next_power_of_2(group) * block_s * head_dim <= MERGE_AT_ONCE_MAX_VALUES
+
+
+@triton.jit
+def _merge_group_at_once(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
+                         seq, first_head, q_heads_total, num_splits,
+                         GROUP: tl.constexpr, MERGE_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """_merge_splits for all GROUP heads and all splits (num_splits <= BLOCK_S) in one round of loads.
+
+    The merge runs after the slowest split, on the kernel's critical path: a loop over heads whose
+    inner loop over splits is a runtime loop waits for each head's loads in turn (GROUP trips to L2),
+    whereas one [MERGE_G, BLOCK_S, HEAD_DIM] load pays one.
+    """
+    offs_g = tl.arange(0, MERGE_G)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    is_real_head = offs_g < GROUP
+    heads = first_head + offs_g
+    rows = (seq * q_heads_total + heads)[:, None] * num_splits + offs_s[None, :]  # [G, S]
+    present = is_real_head[:, None] & (offs_s < num_splits)[None, :]
+    part_max = tl.load(part_max_ptr + rows, mask=present, other=float("-inf"), cache_modifier=".cg")
+    part_sum = tl.load(part_sum_ptr + rows, mask=present, other=0.0, cache_modifier=".cg")
+    part = tl.load(part_acc_ptr + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=present[:, :, None],
+                   other=0.0, cache_modifier=".cg")
+    merged_max = tl.max(part_max, 1)
+    shift = tl.where(merged_max == float("-inf"), 0.0, merged_max)  # no keys at all: avoid -inf - -inf
+    weights = tl.exp2(part_max - shift[:, None])  # empty splits (max -inf) weigh 0
+    merged_sum = tl.sum(part_sum * weights, 1)
+    merged = tl.sum(part * weights[:, :, None], 1)
+    out = merged / tl.where(merged_sum > 0, merged_sum, 1.0)[:, None]  # no keys at all: zeros, not NaN
+    tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+             out.to(out_ptr.dtype.element_ty), mask=is_real_head[:, None])
 
 
 @triton.jit
@@ -403,12 +451,14 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
         merge_in_kernel = num_splits <= MAX_SPLITS_MERGED_IN_KERNEL
     block_s = min(16, triton.next_power_of_2(num_splits))
     group = q_heads // kv_heads
+    merge_at_once = merges_at_once(group, num_splits, head_dim)
     launch = pdl.launch_options(q.device, "attention")
     kernel[(num_splits, kv_heads, batch)](
         q, out, part_acc, part_max, part_sum, done, *q.stride(), *out.stride(), num_splits,
         math.log2(math.e) / math.sqrt(head_dim), *kernel_args,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_N=config.block_n, BLOCK_S=block_s, MERGE_IN_KERNEL=merge_in_kernel,
+        MERGE_G=triton.next_power_of_2(group), MERGE_AT_ONCE=merge_at_once,
         # Only float32 operands heed the precision: keep them exact instead of rounding to tf32.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or _INTERPRETED else "tf32",
         DOT_IN_FP32=_INTERPRETED and q.dtype == torch.bfloat16,

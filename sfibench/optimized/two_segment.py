@@ -64,8 +64,8 @@ def _two_segment_split_kernel(
     stride_eb, stride_eh, stride_es, stride_evidence_rows,
     n_buffers, n_compact, n_slots, n_evidence,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-    BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr, ONE_LOOP: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr, ONE_LOOP: tl.constexpr, PDL: tl.constexpr,
     INDEX_BEFORE_WAIT: tl.constexpr,
 ):
     split = tl.program_id(0)
@@ -122,7 +122,7 @@ def _two_segment_split_kernel(
         pdl.release_dependents(PDL)
         _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
                       stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
-                      GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL)
+                      GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL, MERGE_G, MERGE_AT_ONCE)
         return
 
     # Two loops: compact rows: indices [start, min(end, count)) of this split are rows of the compact buffer.
@@ -147,7 +147,7 @@ def _two_segment_split_kernel(
     pdl.release_dependents(PDL)
     _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
                   stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
-                  GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL)
+                  GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL, MERGE_G, MERGE_AT_ONCE)
 
 
 @triton.jit

@@ -29,7 +29,7 @@ def chart(result: dict, path: Path) -> Path:
     ax.barh(names, values, color="C0", xerr=yerr(list(values), list(lows), list(highs)) if ranged else None,
             capsize=3, error_kw={"elinewidth": 0.8})
     ax.set_xlabel(f"ms per decode step ({result['clock']})")
-    ax.set_title(f"{result['method']}/{result['path']} at {result['context']:,} tokens, "
+    ax.set_title(f"{result['method']}/{result['path']} at {result['context']:,} tokens{_batch(result)}, "
                  f"{result['steps']} {'graphed' if result['graphs'] else 'eager'} steps "
                  f"({result['step_kinds'].count('slow')} slow)\n"
                  + ("whiskers: fastest to slowest " + ("timing repeat" if result["graphs"] else "step") if ranged else
@@ -38,9 +38,14 @@ def chart(result: dict, path: Path) -> Path:
     return path
 
 
+def _batch(result: dict) -> str:
+    """", B = n" for a run of several sequences (runs before --batch existed decoded one)."""
+    return f", B = {result['batch']}" if result.get("batch", 1) > 1 else ""
+
+
 def markdown(document: dict) -> str:
     result, prov = document["results"], document["provenance"]
-    lines = [f"# sfibench profile: {result['method']}/{result['path']} at {result['context']:,} tokens", "",
+    lines = [f"# sfibench profile: {result['method']}/{result['path']} at {result['context']:,} tokens{_batch(result)}", "",
              f"Model `{document['config']['model']}`, device {prov.get('device')}, torch {prov.get('torch')}, commit "
              f"{commit_label(prov)}, {prov.get('timestamp_utc')}. {result['steps']} "
              f"{'CUDA-graphed' if result['graphs'] else 'eager'} decode steps "
@@ -75,7 +80,8 @@ def _refresh_lines(result: dict) -> list[str]:
 def terminal_table(document: dict) -> Table:
     """Components by time per step, the step's wall time, and the optimized SFI's refresh parts."""
     result = document["results"]
-    table = Table(title=f"sfibench profile: {result['method']}/{result['path']}, {result['context']:,} tokens, "
+    table = Table(title=f"sfibench profile: {result['method']}/{result['path']}, {result['context']:,} tokens"
+                        f"{_batch(result)}, "
                         f"{document['provenance'].get('device')} "
                         f"({result['clock']}{'' if result['graphs'] else ', eager'})")
     table.add_column("component")

@@ -69,26 +69,32 @@ def _times(event, cuda: bool) -> float:
     return getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)) if cuda else event.cpu_time_total
 
 
-def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) -> dict:
+def replayed_inputs(stream: torch.Tensor, context: int, batch: int, count: int) -> torch.Tensor:
+    """`[B, count]` decode inputs: row b replays the text after its own prompt, as a throughput run's rows do."""
+    return torch.stack([take(stream, 1000 * row + context, count) for row in range(batch)])
+
+
+def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int, batch: int = 1) -> dict:
     cfg, device = session.loaded.config, session.device
     if device.type == "cuda" and spec.path == "optimized":  # what a graphed step pays, part by part
         from sfibench.runners.profile_graphed import profile_graphed
 
-        return profile_graphed(session, spec, context, steps, PROFILE_MARGIN)
+        return profile_graphed(session, spec, context, steps, PROFILE_MARGIN, batch)
     stream, tokenizer = load_replay(cfg.vocab_size, session.loaded.tokenizer)
-    cache = KVCache(cfg, 1, context + steps + PROFILE_MARGIN, device, session.dtype)
+    cache = KVCache(cfg, batch, context + steps + PROFILE_MARGIN, device, session.dtype)
     if device.type == "cuda":
         prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
     else:
-        prefilled = prefill(session.loaded.model, cache, [take(stream, 0, context).tolist()])
+        prompts = [take(stream, 1000 * row, context).tolist() for row in range(batch)]
+        prefilled = prefill(session.loaded.model, cache, prompts)
     method = create_method(spec, cfg, tokenizer)
-    inputs = take(stream, context, steps + 4)
+    inputs = replayed_inputs(stream, context, batch, steps + 4)
     driver = StepDriver(session.loaded.model, cache, method)
     driver.start(prefilled)
-    method.observe(inputs[:1])
+    method.observe(inputs[:, 0])
     for step in range(1, 3):  # warm-up: lazy initialisation stays out of the profile
-        driver.step(inputs[step - 1:step].to(device))
-        method.observe(inputs[step:step + 1])
+        driver.step(inputs[:, step - 1].to(device))
+        method.observe(inputs[:, step])
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     kinds, walls_us, per_step = [], [], []
@@ -100,16 +106,16 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int) 
                      on_trace_ready=lambda prof: per_step.append(_components(prof, cuda, walls_us[-1]))) as prof:
             for step in range(3, 3 + steps):
                 started = time.perf_counter()
-                ctx = driver.step(inputs[step - 1:step].to(device)).ctx
+                ctx = driver.step(inputs[:, step - 1].to(device)).ctx
                 if cuda:
                     torch.cuda.synchronize()
                 walls_us.append((time.perf_counter() - started) * 1e6)
                 kinds.append(batch_step_kind(method, ctx))
-                method.observe(inputs[step:step + 1])
+                method.observe(inputs[:, step])
                 prof.step()
     per_step_ms = {name: [step[name] / 1e3 for step in per_step] for name in per_step[0]}
-    return {"method": spec.name, "path": spec.path, "context": context, "steps": steps, "step_kinds": kinds,
-            "ms_per_step": {name: sum(values) / len(values) for name, values in per_step_ms.items()},
+    return {"method": spec.name, "path": spec.path, "context": context, "batch": batch, "steps": steps,
+            "step_kinds": kinds, "ms_per_step": {name: sum(values) / len(values) for name, values in per_step_ms.items()},
             "ms_per_step_range": {name: [min(values), max(values)] for name, values in per_step_ms.items()},
             "wall_ms_per_step": sum(walls_us) / steps / 1e3,
             "wall_ms_range": [min(walls_us) / 1e3, max(walls_us) / 1e3],
@@ -135,13 +141,14 @@ def _components(prof, cuda: bool, wall_us: float) -> dict[str, float]:
 
 
 def run_profile(model: str, device: str, dtype: str, method: str, path: str, context: int, steps: int,
-                out: Path | None, overwrite: bool) -> Path:
-    """Profile `steps` decode steps into a claimed run directory and return it (results.json, plot, report.md)."""
+                out: Path | None, overwrite: bool, batch: int = 1) -> Path:
+    """Profile `steps` decode steps of `batch` sequences into a claimed run directory and return it
+    (results.json, plot, report.md)."""
     with claimed_run_dir(out, "profile", overwrite=overwrite) as run_dir:
         session = Session.open(model, device, dtype)
         check_context_limit(session.loaded.config, [context], steps + PROFILE_MARGIN)
-        result = profile_steps(session, MethodSpec(name=method, path=path), context, steps)
+        result = profile_steps(session, MethodSpec(name=method, path=path), context, steps, batch)
         write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": context,
-                                           "method": method, "path": path, "steps": steps}, result)
+                                           "method": method, "path": path, "steps": steps, "batch": batch}, result)
         render(run_dir)
     return run_dir

@@ -30,29 +30,32 @@ from sfibench.metrics.floor import graph_replay, weights_floor_seconds
 from sfibench.metrics.timing import StepTimer, time_region
 from sfibench.optimized import pdl
 from sfibench.sfi.geometry import candidate_range
-from sfibench.workloads.replay import load_replay, take
+from sfibench.workloads.replay import load_replay
 
 REST = "the rest (norms, RoPE, append, SwiGLU, gaps)"
 
 
 @torch.no_grad()
-def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int, margin: int) -> dict:
+def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int, margin: int,
+                    batch: int = 1) -> dict:
+    from sfibench.runners.profile import replayed_inputs
+
     cfg, device, model = session.loaded.config, session.device, session.loaded.model
     stream, tokenizer = load_replay(cfg.vocab_size, session.loaded.tokenizer)
-    cache = KVCache(cfg, 1, context + steps + margin, device, session.dtype)
+    cache = KVCache(cfg, batch, context + steps + margin, device, session.dtype)
     prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
     method = create_method(spec, cfg, tokenizer)
     driver = StepDriver(model, cache, method, use_graphs=True)
-    inputs = take(stream, context, steps + 1).pin_memory()
+    inputs = replayed_inputs(stream, context, batch, steps + 1).pin_memory()
     kinds, timer = [], StepTimer(device)
     for timed in (False, True):  # the first pass captures the graphs
         driver.start(prefilled)
-        method.observe(inputs[:1])
+        method.observe(inputs[:, 0])
         for index in range(steps):
             with timer.step():
-                result = driver.step(inputs[index:index + 1].to(device, non_blocking=True))
+                result = driver.step(inputs[:, index].to(device, non_blocking=True))
             kind = batch_step_kind(method, result.ctx)
-            method.observe(inputs[index + 1:index + 2])
+            method.observe(inputs[:, index + 1])
             if timed:
                 kinds.append(kind)
         if not timed:
@@ -64,12 +67,13 @@ def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int
     folded = getattr(model, "folded_input_norms", False)
     norms = "input norms folded into the qkv products" if folded else "input norms unfolded"
     step_ms = statistics.median(by_kind[main_kind])
-    floor = weights_floor_seconds(model, 1, device)
+    floor = weights_floor_seconds(model, batch, device)
     weights_ms = floor["seconds"] * 1e3
     attention = [seconds * 1e3 for seconds in _attention_alone(driver, method, cache, cfg)]
     attention_ms = statistics.median(attention)
     rest = [max(ms - weights_ms - attention_ms, 0.0) for ms in (step_ms, min(by_kind[main_kind]), max(by_kind[main_kind]))]
-    result = {"method": spec.name, "path": spec.path, "context": context, "steps": steps, "step_kinds": kinds,
+    result = {"method": spec.name, "path": spec.path, "context": context, "batch": batch, "steps": steps,
+              "step_kinds": kinds,
               "ms_per_step": {"weights GEMMs (floor chain)": weights_ms, "attention kernels": attention_ms,
                               REST: rest[0]},
               # range over the repeats of each timing; the rest takes the spread of the replayed steps
