@@ -206,7 +206,7 @@ def test_long_context_bf16_on_gpu_and_under_cuda_graph_replay():
     q, k, v = random_qkv(batch, kv_heads, group, head_dim, slots, torch.bfloat16, 30, device="cuda")
     lengths = torch.tensor([slots, 20001], device="cuda")
     expected = dense_decode_reference(q, k, v, lengths)
-    for splits in (None, 3, 16):  # default (merged in the split kernel), few, many (a second kernel merges)
+    for splits in (None, 3, 16, 40):  # default, few, 16 (merged at once in the kernel), many (a second kernel)
         assert_matches(dense_decode(q, k, v, lengths, splits), expected, torch.bfloat16)
 
     width = 4 + 2048 + 271  # sinks + selected + the widest recent window of SPEC section 2

@@ -156,9 +156,9 @@ def test_repeated_launches_follow_the_lengths_and_leave_the_counters_zeroed():
         assert int(_done_counters(torch.device(DEVICE), 2 * 3).abs().sum()) == 0
 
 
-@pytest.mark.parametrize("num_splits,merge_in_kernel", [(12, True), (2, False)])
+@pytest.mark.parametrize("num_splits,merge_in_kernel", [(20, True), (2, False)])
 def test_the_merge_can_be_placed_against_the_split_count_rule(num_splits, merge_in_kernel):
-    # MAX_SPLITS_MERGED_IN_KERNEL would pick the other place for these split counts.
+    # merges_at_once would pick the other place for these split counts (20 > 16: head by head in the kernel).
     rows = [(0, 70, 130), (DENSE, 0, 90)]
     inputs = two_segment_inputs(2, 3, 64, 24, 160, torch.float32, 15, rows)
     config = KernelConfig(block_n=16, num_warps=4, num_stages=2, merge_in_kernel=merge_in_kernel)

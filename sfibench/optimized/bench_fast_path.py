@@ -143,8 +143,6 @@ def selector_tiles(context: int, layers: int, kv_heads: int, group: int) -> list
     shapes += [SelectorTiles(block=b, chunk_blocks=c, pool_warps=w) for b, c, w in
                itertools.product((512, 1024, 2048), (1, 2, 8), (4, 8))]
     shapes += [SelectorTiles(stream_block=b) for b in (1024, 4096)]
-    shapes += [SelectorTiles(nms_blocks=True, nms_tile=t, stream_block=b) for t, b in
-               itertools.product((128, 256, 512), (1024, 2048, 4096))]
     shapes += [SelectorTiles(nms_tile=t, nms_warps=w)
                for t, w in itertools.product((128, 256, 512, 1024), (4, 8))]
     expected = fused_scores(logits, norms, cfg, default)

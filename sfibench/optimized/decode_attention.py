@@ -6,8 +6,8 @@ the keys of each (sequence, KV head) are cut into `num_splits` splits, one progr
 streams its split's K/V tiles through an online softmax in float32 and writes a partial max, sum of
 exponentials and unnormalised output per query head. The merge (rescale all partials to a common
 max and normalise) is done either by the last program of a (sequence, KV head) to finish, which an
-atomic counter picks, saving a second launch (~2 us, 3% of a 60 us step at 8K), or, with many splits,
-by a second kernel that spreads it over one program per query head.
+atomic counter picks, in one round of loads for all its query heads, saving a second launch; or, when
+the partials are too many for one load, by a second kernel with one program per query head.
 
 GQA: the G query heads of a KV head are consecutive, and one program serves all of them, so K/V are
 read once per KV head. The G rows are padded to 16 and multiplied with `tl.dot`: the tensor cores
@@ -44,7 +44,7 @@ class KernelConfig:
     block_n: int  # keys per tile
     num_warps: int
     num_stages: int  # K/V tiles in flight (software pipelining of the loads)
-    merge_in_kernel: bool | None = None  # None: MAX_SPLITS_MERGED_IN_KERNEL decides
+    merge_in_kernel: bool | None = None  # None: in the kernel when merges_at_once
 
 
 def default_config(head_dim: int, dtype: torch.dtype, shared_memory: int = 227 * 1024) -> KernelConfig:
@@ -298,10 +298,10 @@ def _decode_split_kernel(
 def _merge_splits(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, stride_ob, stride_oh, stride_od,
                   seq, first_head, q_heads_total, num_splits,
                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Rescale every split's partial to a common max and normalise, one query head at a time.
-
-    Each head's partials are read BLOCK_S splits per load and the head loop is unrolled, so the loads
-    of all heads are in flight together: this merge sits on the kernel's critical path.
+    """Rescale every split's partial to a common max and normalise, one query head at a time, BLOCK_S
+    splits per load: the second kernel's merge (GROUP = 1), and an in-kernel merge whose partials do
+    not fit _merge_group_at_once's one load. Each head waits for its own loads (a runtime loop over
+    splits sits between the heads), so in the kernel this costs GROUP trips to L2.
     """
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -334,7 +334,15 @@ MERGE_AT_ONCE_MAX_VALUES = 8192
 
 
 def merges_at_once(group: int, num_splits: int, head_dim: int) -> bool:
-    """Whether an in-kernel merge takes _merge_group_at_once (else _merge_splits, head by head)."""
+    """Whether an in-kernel merge takes _merge_group_at_once (else _merge_splits, head by head), which
+    is also where the splits merge by default (KernelConfig.merge_in_kernel None).
+
+    Measured on an H200 (session 13, reports/attention-h200/merge-session13/): merged at once in the
+    kernel, dense decode at B = 1 (16 splits) took 47.6 us at 32K and 136.5 us at 128K against 48.9 and
+    137.7 with the second kernel, and 1-4 us less at B = 5 (3 splits); SFI's fast-step attention
+    (36 layers) 0.323 ms against 0.364 at B = 1 and 0.679 against 0.749 at B = 5. Before the merge
+    loaded all heads at once, the second kernel had been the faster at 16 splits.
+    """
     block_s = min(16, triton.next_power_of_2(num_splits))
     return num_splits <= block_s and triton.next_power_of_2(group) * block_s * head_dim <= MERGE_AT_ONCE_MAX_VALUES
 
@@ -385,13 +393,6 @@ def _combine_splits_kernel(part_acc_ptr, part_max_ptr, part_sum_ptr, out_ptr, st
 # TRITON_INTERPRET the kernel upcasts them first: bf16 x bf16 products are exact in float32, so only
 # the summation order differs from the GPU's bf16 MMA with float32 accumulation.
 _INTERPRETED = isinstance(_decode_split_kernel, InterpretedFunction)
-
-
-# Up to this many splits the last finisher merges them in the split kernel; beyond it a second kernel
-# does, one program per query head. H200, Qwen3 shapes (reports/attention-h200): at B = 5 and 8
-# (2-3 splits) the in-kernel merge beat cuDNN by 1-8%, but at B = 1 (16 splits merged serially by
-# 8 programs) it fell 2-5% behind, where the two-kernel form had matched or beaten it.
-MAX_SPLITS_MERGED_IN_KERNEL = 8
 
 
 @functools.cache
@@ -446,12 +447,10 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     part_sum = torch.empty_like(part_max)
 
     done = _done_counters(q.device, batch * kv_heads)
-    merge_in_kernel = config.merge_in_kernel
-    if merge_in_kernel is None:
-        merge_in_kernel = num_splits <= MAX_SPLITS_MERGED_IN_KERNEL
     block_s = min(16, triton.next_power_of_2(num_splits))
     group = q_heads // kv_heads
     merge_at_once = merges_at_once(group, num_splits, head_dim)
+    merge_in_kernel = merge_at_once if config.merge_in_kernel is None else config.merge_in_kernel
     launch = pdl.launch_options(q.device, "attention")
     kernel[(num_splits, kv_heads, batch)](
         q, out, part_acc, part_max, part_sum, done, *q.stride(), *out.stride(), num_splits,

@@ -15,9 +15,10 @@ pass also steals bandwidth from the fast steps. The same arithmetic in five laun
 3. `_mix_kernel`: per (layer, KV head) the chunks' partial sums merged and lambda chosen.
 4. `_fuse_kernel`: log s = log((1 - lambda) f + lambda r) at every candidate.
 5. `_nms_cross_head_kernel`: Soft-NMS (the window max read straight from (4)'s output, which the
-   cache serves) and the cross-head exclusivity, all KV heads of a layer in one tile. With
-   `SelectorTiles(nms_blocks=True)` (4) also writes running maxima over blocks of 2 x radius candidates
-   and the window max takes 3 loads instead of 2 x radius + 1 (exact; not yet timed on a GPU).
+   cache serves) and the cross-head exclusivity, all KV heads of a layer in one tile. (Running maxima
+   over blocks of 2 x radius, van Herk's, take 3 loads per candidate instead of 2 x radius + 1; written
+   into the fusion they cost 1.08 ms against its 0.11 and Soft-NMS rose to 0.61 ms from 0.34 on an
+   H200 at 128K, session 13, reports/attention-h200/merge-session13/selector-tiles.json: removed.)
 
 Then the top-K (optimized/top_k_kernels.py): a radix select of each head's K-th best score and a
 parallel compaction of the kept positions in ascending order, as sfi/selector.top_k_positions does.
@@ -60,9 +61,6 @@ class SelectorTiles:
     pool_warps: int = 4  # warps per program of the row normalisers, pooling and fusion
     nms_tile: int = 256  # candidates per [KV heads, tile] program of Soft-NMS + cross-head
     nms_warps: int = 4
-    # Soft-NMS's window max from running maxima over blocks of 2 x radius candidates that the fusion writes
-    # (`_fuse_blocks_kernel`): 3 loads per candidate instead of 2 x radius + 1. Not timed on a GPU yet.
-    nms_blocks: bool = False
 
     def __post_init__(self):
         for name in ("stream_block", "block", "nms_tile", "pool_warps", "nms_warps"):
@@ -207,41 +205,10 @@ def _fused_score(pooled_ptr, prior_ptr, mix_ptr, pair, idx, inside, n, USE_PRIOR
 
 
 @triton.jit
-def _larger(a, b):
-    return tl.maximum(a, b)
-
-
-@triton.jit
-def _fuse_blocks_kernel(pooled_ptr, prior_ptr, mix_ptr, out_ptr, prefix_ptr, suffix_ptr, n, width,
-                        USE_PRIOR: tl.constexpr, BLOCKS: tl.constexpr, WIDTH: tl.constexpr):
-    """`_fuse_kernel`, and for Soft-NMS the running maxima of log s within blocks of `width` = 2 x radius
-    candidates, from each block's start (`prefix`) and from its end (`suffix`).
-
-    Why: a window of 2r + 1 candidates always spans two such blocks (or one, cut by an end of C), so its
-    max is max(suffix[i - r], prefix[i + r]): Soft-NMS then reads three numbers per candidate instead of
-    2r + 1 (van Herk's running-max algorithm). The suffix is the same running max over the block read
-    backwards (the scores recomputed at mirrored positions, which the cache serves)."""
-    pair, tile = tl.program_id(0).to(tl.int64), tl.program_id(1)
-    first = tile * BLOCKS * width + tl.arange(0, BLOCKS)[:, None] * width  # [BLOCKS, 1]: each block's start
-    lane = tl.arange(0, WIDTH)[None, :]
-    in_block = lane < width
-    idx, mirrored = first + lane, first + (width - 1 - lane)
-    inside, mirrored_inside = in_block & (idx < n), in_block & (mirrored < n)
-    # Both read before anything is stored: `out` may be the pooled scores' own buffer (written in place).
-    score = _fused_score(pooled_ptr, prior_ptr, mix_ptr, pair, idx, inside, n, USE_PRIOR)
-    backwards = _fused_score(pooled_ptr, prior_ptr, mix_ptr, pair, mirrored, mirrored_inside, n, USE_PRIOR)
-    tl.debug_barrier()  # every thread's loads before any thread's stores
-    tl.store(out_ptr + pair * n + idx, score, mask=inside)
-    tl.store(prefix_ptr + pair * n + idx, tl.associative_scan(score, 1, _larger), mask=inside)
-    tl.store(suffix_ptr + pair * n + mirrored, tl.associative_scan(backwards, 1, _larger), mask=mirrored_inside)
-
-
-@triton.jit
-def _nms_cross_head_kernel(score_ptr, prefix_ptr, suffix_ptr, out_ptr, n, heads, radius, nms_alpha, inv_temperature,
-                           cross_alpha, log_eps, USE_NMS: tl.constexpr, USE_CROSS: tl.constexpr,
-                           WINDOW_BLOCKS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK: tl.constexpr):
-    """Soft-NMS then cross-head exclusivity on a [KV heads, BLOCK] tile of one layer. WINDOW_BLOCKS: the
-    window max from `_fuse_blocks_kernel`'s running maxima (blocks of 2 x radius), else from 2r + 1 loads."""
+def _nms_cross_head_kernel(score_ptr, out_ptr, n, heads, radius, nms_alpha, inv_temperature, cross_alpha, log_eps,
+                           USE_NMS: tl.constexpr, USE_CROSS: tl.constexpr, BLOCK_H: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """Soft-NMS then cross-head exclusivity on a [KV heads, BLOCK] tile of one layer."""
     layer, block = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs_h = tl.arange(0, BLOCK_H)
     idx = block * BLOCK + tl.arange(0, BLOCK)
@@ -253,17 +220,7 @@ def _nms_cross_head_kernel(score_ptr, prefix_ptr, suffix_ptr, out_ptr, n, heads,
         # The window is truncated at the ends of C: positions outside read as -inf and never win. Only
         # tiles within `radius` of an end need that test; the others (all but two per layer) skip it.
         window = score
-        if WINDOW_BLOCKS:
-            width = 2 * radius
-            lo = tl.maximum(idx - radius, 0)[None, :]  # the window [lo, hi], cut at the ends of C
-            hi = tl.minimum(idx + radius, n - 1)[None, :]
-            from_lo = tl.load(suffix_ptr + head_offsets + lo, mask=real, other=float("-inf"))
-            to_hi = tl.load(prefix_ptr + head_offsets + hi, mask=real, other=float("-inf"))
-            # One block holds the whole window only where an end of C cuts it: at the start (lo opens
-            # the block: the prefix max up to hi is exact) or at the end (the suffix max from lo is).
-            one_block = (lo // width) == (hi // width)
-            window = tl.where(one_block, tl.where(lo % width == 0, to_hi, from_lo), tl.maximum(from_lo, to_hi))
-        elif (block * BLOCK < radius) | (block * BLOCK + BLOCK + radius > n):  # a tile near an end of C
+        if (block * BLOCK < radius) | (block * BLOCK + BLOCK + radius > n):  # a tile near an end of C
             for offset in range(-radius, radius + 1):
                 at = idx + offset
                 near = tl.load(rows + at[None, :],
@@ -371,29 +328,18 @@ def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorCon
 
     fused = pooled  # written in place: each program reads its tile's log f and prior, then overwrites it
     radius = min(cfg.nms_radius, n - 1)
-    window_blocks = tiles.nms_blocks and cfg.use_nms and radius >= 1
-    if window_blocks:
-        width = 2 * radius
-        blocks = max(1, tiles.stream_block // triton.next_power_of_2(width))
-        window_maxima = (torch.empty_like(pooled), torch.empty_like(pooled))  # prefix and suffix maxima
-        _fuse_blocks_kernel[(pairs, triton.cdiv(n, blocks * width))](
-            pooled, prior_logits, mix, fused, *window_maxima, n, width, USE_PRIOR=cfg.use_prior, BLOCKS=blocks,
-            WIDTH=triton.next_power_of_2(width), num_warps=warps)
-    else:
-        window_maxima = (fused, fused)  # not read
-        _fuse_kernel[(pairs, triton.cdiv(n, tiles.stream_block))](pooled, prior_logits, mix, fused, n,
-                                                                  USE_PRIOR=cfg.use_prior, BLOCK=tiles.stream_block,
-                                                                  num_warps=warps)
+    _fuse_kernel[(pairs, triton.cdiv(n, tiles.stream_block))](pooled, prior_logits, mix, fused, n,
+                                                              USE_PRIOR=cfg.use_prior, BLOCK=tiles.stream_block,
+                                                              num_warps=warps)
     use_cross = cfg.use_cross_head and heads > 2  # SPEC skips the stage with one or two KV heads
     if not (cfg.use_nms or use_cross):
         return fused
     final = torch.empty_like(fused)
     tile = tiles.nms_tile  # [heads, tile] per program: the NMS window re-reads neighbours through the cache
     _nms_cross_head_kernel[(layers, triton.cdiv(n, tile))](
-        fused, *window_maxima, final, n, heads, radius, cfg.nms_alpha, 1.0 / cfg.cross_temperature,
-        cfg.cross_alpha, math.log(cfg.eps), USE_NMS=cfg.use_nms, USE_CROSS=use_cross,
-        WINDOW_BLOCKS=window_blocks, BLOCK_H=triton.next_power_of_2(heads), BLOCK=tile,
-        num_warps=tiles.nms_warps)
+        fused, final, n, heads, radius, cfg.nms_alpha, 1.0 / cfg.cross_temperature, cfg.cross_alpha,
+        math.log(cfg.eps), USE_NMS=cfg.use_nms, USE_CROSS=use_cross, BLOCK_H=triton.next_power_of_2(heads),
+        BLOCK=tile, num_warps=tiles.nms_warps)
     return final
 
 
