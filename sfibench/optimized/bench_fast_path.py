@@ -59,15 +59,22 @@ def _time_ms(fn, repeats: int = 5, calls: int = 20) -> list[float]:
 
 
 def fast_step_attention(batch: int, kv_heads: int, group: int, head_dim: int, layers: int, compact_rows: int,
-                        tail: int, splits: list[int], variants: list[tuple[KernelConfig, bool]]) -> list[dict]:
+                        tail: int, splits: list[int], variants: list[tuple[KernelConfig, bool]],
+                        context: int = 0) -> list[dict]:
     """ms per fast step's attention (all layers, one graph) for each split count and kernel variant
-    (tile config incl. where the splits merge, and one loop over both segments or two)."""
+    (tile config incl. where the splits merge, and one loop over both segments or two). The tail is the
+    last `tail` slots of a cache of `context` slots (default 4 x tail; a long one is left uninitialised:
+    what it holds does not change the speed, and filling ~100 GB would take longer than the timing)."""
     device, dtype = torch.device("cuda"), torch.bfloat16
-    context = 4 * tail
+    context = context or 4 * tail
     compact_k = torch.randn(layers, 1, batch, kv_heads, compact_rows, head_dim, device=device, dtype=dtype)
     compact_v = torch.randn_like(compact_k)
-    k = torch.randn(layers, batch, kv_heads, context, head_dim, device=device, dtype=dtype)
-    v = torch.randn_like(k)
+    fill = torch.randn if context <= 4 * tail else torch.empty
+    k = fill(layers, batch, kv_heads, context, head_dim, device=device, dtype=dtype)
+    v = fill(layers, batch, kv_heads, context, head_dim, device=device, dtype=dtype)
+    if fill is torch.empty:  # the slots read get finite values: NaN or inf could take other paths in the MMA
+        k[..., context - tail:, :].normal_()
+        v[..., context - tail:, :].normal_()
     q = torch.randn(batch, kv_heads * group, head_dim, device=device, dtype=dtype)
     counts = torch.full((1, batch, kv_heads), compact_rows, device=device, dtype=torch.int32)
     tail_start = torch.full((1, batch), context - tail, device=device, dtype=torch.int32)
@@ -86,10 +93,12 @@ def fast_step_attention(batch: int, kv_heads: int, group: int, head_dim: int, la
             step()
         medians = _time_ms(graph.replay)
         rows.append({"batch": batch, "group": group, "layers": layers, "rows_read": compact_rows + tail,
+                     "compact_rows": compact_rows, "tail_rows": tail, "cache_slots": context,
                      "num_splits": num_splits, "block_n": config.block_n, "num_stages": config.num_stages,
                      "merge_in_kernel": config.merge_in_kernel, "one_loop": one_loop,
                      "ms_per_step": statistics.median(medians), "ms_spread": (max(medians) - min(medians)) / 2})
-        print(f"fast-step attention B={batch} G={group} splits={num_splits} {config} one_loop={one_loop}: "
+        print(f"fast-step attention B={batch} G={group} rows={compact_rows}+{tail}/{context} splits={num_splits} "
+              f"{config} one_loop={one_loop}: "
               f"{rows[-1]['ms_per_step']:.4f} ms", flush=True)
         del graph
     return rows
@@ -217,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", default="kernel,separate", help="where splits merge: kernel (the last split "
                         "to finish) and/or separate (a second kernel)")
     parser.add_argument("--one-loop", default="0,1", help="0: a loop per segment, 1: one loop over both")
+    parser.add_argument("--rows", default="2052+256", help="fast-step reads as COMPACT+TAIL[/CACHE_SLOTS], "
+                        "comma-separated: rows from the compact buffer, from the cache's tail, and the cache's size "
+                        "(default 4 x TAIL), e.g. 2052+256/130944,2276+80,4+2304")
     parser.add_argument("--contexts", default="32768,130944", help="contexts of the Selector timing")
     parser.add_argument("--selector-tiles", default="", help="contexts at which to time the Selector kernels "
                         "under other launch shapes (optimized/selector_kernels.SelectorTiles), e.g. 130944")
@@ -237,7 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         layers = 36 if group == 4 else 28
         for batch in (int(b) for b in args.batch.split(",") if b):
             splits = sorted({int(s) for s in args.splits.split(",")} | {default_num_splits(batch, 8, 2308, sms)})
-            attention += fast_step_attention(batch, 8, group, 128, layers, 4 + 2048, 256, splits, variants)
+            for shape in args.rows.split(","):
+                read, _, slots = shape.partition("/")
+                compact_rows, tail = (int(n) for n in read.split("+"))
+                attention += fast_step_attention(batch, 8, group, 128, layers, compact_rows, tail, splits, variants,
+                                                 int(slots or 0))
+                torch.cuda.empty_cache()
     selector = [selector_refresh(int(c), 36, 8, 4, 2048) for c in args.contexts.split(",") if c]
     rebuild = [compact_rebuild(int(c), 5, 36, 8, 2048) for c in args.contexts.split(",") if c]
     tiles = [row for c in args.selector_tiles.split(",") if c for row in selector_tiles(int(c), 36, 8, 4)]
