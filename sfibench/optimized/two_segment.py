@@ -11,9 +11,9 @@ The index space of a (sequence, KV head) is the compact rows followed by the tai
 [0, count + tail_len), and it is cut into splits exactly as in decode_attention.py: the grid and the
 split count come from static shapes, the counts and lengths are read on the device, and the same
 tile, merge and launch code is used. So one CUDA graph serves every step however the lengths grow.
-A split walks its part of that index space as one loop whose tiles load from both segments at once
-when it straddles them or when splits are short (`one_loop`; fast_read_launch picks it from a
-measurement), else as a loop over its one segment through the dense tile code.
+A split walks its part of that index space either as two loops (compact rows, then tail slots, each
+through the dense tile code) or, when splits are short, as one loop whose tiles load from both
+segments at once (`one_loop`; fast_read_launch picks it from a measurement).
 
 The compact buffer is double-buffered (`P` = 2): a refresh writes the idle copy on a side stream while
 steps keep reading the published one, and publishing is a device write to `row_buffer`. A negative
@@ -65,8 +65,8 @@ def _two_segment_split_kernel(
     n_buffers, n_compact, n_slots, n_evidence,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr,
-    ONE_LOOP: tl.constexpr, PDL: tl.constexpr, INDEX_BEFORE_WAIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr, ONE_LOOP: tl.constexpr, PDL: tl.constexpr,
+    INDEX_BEFORE_WAIT: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
@@ -108,35 +108,41 @@ def _two_segment_split_kernel(
         evidence_end = 0
     to_slot = tail_start - count  # union index i >= count is cache slot i + to_slot
 
-    compact_k_head = compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh
-    compact_v_head = compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh
-    k_head = k_ptr + seq * stride_kb + kv_head * stride_kh
-    v_head = v_ptr + seq * stride_vb + kv_head * stride_vh
-    evidence_head = evidence_ptr + seq * stride_eb + kv_head * GROUP * stride_eh
-    # The split that straddles the two segments runs one loop in either form: as two loops it would end
-    # the first in a partial tile and start the second with an empty software pipeline, which at B = 5
-    # made it the slowest split (see ONE_LOOP_MAX_ROWS_PER_SPLIT).
-    if ((start < count) & (end > count)) | ONE_LOOP:
+    if ONE_LOOP:
         acc, running_max, running_sum = _attend_both_segments(
-            q, acc, running_max, running_sum, compact_k_head, compact_v_head, k_head, v_head, start, end, count,
-            to_slot, stride_ckn, stride_ckd, stride_cvn, stride_cvd, stride_ks, stride_kd, stride_vs, stride_vd,
-            qk_scale_log2, evidence_head, stride_eh, stride_es, evidence_end, GROUP=GROUP, BLOCK_G=BLOCK_G,
-            HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, WRITE_LOGITS=EVIDENCE, DOT_PRECISION=DOT_PRECISION,
-            DOT_IN_FP32=DOT_IN_FP32)
-    else:
-        # A split within one segment: compact rows are indices [start, min(end, count)); index i >= count is
-        # cache slot i - count + tail_start. Iterating over slots runs the tail through the dense tile code
-        # unchanged, and the slot is where its evidence goes. One of the two ranges is empty.
-        acc, running_max, running_sum = _attend_range(
-            q, acc, running_max, running_sum, compact_k_head, compact_v_head, q_ptr, start, tl.minimum(end, count),
-            stride_ckn, stride_ckd, stride_cvn, stride_cvd, 0, qk_scale_log2, evidence_ptr, 0, 0, 0, GROUP=GROUP,
-            BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=False, WRITE_LOGITS=False,
+            q, acc, running_max, running_sum,
+            compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh,
+            compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh,
+            k_ptr + seq * stride_kb + kv_head * stride_kh, v_ptr + seq * stride_vb + kv_head * stride_vh,
+            start, end, count, to_slot, stride_ckn, stride_ckd, stride_cvn, stride_cvd,
+            stride_ks, stride_kd, stride_vs, stride_vd, qk_scale_log2,
+            evidence_ptr + seq * stride_eb + kv_head * GROUP * stride_eh, stride_eh, stride_es, evidence_end,
+            GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, WRITE_LOGITS=EVIDENCE,
             DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
-        acc, running_max, running_sum = _attend_range(
-            q, acc, running_max, running_sum, k_head, v_head, q_ptr, tl.maximum(start, count) + to_slot,
-            end + to_slot, stride_ks, stride_kd, stride_vs, stride_vd, 0, qk_scale_log2, evidence_head, stride_eh,
-            stride_es, evidence_end, GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
-            SPARSE=False, WRITE_LOGITS=EVIDENCE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+        pdl.release_dependents(PDL)
+        _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
+                      stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
+                      GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL, MERGE_G, MERGE_AT_ONCE)
+        return
+
+    # Two loops: compact rows: indices [start, min(end, count)) of this split are rows of the compact buffer.
+    acc, running_max, running_sum = _attend_range(
+        q, acc, running_max, running_sum,
+        compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh,
+        compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh, q_ptr,
+        start, tl.minimum(end, count), stride_ckn, stride_ckd, stride_cvn, stride_cvd, 0, qk_scale_log2,
+        evidence_ptr, 0, 0, 0, GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=False,
+        WRITE_LOGITS=False, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+
+    # Tail: index i >= count is cache slot i - count + tail_start. Iterating over slots runs the tail
+    # through the dense tile code unchanged, and the slot is where its evidence goes.
+    acc, running_max, running_sum = _attend_range(
+        q, acc, running_max, running_sum, k_ptr + seq * stride_kb + kv_head * stride_kh,
+        v_ptr + seq * stride_vb + kv_head * stride_vh, q_ptr,
+        tl.maximum(start, count) + to_slot, end + to_slot, stride_ks, stride_kd, stride_vs, stride_vd, 0,
+        qk_scale_log2, evidence_ptr + seq * stride_eb + kv_head * GROUP * stride_eh, stride_eh, stride_es,
+        evidence_end, GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=False,
+        WRITE_LOGITS=EVIDENCE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
 
     pdl.release_dependents(PDL)
     _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
@@ -190,15 +196,12 @@ def _attend_both_segments(q, acc, running_max, running_sum, compact_k_head, comp
     return acc, running_max, running_sum
 
 
-# Splits reading at most this many rows run one loop over both segments; longer ones a loop per
-# segment, except the split that straddles the segments, which runs one loop. Measured on an H200
-# (bench_fast_path.py, Qwen3-4B shape, 36 layers graphed): at B = 1 (16 splits, ~144 rows each) one
-# loop takes 0.367 ms against 0.481 for two (reports/attention-h200/fast-path-sweep.json), because each
-# loop and each partial tile is a serial round trip to memory; at B = 5 (3 splits of 832 rows) two loops
-# win, 0.666 ms against 0.739 at 2,052 compact + 256 tail rows, since one loop's four masked loads per
-# tile cost more than they save. But with the straddling split also as two loops, a tail of 352 rows
-# took 0.786 ms (one loop 0.756): that split (388 compact + 352 tail rows, two partial tiles and a
-# second pipeline start) outlasted the others (reports/attention-h200/merge-session13/fast-step-rows.log).
+# A split reading at most this many rows runs one loop over both segments; a longer one runs a loop
+# per segment. Measured on an H200 (bench_fast_path.py -> reports/attention-h200/fast-path-sweep.json,
+# Qwen3-4B shape, 2,308 rows, 36 layers graphed): at B = 1 (16 splits, ~144 rows each) one loop takes
+# 0.367 ms against 0.481 for two, because each loop and each partial tile is a serial round trip to
+# memory; at B = 5 (3 splits, ~770 rows each) two loops win, 0.765 ms against 0.799, since there the
+# tiles are many and one loop's four masked loads per tile cost more than they save.
 ONE_LOOP_MAX_ROWS_PER_SPLIT = 256
 
 
@@ -264,10 +267,9 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
     _check_inputs(q, k, v, num_splits, {
         "compact_k/v": compact_k, "compact_counts": compact_counts, "tail_start": tail_start, "lengths": lengths,
         "row_buffer": row_buffer, "evidence": evidence, "evidence_rows": evidence_rows})
-    if config is None and q.dtype == torch.float32:
+    if one_loop and config is None and q.dtype == torch.float32:
         # One loop streams four tiles per stage (K and V from both segments): in float32 the default four
-        # stages need 237 KB of shared memory, more than an H200 block has (227 KB); three fit. Every
-        # kernel holds that loop (the split that straddles the segments runs it).
+        # stages need 237 KB of shared memory, more than an H200 block has (227 KB); three fit.
         base = default_config(head_dim, q.dtype, _shared_memory(q.device))
         config = KernelConfig(base.block_n, base.num_warps, min(base.num_stages, 3), base.merge_in_kernel)
     return _launch_split_kernel(
