@@ -6,7 +6,10 @@
 # Session 9 ran it (as h200_session9_ab.sh) with PDL 0 / 1 (reports/ab-qwen3-4b-32k-h200); session 10
 # (variants then written "SFIBENCH_PDL SFIBENCH_QKV_EPILOGUE name") with off / PDL products / PDL all / the
 # qkv epilogue; session 11 with off / the input norm folded into the qkv product (then opt-in, now the
-# default). The default now: today's decoder against the fold turned off.
+# default). The default now: today's decoder against the fold turned off. CTX, METHODS and LIMIT (seconds
+# per variant) widen a run, e.g. the straddling split's loop (optimized/two_segment.py, STRADDLE_ENV):
+# CTX=32k,130944 METHODS=full_kv/optimized,sfi,streaming_llm,snapkv LIMIT=170 TESTS=tests/test_two_segment.py
+# VARIANTS="default;straddle:SFIBENCH_STRADDLE_ONE_LOOP=1;slow:SFIBENCH_STRADDLE_ONE_LOOP=slow" bash benchmarks/h200_ab.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
@@ -24,9 +27,9 @@ for variant in "${variants[@]}"; do
     name=${variant%%:*}
     settings=()
     [[ "$variant" == *:* ]] && IFS=',' read -ra settings <<< "${variant#*:}"
-    env "${settings[@]}" timeout 150 python -m sfibench throughput \
-        --model qwen3-4b \
-        --ctx 32k --batch 1,5 --methods full_kv/optimized,sfi --paths optimized --steps 64 --no-dense-kernels \
+    env "${settings[@]}" timeout "${LIMIT:-150}" python -m sfibench throughput \
+        --model qwen3-4b --ctx "${CTX:-32k}" --batch 1,5 --methods "${METHODS:-full_kv/optimized,sfi}" \
+        --paths optimized --steps 64 --no-dense-kernels \
         --out "$OUT/ab-$name" > "$OUT/ab-$name.log" 2>&1
     echo "$name rc=$? after $((SECONDS - started)) s"
     python - "$OUT/ab-$name/results.json" <<'PY'

@@ -20,9 +20,10 @@ if not torch.cuda.is_available():
 # After the env setup, on purpose; the shared helpers come from test_kernels.py.
 from test_kernels import DEVICE, NEVER_READ_KEY, NEVER_READ_VALUE, assert_matches, random_qkv
 
+from sfibench.errors import UsageError
 from sfibench.optimized.decode_attention import KernelConfig, _done_counters, dense_decode
 from sfibench.optimized.decode_reference import two_segment_decode_reference
-from sfibench.optimized.two_segment import fast_read_launch, two_segment_decode
+from sfibench.optimized.two_segment import STRADDLE_ENV, fast_read_launch, two_segment_decode
 
 EVIDENCE_POISON = 7777.0
 DENSE = -1
@@ -88,10 +89,12 @@ CASES = [  # kv_heads, group, head_dim, width N, slots S, dtype, num_splits, see
 ]
 
 
-@pytest.mark.parametrize("one_loop", [False, True], ids=["two-loops", "one-loop"])
+@pytest.mark.parametrize("loops", ["two-loops", "one-loop", "straddle"])
 @pytest.mark.parametrize("kv_heads,group,head_dim,width,slots,dtype,num_splits,seed,rows", CASES)
 def test_two_segment_matches_reference_and_writes_evidence_only_where_asked(
-        kv_heads, group, head_dim, width, slots, dtype, num_splits, seed, rows, one_loop):
+        kv_heads, group, head_dim, width, slots, dtype, num_splits, seed, rows, loops):
+    # straddle: a loop per segment, except one loop in the split that holds both (SFIBENCH_STRADDLE_ONE_LOOP)
+    one_loop, straddle = loops == "one-loop", loops == "straddle"
     inputs = two_segment_inputs(kv_heads, group, head_dim, width, slots, dtype, seed, rows,
                                 buffer_major=seed % 3 != 0)
     batch, q_heads = len(rows), kv_heads * group
@@ -103,7 +106,7 @@ def test_two_segment_matches_reference_and_writes_evidence_only_where_asked(
     out = torch.full_like(inputs["q"], float("nan"))
 
     two_segment_decode(**inputs, evidence=evidence, evidence_rows=evidence_rows, num_splits=num_splits, out=out,
-                       one_loop=one_loop)
+                       one_loop=one_loop, straddle_one_loop=straddle)
 
     reference, logits = two_segment_decode_reference(**inputs, evidence_rows=evidence_rows)
     assert_matches(out, reference, dtype)
@@ -116,7 +119,7 @@ def test_two_segment_matches_reference_and_writes_evidence_only_where_asked(
         dense = dense_decode(*(inputs[name][dense_rows] for name in ("q", "k", "v", "lengths")), num_splits)
         # float32 one-loop launches run three pipeline stages (shared memory), dense_decode four: a different
         # compiled kernel, so exact equality is asked only where the configs agree.
-        if num_splits and not (one_loop and dtype == torch.float32):
+        if num_splits and not ((one_loop or straddle) and dtype == torch.float32):
             assert torch.equal(out[dense_rows], dense)
         else:
             assert_matches(out[dense_rows], dense.double(), dtype)
@@ -168,12 +171,20 @@ def test_the_merge_can_be_placed_against_the_split_count_rule(num_splits, merge_
     assert int(_done_counters(torch.device(DEVICE), 2 * 2).abs().sum()) == 0
 
 
-def test_fast_reads_take_one_loop_only_when_their_splits_are_short():
+def test_fast_reads_take_one_loop_only_when_their_splits_are_short(monkeypatch):
     # Qwen3-4B shape, 2,308 rows per (sequence, KV head) at a fast step, 132 SMs (the H200 measurement).
+    monkeypatch.delenv(STRADDLE_ENV, raising=False)
     one = fast_read_launch(1, 8, 2308, torch.device("cpu"))
     five = fast_read_launch(5, 8, 2308, torch.device("cpu"))
-    assert one == {"num_splits": 16, "one_loop": True}  # ~144 rows per split
-    assert five == {"num_splits": 3, "one_loop": False}  # ~770 rows per split
+    assert one == {"num_splits": 16, "one_loop": True, "straddle_one_loop": False}  # ~144 rows per split
+    assert five == {"num_splits": 3, "one_loop": False, "straddle_one_loop": False}  # ~770 rows per split
+    monkeypatch.setenv(STRADDLE_ENV, "1")  # the A/B switch, read per launch plan
+    assert fast_read_launch(5, 8, 2308, torch.device("cpu"))["straddle_one_loop"]
+    monkeypatch.setenv(STRADDLE_ENV, "slow")  # only SFI's dense-row launches: not a fast read
+    assert not fast_read_launch(5, 8, 2308, torch.device("cpu"))["straddle_one_loop"]
+    monkeypatch.setenv(STRADDLE_ENV, "yes")
+    with pytest.raises(UsageError, match=f"{STRADDLE_ENV}='yes' is not accepted.*slow = "):
+        fast_read_launch(5, 8, 2308, torch.device("cpu"))
 
 
 def test_bad_inputs_are_refused_with_the_reason():
@@ -201,10 +212,11 @@ def test_long_context_bf16_on_gpu_and_under_cuda_graph_replay():
     evidence_rows = torch.tensor([0, 0, 1], device="cuda")
     evidence = torch.full((3, kv_heads * group, slots), EVIDENCE_POISON, device="cuda")
     reference, logits = two_segment_decode_reference(**inputs, evidence_rows=evidence_rows)
-    for splits, one_loop in ((None, False), (3, False), (16, False), (16, True), (40, True)):
-        # default (merged in the split kernel), few, many (a second kernel merges); both loop forms
+    for splits, one_loop, straddle in ((None, False, False), (3, False, False), (3, False, True), (16, False, False),
+                                       (16, True, False), (40, True, False)):
+        # default, few, 16 (merged in the kernel), many (a second kernel merges); every loop form
         out = two_segment_decode(**inputs, evidence=evidence, evidence_rows=evidence_rows, num_splits=splits,
-                                 one_loop=one_loop)
+                                 one_loop=one_loop, straddle_one_loop=straddle)
         assert_matches(out, reference, torch.bfloat16)
     torch.testing.assert_close(evidence.double(), logits.nan_to_num(nan=EVIDENCE_POISON), rtol=1e-3, atol=1e-3)
 

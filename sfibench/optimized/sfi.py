@@ -27,7 +27,7 @@ from sfibench.optimized.compact_kernels import gather_compact
 from sfibench.optimized.decode_attention import default_num_splits, sm_count
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.selector_kernels import fused_select
-from sfibench.optimized.two_segment import fast_read_launch, two_segment_decode
+from sfibench.optimized.two_segment import fast_read_launch, straddle_mode, two_segment_decode
 from sfibench.sfi import geometry
 from sfibench.sfi.method import SFIMethod
 from sfibench.sfi.transfer import layer_index
@@ -55,7 +55,7 @@ class OptimizedSFI(SFIMethod):
         # few thousand rows each (at most the memory right after a refresh plus t_max steps of growth):
         # its split count and loop form are chosen for those rows.
         dense_splits = default_num_splits(1, mc.num_kv_heads, cache.max_seq, sm_count(device))
-        self.dense_launch = {"num_splits": dense_splits}
+        self.dense_launch = {"num_splits": dense_splits, "straddle_one_loop": straddle_mode() in ("1", "slow")}
         fast_rows = geometry.tokens_read_after_refresh(cache.max_seq, self.cfg) + self.cfg.trigger.t_max
         self.fast_launch = fast_read_launch(batch, mc.num_kv_heads, fast_rows, device)
         # Dense logits of every query head at every slot, written only for refreshing rows.

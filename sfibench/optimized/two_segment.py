@@ -47,6 +47,7 @@ from sfibench.optimized.decode_attention import (
     default_num_splits,
     sm_count,
 )
+from sfibench.switches import read_switch
 
 
 @triton.jit
@@ -65,8 +66,8 @@ def _two_segment_split_kernel(
     n_buffers, n_compact, n_slots, n_evidence,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr, ONE_LOOP: tl.constexpr, PDL: tl.constexpr,
-    INDEX_BEFORE_WAIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr,
+    ONE_LOOP: tl.constexpr, STRADDLE_ONE_LOOP: tl.constexpr, PDL: tl.constexpr, INDEX_BEFORE_WAIT: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
@@ -108,41 +109,43 @@ def _two_segment_split_kernel(
         evidence_end = 0
     to_slot = tail_start - count  # union index i >= count is cache slot i + to_slot
 
+    compact_k_head = compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh
+    compact_v_head = compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh
+    k_head = k_ptr + seq * stride_kb + kv_head * stride_kh
+    v_head = v_ptr + seq * stride_vb + kv_head * stride_vh
+    evidence_head = evidence_ptr + seq * stride_eb + kv_head * GROUP * stride_eh
+    # One loop over both segments: every split with ONE_LOOP; with STRADDLE_ONE_LOOP only the split that
+    # straddles them (see STRADDLE_ENV), whose per-segment loops below are then empty (`first` = end).
     if ONE_LOOP:
+        one_loop_end = end
+    else:
+        one_loop_end = start
+        if STRADDLE_ONE_LOOP:
+            one_loop_end = tl.where((start < count) & (end > count), end, start)
+    if ONE_LOOP | STRADDLE_ONE_LOOP:
         acc, running_max, running_sum = _attend_both_segments(
-            q, acc, running_max, running_sum,
-            compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh,
-            compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh,
-            k_ptr + seq * stride_kb + kv_head * stride_kh, v_ptr + seq * stride_vb + kv_head * stride_vh,
-            start, end, count, to_slot, stride_ckn, stride_ckd, stride_cvn, stride_cvd,
-            stride_ks, stride_kd, stride_vs, stride_vd, qk_scale_log2,
-            evidence_ptr + seq * stride_eb + kv_head * GROUP * stride_eh, stride_eh, stride_es, evidence_end,
-            GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, WRITE_LOGITS=EVIDENCE,
+            q, acc, running_max, running_sum, compact_k_head, compact_v_head, k_head, v_head, start, one_loop_end,
+            count, to_slot, stride_ckn, stride_ckd, stride_cvn, stride_cvd, stride_ks, stride_kd, stride_vs,
+            stride_vd, qk_scale_log2, evidence_head, stride_eh, stride_es, evidence_end, GROUP=GROUP,
+            BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, WRITE_LOGITS=EVIDENCE,
             DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
-        pdl.release_dependents(PDL)
-        _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
-                      stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
-                      GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL, MERGE_G, MERGE_AT_ONCE)
-        return
-
-    # Two loops: compact rows: indices [start, min(end, count)) of this split are rows of the compact buffer.
-    acc, running_max, running_sum = _attend_range(
-        q, acc, running_max, running_sum,
-        compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh,
-        compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh, q_ptr,
-        start, tl.minimum(end, count), stride_ckn, stride_ckd, stride_cvn, stride_cvd, 0, qk_scale_log2,
-        evidence_ptr, 0, 0, 0, GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=False,
-        WRITE_LOGITS=False, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
-
-    # Tail: index i >= count is cache slot i - count + tail_start. Iterating over slots runs the tail
-    # through the dense tile code unchanged, and the slot is where its evidence goes.
-    acc, running_max, running_sum = _attend_range(
-        q, acc, running_max, running_sum, k_ptr + seq * stride_kb + kv_head * stride_kh,
-        v_ptr + seq * stride_vb + kv_head * stride_vh, q_ptr,
-        tl.maximum(start, count) + to_slot, end + to_slot, stride_ks, stride_kd, stride_vs, stride_vd, 0,
-        qk_scale_log2, evidence_ptr + seq * stride_eb + kv_head * GROUP * stride_eh, stride_eh, stride_es,
-        evidence_end, GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=False,
-        WRITE_LOGITS=EVIDENCE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+    if not ONE_LOOP:
+        # A loop per segment over what is left, [first, end): compact rows are indices [first, min(end,
+        # count)); index i >= count is cache slot i - count + tail_start. Iterating over slots runs the tail
+        # through the dense tile code unchanged, and the slot is where its evidence goes.
+        first = start
+        if STRADDLE_ONE_LOOP:
+            first = tl.where(one_loop_end > start, end, start)
+        acc, running_max, running_sum = _attend_range(
+            q, acc, running_max, running_sum, compact_k_head, compact_v_head, q_ptr, first, tl.minimum(end, count),
+            stride_ckn, stride_ckd, stride_cvn, stride_cvd, 0, qk_scale_log2, evidence_ptr, 0, 0, 0, GROUP=GROUP,
+            BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=False, WRITE_LOGITS=False,
+            DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
+        acc, running_max, running_sum = _attend_range(
+            q, acc, running_max, running_sum, k_head, v_head, q_ptr, tl.maximum(first, count) + to_slot,
+            end + to_slot, stride_ks, stride_kd, stride_vs, stride_vd, 0, qk_scale_log2, evidence_head, stride_eh,
+            stride_es, evidence_end, GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
+            SPARSE=False, WRITE_LOGITS=EVIDENCE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
 
     pdl.release_dependents(PDL)
     _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
@@ -204,12 +207,36 @@ def _attend_both_segments(q, acc, running_max, running_sum, compact_k_head, comp
 # tiles are many and one loop's four masked loads per tile cost more than they save.
 ONE_LOOP_MAX_ROWS_PER_SPLIT = 256
 
+# With long splits, the split that straddles the compact rows and the tail ends its first loop in a partial
+# tile and starts the second with an empty pipeline: at B = 5 (3 splits of 832 rows, the kernel alone over
+# 36 layers, reports/attention-h200/merge-session13/fast-step-rows.log) a 352-row tail took 0.786 ms against
+# 0.666 for 256 rows, that split outlasting the others. Running it as one loop fixed that in the kernel
+# alone (0.719 ms), but the H200 report run with it on everywhere (reports/throughput-qwen3-4b-h200-straddle)
+# had slower B = 5 sparse steps for every method and faster 128K slow steps. So it is a switch, off by
+# default, for a same-call A/B: "1" every launch, "slow" only the launches of steps with a dense row.
+STRADDLE_ENV = "SFIBENCH_STRADDLE_ONE_LOOP"
+STRADDLE_MEANINGS = {"0": "off, the default", "1": "in every two-segment launch",
+                     "slow": "only in steps where a row reads densely (SFI's slow steps)"}
+
+
+def straddle_mode() -> str:
+    """SFIBENCH_STRADDLE_ONE_LOOP: where the split straddling both segments runs one loop (off by default)."""
+    return read_switch(STRADDLE_ENV, STRADDLE_MEANINGS, "0")
+
+
+def describe_straddle() -> str:
+    """For reports: where the straddling split runs one loop in this process."""
+    mode = straddle_mode()
+    return f"{STRADDLE_MEANINGS[mode]} ({STRADDLE_ENV}={mode})" if mode != "0" else "off (the default)"
+
 
 def fast_read_launch(batch: int, kv_heads: int, rows: int, device: torch.device) -> dict:
     """two_segment_decode's split count and loop form for steps reading about `rows` rows per
-    (sequence, KV head): one program per SM (default_num_splits), one loop when the splits are short."""
+    (sequence, KV head): one program per SM (default_num_splits), one loop when the splits are short,
+    and the straddling split's loop as SFIBENCH_STRADDLE_ONE_LOOP=1 asks."""
     splits = default_num_splits(batch, kv_heads, rows, sm_count(device))
-    return {"num_splits": splits, "one_loop": rows <= splits * ONE_LOOP_MAX_ROWS_PER_SPLIT}
+    return {"num_splits": splits, "one_loop": rows <= splits * ONE_LOOP_MAX_ROWS_PER_SPLIT,
+            "straddle_one_loop": straddle_mode() == "1"}
 
 
 def _check_index(name: str, tensor: torch.Tensor, shape: tuple) -> None:
@@ -224,7 +251,8 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
                        lengths: torch.Tensor, row_buffer: torch.Tensor, evidence: torch.Tensor | None = None,
                        evidence_rows: torch.Tensor | None = None, num_splits: int | None = None, *,
                        config: KernelConfig | None = None, out: torch.Tensor | None = None,
-                       one_loop: bool = False, index_before_wait: bool = False) -> torch.Tensor:
+                       one_loop: bool = False, straddle_one_loop: bool = False,
+                       index_before_wait: bool = False) -> torch.Tensor:
     """q `[B, H_q, D]` over compact rows plus a cache tail, one softmax per query head; -> `[B, H_q, D]`.
 
     Row b reads buffer p = row_buffer[b] and attends over compact rows [0, compact_counts[p, b, h]) of
@@ -235,6 +263,8 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
 
     evidence float32 `[B, H_q, S_e]` with evidence_rows `[B]`: rows with evidence_rows[b] != 0 get
     q.k/sqrt(D) of every tail slot < S_e written at evidence[b, head, slot]; nothing else is written.
+    `one_loop`: every split runs one loop over both segments; else a loop per segment, except with
+    `straddle_one_loop` in the split straddling them (STRADDLE_ENV). Same result either way.
     `index_before_wait`: see decode_attention._launch_split_kernel.
     """
     batch, q_heads, head_dim = q.shape
@@ -267,7 +297,7 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
     _check_inputs(q, k, v, num_splits, {
         "compact_k/v": compact_k, "compact_counts": compact_counts, "tail_start": tail_start, "lengths": lengths,
         "row_buffer": row_buffer, "evidence": evidence, "evidence_rows": evidence_rows})
-    if one_loop and config is None and q.dtype == torch.float32:
+    if (one_loop or straddle_one_loop) and config is None and q.dtype == torch.float32:
         # One loop streams four tiles per stage (K and V from both segments): in float32 the default four
         # stages need 237 KB of shared memory, more than an H200 block has (227 KB); three fit.
         base = default_config(head_dim, q.dtype, _shared_memory(q.device))
@@ -279,4 +309,5 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
         *tail_start.stride(), lengths.stride(0), row_buffer.stride(0), *evidence_strides,
         n_buffers, n_compact, n_slots, n_evidence,
         BLOCK_P=max(2, triton.next_power_of_2(n_buffers)), EVIDENCE=write_evidence, ONE_LOOP=one_loop,
+        STRADDLE_ONE_LOOP=straddle_one_loop and not one_loop,
         index_before_wait=index_before_wait)

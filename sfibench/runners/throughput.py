@@ -34,6 +34,12 @@ def _pdl_state() -> str:
     return pdl.describe()
 
 
+def _straddle_state() -> str:
+    from sfibench.optimized import two_segment  # Triton: imported only when a report is written
+
+    return two_segment.describe_straddle()
+
+
 def _decode_gemv(model) -> str:
     """Which kernels ran the decode products (fusion on: gemv.py's, the qkv one with its epilogue, and
     whether the input norms were folded into the qkv products)."""
@@ -114,6 +120,7 @@ def run_throughput(model: str, device: str, dtype: str, contexts: list[int | str
             "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
             "decode_gemv": _decode_gemv(session.loaded.model),
             "pdl": _pdl_state(),
+            "straddle_one_loop": _straddle_state() if session.device.type == "cuda" else None,
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if dense_kernels else [],
         }
         write_results(run_dir, "throughput", cfg, results)
