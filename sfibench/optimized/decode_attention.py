@@ -261,7 +261,8 @@ def _decode_split_kernel(
     stride_bound_b, stride_bound_h, stride_pb, stride_ph, stride_pn, n_slots,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, SPARSE: tl.constexpr, PDL: tl.constexpr, INDEX_BEFORE_WAIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, SPARSE: tl.constexpr, PDL: tl.constexpr,
+    INDEX_BEFORE_WAIT: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
@@ -339,7 +340,7 @@ def merges_at_once(group: int, num_splits: int, head_dim: int) -> bool:
 
     Measured on an H200 (session 13, reports/attention-h200/merge-session13/): merged at once in the
     kernel, dense decode at B = 1 (16 splits) took 47.6 us at 32K and 136.5 us at 128K against 48.9 and
-    137.7 with the second kernel, and 1-4 us less at B = 5 (3 splits); SFI's fast-step attention
+    137.7 with the second kernel, and 2-4 us less at B = 5 (3 splits); SFI's fast-step attention
     (36 layers) 0.323 ms against 0.364 at B = 1 and 0.679 against 0.749 at B = 5. Before the merge
     loaded all heads at once, the second kernel had been the faster at 16 splits.
     """

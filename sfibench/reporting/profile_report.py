@@ -45,7 +45,8 @@ def _batch(result: dict) -> str:
 
 def markdown(document: dict) -> str:
     result, prov = document["results"], document["provenance"]
-    lines = [f"# sfibench profile: {result['method']}/{result['path']} at {result['context']:,} tokens{_batch(result)}", "",
+    title = f"{result['method']}/{result['path']} at {result['context']:,} tokens{_batch(result)}"
+    lines = [f"# sfibench profile: {title}", "",
              f"Model `{document['config']['model']}`, device {prov.get('device')}, torch {prov.get('torch')}, commit "
              f"{commit_label(prov)}, {prov.get('timestamp_utc')}. {result['steps']} "
              f"{'CUDA-graphed' if result['graphs'] else 'eager'} decode steps "

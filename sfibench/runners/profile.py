@@ -115,7 +115,8 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int, 
                 prof.step()
     per_step_ms = {name: [step[name] / 1e3 for step in per_step] for name in per_step[0]}
     return {"method": spec.name, "path": spec.path, "context": context, "batch": batch, "steps": steps,
-            "step_kinds": kinds, "ms_per_step": {name: sum(values) / len(values) for name, values in per_step_ms.items()},
+            "step_kinds": kinds,
+            "ms_per_step": {name: sum(values) / len(values) for name, values in per_step_ms.items()},
             "ms_per_step_range": {name: [min(values), max(values)] for name, values in per_step_ms.items()},
             "wall_ms_per_step": sum(walls_us) / steps / 1e3,
             "wall_ms_range": [min(walls_us) / 1e3, max(walls_us) / 1e3],
