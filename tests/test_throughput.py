@@ -217,6 +217,10 @@ def test_profile_decodes_a_batch_and_says_so(tmp_path, monkeypatch):
     saved = json.loads((out / "results.json").read_text())
     assert saved["config"]["batch"] == 2 and saved["results"]["batch"] == 2
     assert "at 2,000 tokens, B = 2" in (out / "report.md").read_text()
+    too_many = runner.invoke(app, ["profile", "--ctx", "2000", "--steps", "3", "--batch", "10000000",
+                                   "--out", str(tmp_path / "huge")])
+    assert too_many.exit_code == 2 and "lower the batch size" in " ".join(too_many.output.split())
+    assert not (tmp_path / "huge").exists()  # refused before anything was written
 
 
 def test_profile_rows_are_exclusive_times():

@@ -29,6 +29,7 @@ from sfibench.engine.prefill import prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
+from sfibench.metrics.memory import available_device_memory, check_fits, estimate_memory
 from sfibench.options import check_context_limit
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import write_results
@@ -148,8 +149,17 @@ def run_profile(model: str, device: str, dtype: str, method: str, path: str, con
     with claimed_run_dir(out, "profile", overwrite=overwrite) as run_dir:
         session = Session.open(model, device, dtype)
         check_context_limit(session.loaded.config, [context], steps + PROFILE_MARGIN)
+        _check_batch_fits(session, batch, context + steps + PROFILE_MARGIN)
         result = profile_steps(session, MethodSpec(name=method, path=path), context, steps, batch)
         write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": context,
                                            "method": method, "path": path, "steps": steps, "batch": batch}, result)
         render(run_dir)
     return run_dir
+
+
+def _check_batch_fits(session: Session, batch: int, max_seq: int) -> None:
+    """Refuse, before allocating, a batch x context whose weights, KV cache and workspace cannot fit (the
+    weights are already resident on a GPU); methods' own buffers are not counted, so this is a lower bound."""
+    cfg, dtype_bytes = session.loaded.config, session.cache_dtype_bytes
+    resident = cfg.num_params() * dtype_bytes if session.device.type == "cuda" else 0
+    check_fits(estimate_memory(cfg, batch, max_seq, dtype_bytes), available_device_memory(session.device) + resident)
