@@ -34,7 +34,7 @@ from sfibench.options import check_context_limit
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import write_results
 from sfibench.reporting.run_dir import claimed_run_dir
-from sfibench.workloads.replay import load_replay, take
+from sfibench.workloads.replay import load_replay, take_rows
 
 PROFILE_MARGIN = 8  # cache positions beyond the profiled steps: two warm-up steps and slack
 
@@ -70,11 +70,6 @@ def _times(event, cuda: bool) -> float:
     return getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)) if cuda else event.cpu_time_total
 
 
-def replayed_inputs(stream: torch.Tensor, context: int, batch: int, count: int) -> torch.Tensor:
-    """`[B, count]` decode inputs: row b replays the text after its own prompt, as a throughput run's rows do."""
-    return torch.stack([take(stream, 1000 * row + context, count) for row in range(batch)])
-
-
 def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int, batch: int = 1) -> dict:
     cfg, device = session.loaded.config, session.device
     if device.type == "cuda" and spec.path == "optimized":  # what a graphed step pays, part by part
@@ -86,10 +81,9 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int, 
     if device.type == "cuda":
         prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
     else:
-        prompts = [take(stream, 1000 * row, context).tolist() for row in range(batch)]
-        prefilled = prefill(session.loaded.model, cache, prompts)
+        prefilled = prefill(session.loaded.model, cache, take_rows(stream, 0, batch, context).tolist())
     method = create_method(spec, cfg, tokenizer)
-    inputs = replayed_inputs(stream, context, batch, steps + 4)
+    inputs = take_rows(stream, context, batch, steps + 4)  # as a throughput run's rows
     driver = StepDriver(session.loaded.model, cache, method)
     driver.start(prefilled)
     method.observe(inputs[:, 0])

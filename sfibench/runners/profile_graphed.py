@@ -30,7 +30,7 @@ from sfibench.metrics.floor import graph_replay, weights_floor_seconds
 from sfibench.metrics.timing import StepTimer, time_region
 from sfibench.optimized import pdl
 from sfibench.sfi.geometry import candidate_range
-from sfibench.workloads.replay import load_replay
+from sfibench.workloads.replay import load_replay, take_rows
 
 REST = "the rest (norms, RoPE, append, SwiGLU, gaps)"
 
@@ -38,15 +38,13 @@ REST = "the rest (norms, RoPE, append, SwiGLU, gaps)"
 @torch.no_grad()
 def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int, margin: int,
                     batch: int = 1) -> dict:
-    from sfibench.runners.profile import replayed_inputs
-
     cfg, device, model = session.loaded.config, session.device, session.loaded.model
     stream, tokenizer = load_replay(cfg.vocab_size, session.loaded.tokenizer)
     cache = KVCache(cfg, batch, context + steps + margin, device, session.dtype)
     prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
     method = create_method(spec, cfg, tokenizer)
     driver = StepDriver(model, cache, method, use_graphs=True)
-    inputs = replayed_inputs(stream, context, batch, steps + 1).pin_memory()
+    inputs = take_rows(stream, context, batch, steps + 1).pin_memory()
     kinds, timer = [], StepTimer(device)
     for timed in (False, True):  # the first pass captures the graphs
         driver.start(prefilled)

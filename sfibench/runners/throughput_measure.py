@@ -35,7 +35,7 @@ from sfibench.metrics.memory import MemoryEstimateError, available_device_memory
 from sfibench.metrics.nvml import NvmlSampler, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer
-from sfibench.workloads.replay import load_replay, take
+from sfibench.workloads.replay import load_replay, take_rows
 
 MAX_REDONE = 3  # timed passes run again because they had to capture a graph (measure)
 EVIDENCE_ROWS = 64  # last prompt queries kept at prefill (SnapKV's window; SFI uses 16 of them)
@@ -126,7 +126,7 @@ def prepare_cache(session: Session, cfg: ThroughputConfig, context: int, batch: 
     session.cache = KVCache(session.loaded.config, batch, max_seq, session.device, session.dtype)
     synthetic = mode == "synthetic" or (mode == "auto" and context >= 16384)
     cfg = session.loaded.config
-    prompts = None if synthetic else [take(stream, 1000 * row, context).tolist() for row in range(batch)]
+    prompts = None if synthetic else take_rows(stream, 0, batch, context).tolist()
     _synchronize(session.device)
     began = time.perf_counter()
     if synthetic:
@@ -286,7 +286,7 @@ def measure_all(session: Session, cfg: ThroughputConfig, progress=None) -> list[
         for batch in dict.fromkeys(batches):
             prefilled, synthetic, prefill_seconds = prepare_cache(session, cfg, context, batch, stream, seed=0)
             # every sequence replays its own stretch of text, starting where its prompt would end
-            inputs = torch.stack([take(stream, 1000 * row + context, cfg.steps + 1) for row in range(batch)])
+            inputs = take_rows(stream, context, batch, cfg.steps + 1)
             inputs = inputs.pin_memory() if session.device.type == "cuda" else inputs
             for spec in method_specs(cfg, context):
                 row = measure(session, prefilled, spec, cfg, inputs, tokenizer, context)

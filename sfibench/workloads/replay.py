@@ -51,6 +51,15 @@ def take(stream: torch.Tensor, start: int, count: int) -> torch.Tensor:
     return stream[index]
 
 
+ROW_OFFSET = 1000  # tokens between the starts of two sequences' stretches of the stream
+
+
+def take_rows(stream: torch.Tensor, start: int, batch: int, count: int) -> torch.Tensor:
+    """`[batch, count]`: sequence b's `count` tokens from `start + ROW_OFFSET * b`, so the sequences of a
+    batch replay different text (their prompts from start 0, their decode inputs from the context length)."""
+    return torch.stack([take(stream, start + ROW_OFFSET * row, count) for row in range(batch)])
+
+
 def _rebuild() -> None:  # pragma: no cover - maintenance script
     from sfibench.models.loading import load_model
     from sfibench.sfi.triggers import token_byte_table
