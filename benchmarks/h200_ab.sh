@@ -10,6 +10,7 @@
 # per variant) widen a run, e.g. the straddling split's loop (optimized/two_segment.py, STRADDLE_ENV):
 # CTX=32k,130944 METHODS=full_kv/optimized,sfi,streaming_llm,snapkv LIMIT=170 TESTS=tests/test_two_segment.py
 # VARIANTS="default;straddle:SFIBENCH_STRADDLE_ONE_LOOP=1;slow:SFIBENCH_STRADDLE_ONE_LOOP=slow" bash benchmarks/h200_ab.sh
+# TESTS_LIMIT (seconds, default 240) bounds the CUDA tests.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
@@ -17,7 +18,7 @@ cat DEVICE_COMMIT 2>/dev/null
 tests=${TESTS:-tests/test_gemv.py tests/test_fused_kernels.py tests/test_graphs.py tests/test_floor.py \
     tests/test_two_segment.py tests/test_kernels.py tests/test_qkv_epilogue.py}
 # shellcheck disable=SC2086  (a list of files)
-timeout 240 python -m pytest -q $tests > "$OUT/tests.log" 2>&1
+timeout "${TESTS_LIMIT:-240}" python -m pytest -q $tests > "$OUT/tests.log" 2>&1
 rc=$?; tail -3 "$OUT/tests.log"
 [ "$rc" -eq 0 ] || { echo "CUDA tests FAILED (rc=$rc): the A/B below is for diagnosis only"; \
     grep -E "^E |FAILED" "$OUT/tests.log" | head -20; }

@@ -214,17 +214,19 @@ def test_decoder_with_the_qkv_epilogue_matches_torch(monkeypatch, name):
     assert len(launches) == 12 * model.config.num_layers  # every decode step of every layer took the one launch
 
 
+@pytest.mark.parametrize("post_attention", [False, True])
 @pytest.mark.parametrize("kernels", [False, True])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
-def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernels):
-    """Decode with each layer's input norm folded into its qkv product (Decoder.fold_input_norms): the
-    torch references of the folded ops, then every decode op through its Triton kernel, give the logits the
-    unfolded decoder gives; down_proj's add + sums-of-squares launch replaces the add + norm kernel."""
+def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernels, post_attention):
+    """Decode with each layer's input norm folded into its qkv product (Decoder.fold_input_norms), and with
+    `post_attention` its post-attention norm into gate_up: the torch references of the folded ops, then every
+    decode op through its Triton kernel, give the logits the unfolded decoder gives; down_proj's add +
+    sums-of-squares launch replaces the add + norm kernel, and folding both, o_proj's replaces its add + norm."""
     model = load_model(name, device=DEVICE).model
     tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     _, expected = decode(model, tokens, append=True)
-    model.fold_input_norms()
-    calls = []
+    model.fold_input_norms(post_attention=post_attention)
+    calls, normed_products = [], []
     monkeypatch.setitem(fused.ops, "add_rms_norm", _Recording(fused.ops["add_rms_norm"], calls))
     if kernels:
         monkeypatch.setattr(gemv, "_sm_count", lambda device: 1)  # tiny widths would go to cuBLAS on a GPU
@@ -232,9 +234,12 @@ def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernel
             monkeypatch.setitem(fused.ops, op, getattr(gemv, op))
         monkeypatch.setitem(fused.ops, "qk_norm_rope_append", layer_kernels.qk_norm_rope_append)
         monkeypatch.setitem(fused.ops, "linear_qk_norm_rope_append", qkv_epilogue.linear_qk_norm_rope_append)
+    monkeypatch.setitem(fused.ops, "linear_add_rms_norm", _Recording(fused.ops["linear_add_rms_norm"],
+                                                                     normed_products))
     _, got = decode(model, tokens, append=True)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert not calls  # no layer ran the separate add + norm
+    assert len(normed_products) == (0 if post_attention else 12 * model.config.num_layers)  # 12 steps of one token
 
 
 def test_the_fold_is_refused_where_the_layers_differ_and_its_switch_is_checked(monkeypatch):
@@ -246,9 +251,11 @@ def test_the_fold_is_refused_where_the_layers_differ_and_its_switch_is_checked(m
     assert not load_model("tiny-gemma3", device=DEVICE).model.can_fold_input_norms
     assert load_model("tiny-qwen3", device=DEVICE).model.can_fold_input_norms
     monkeypatch.delenv(FOLD_ENV, raising=False)
-    assert fold_requested()  # on by default (GPU sessions only: engine/session.py)
+    assert fold_requested() == "1"  # both norms, by default (GPU sessions only: engine/session.py)
+    monkeypatch.setenv(FOLD_ENV, "input")
+    assert fold_requested() == "input"
     monkeypatch.setenv(FOLD_ENV, "0")
-    assert not fold_requested()
+    assert fold_requested() == "0"
     monkeypatch.setenv(FOLD_ENV, "yes")
     with pytest.raises(UsageError, match="SFIBENCH_FOLD_INPUT_NORM='yes'"):
         fold_requested()

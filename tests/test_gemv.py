@@ -112,6 +112,29 @@ def test_a_folded_input_norm_matches_the_norm_then_the_product(rows, n_out, n_in
                     input_eps=1e-6)
 
 
+@pytest.mark.parametrize("activation", ["silu_mul", "gelu_tanh_mul"])
+@pytest.mark.parametrize("dtype", _dtypes())
+def test_a_folded_post_attention_norm_matches_the_norm_then_the_gated_product(activation, dtype):
+    """gate_up with the post-attention norm folded in: both halves are scaled by the input's 1 / rms before
+    the activation, as the norm then the plain gated product would give; the reference agrees too."""
+    g = torch.Generator().manual_seed(41)
+    rows, n_in, half = 3, 120, 70
+    x = _random(g, rows, n_in, scale=2.0, dtype=dtype)
+    w = _random(g, 2 * half, n_in, scale=2 * n_in ** -0.5, dtype=dtype)
+    gain = (1 + 0.2 * torch.randn(n_in, generator=g)).to(DEVICE, dtype)
+    folded = (w.float() * gain.float()[None, :]).to(dtype)
+    squares = x.float().pow(2)
+    partials = torch.stack([part.sum(-1) for part in squares.split(32, dim=-1)]).contiguous()  # [parts, rows]
+    got = gemv.gate_up_activation(x, folded, activation, config=SMALL, input_squares=partials, input_eps=1e-6)
+    reference = fused.gate_up_activation(x, folded, activation, input_squares=partials, input_eps=1e-6)
+    torch.testing.assert_close(got, reference, **_tolerance(dtype))
+    unfolded = fused.EAGER[activation](F.linear(fused.rms_norm(x.float(), gain.float(), 1e-6), w.float()))
+    torch.testing.assert_close(got.float(), unfolded, **_tolerance(dtype))
+    assert not torch.allclose(got.float(), fused.EAGER[activation](F.linear(x.float(), folded.float())), atol=1e-2)
+    with pytest.raises(ValueError, match="input_squares"):
+        gemv.gate_up_activation(x, folded, activation, config=SMALL, input_squares=partials[:, :2])
+
+
 def test_shapes_the_kernel_does_not_serve_go_to_the_reference():
     """Prefill (more rows than decode has) is cuBLAS's; so is a product too narrow to fill the GPU."""
     assert gemv.decode_config(gemv.MAX_ROWS + 1, 6144, 2560, torch.device(DEVICE)) is None

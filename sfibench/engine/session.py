@@ -41,15 +41,15 @@ class Session:
         torch_dtype = parse_dtype(dtype, resolved)
         fuse = resolved.type == "cuda" if fuse is None else fuse
         fused.enable_fusion(fuse)
-        fold = False
+        fold = "0"
         if resolved.type == "cuda":
             from sfibench.optimized import pdl
 
             pdl.mode()  # a bad SFIBENCH_PDL is refused now, not at the first kernel launch of a long run
-            fold = fuse and fold_requested()  # likewise a bad SFIBENCH_FOLD_INPUT_NORM
+            fold = fold_requested() if fuse else "0"  # likewise a bad SFIBENCH_FOLD_INPUT_NORM
         loaded = load_model(model, resolved, torch_dtype, seed)
-        if fold and loaded.model.fold_pays(resolved):  # Gemma-3, and models with a narrow down_proj, unfolded
-            loaded.model.fold_input_norms()
+        if fold != "0" and loaded.model.fold_pays(resolved):  # Gemma-3 and narrow products stay unfolded
+            loaded.model.fold_input_norms(post_attention=fold == "1")
         return cls(loaded, resolved, torch_dtype)
 
     @property

@@ -22,7 +22,8 @@ after two of them its epilogues). It was 8 before the epilogues, 20 before any f
 silu*mul, down_proj and the residual add. The qkv product carries the q/k kernel by default
 (optimized/qkv_epilogue.py: 5 plus attention), and with the input norm folded into it
 (`Decoder.fold_input_norms`, on GPUs where down_proj has its Triton epilogue: `fold_pays`) the add + norm
-after down_proj goes too: 4 plus attention.
+after down_proj goes too: 4 plus attention. The post-attention norm folds into gate_up the same way, so
+o_proj's epilogue no longer has a last program normalise whole rows while the others wait.
 """
 
 from __future__ import annotations
@@ -41,15 +42,18 @@ Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 FOLD_ENV = "SFIBENCH_FOLD_INPUT_NORM"
 
 
-def fold_requested() -> bool:
-    """Whether a GPU session folds the input norms into the qkv products where the layers allow it
-    (Decoder.fold_input_norms): the default since session 11, when it took 0.03-0.07 ms off every step
-    of qwen3-4b at 32K on an H200 (reports/ab-qwen3-4b-32k-h200/session11); SFIBENCH_FOLD_INPUT_NORM=0
-    turns it off."""
+FOLD_CHOICES = {"1": "fold each layer's input norm into its qkv product and its post-attention norm into its "
+                     "gate_up product", "input": "fold the input norms only", "0": "off"}
+
+
+def fold_requested() -> str:
+    """Which norms a GPU session folds into the products after them where the layers allow it
+    (Decoder.fold_input_norms): "1" both (the default), "input" the input norms only, "0" none. The input
+    fold took 0.03-0.07 ms off every step of qwen3-4b at 32K on an H200 (session 11,
+    reports/ab-qwen3-4b-32k-h200/session11); SFIBENCH_FOLD_INPUT_NORM chooses."""
     from sfibench.switches import read_switch
 
-    choice = read_switch(FOLD_ENV, {"1": "fold each layer's input norm into its qkv product", "0": "off"}, "1")
-    return choice == "1"
+    return read_switch(FOLD_ENV, FOLD_CHOICES, "1")
 
 
 class RMSNorm(nn.Module):
@@ -189,17 +193,26 @@ class DecoderLayer(nn.Module):
         """A decode step with the input norm folded into the qkv product (Decoder.fold_input_norms):
         `squares` holds partial sums of squares of `residual`'s rows, from which the qkv kernel scales its
         product; down_proj adds the residual and writes the next layer's partials. No norm kernel of its
-        own: with the qkv epilogue a layer is 4 launches plus attention. Returns (the stream after this
-        layer, its partials)."""
+        own: with the qkv epilogue a layer is 4 launches plus attention. With the post-attention norm folded
+        too, o_proj writes partials the same way and gate_up scales by them (no program of o_proj waits
+        for the others to normalise whole rows). Returns (the stream after this layer, its partials)."""
         heads = self.self_attn.attend_heads(residual, cos, sin, layer, attend,
                                             folded_norm=(squares, self.input_layernorm.eps))
-        norm = self.post_attention_layernorm
+        norm, mlp = self.post_attention_layernorm, self.mlp
+        gate_up_folded = getattr(mlp, "gate_up_folded", None)
         with label("sfibench.projections"):
-            residual, normed = fused.ops["linear_add_rms_norm"](heads, self.self_attn.o_proj.weight, residual,
-                                                                norm.weight, norm.eps)
+            if gate_up_folded is None:
+                residual, normed = fused.ops["linear_add_rms_norm"](heads, self.self_attn.o_proj.weight, residual,
+                                                                    norm.weight, norm.eps)
+            else:  # the post-attention norm rides on gate_up: o_proj writes the stream and its partials
+                residual, squares = fused.ops["linear_add_squares"](heads, self.self_attn.o_proj.weight, residual)
         with label("sfibench.mlp"):
-            down = self.mlp.down_proj.weight
-            return fused.ops["linear_add_squares"](self.mlp.activated(normed), down, residual)
+            if gate_up_folded is None:
+                activated = mlp.activated(normed)
+            else:
+                activated = fused.ops["gate_up_activation"](residual, gate_up_folded, mlp.activation,
+                                                            input_squares=squares, input_eps=norm.eps)
+            return fused.ops["linear_add_squares"](activated, mlp.down_proj.weight, residual)
 
 
 class Backbone(nn.Module):
@@ -248,11 +261,13 @@ class Decoder(nn.Module):
         0.179 unfolded (reports/fold-qwen3-0.6b-h200 against reports/profile-qwen3-0.6b-optimized-h200)."""
         from sfibench.optimized import gemv
 
-        cfg = self.config
-        return self.can_fold_input_norms and \
-            gemv.decode_config(1, cfg.hidden_size, cfg.intermediate_size, torch.device(device)) is not None
+        cfg, device = self.config, torch.device(device)
+        # The partials come from down_proj's and (post-attention fold) o_proj's epilogues
+        return self.can_fold_input_norms and all(
+            gemv.decode_config(1, cfg.hidden_size, n_in, device) is not None
+            for n_in in (cfg.intermediate_size, cfg.num_heads * cfg.head_dim))
 
-    def fold_input_norms(self) -> None:
+    def fold_input_norms(self, post_attention: bool = True) -> None:
         """Decode without an input-norm kernel per layer (GPU sessions, unless SFIBENCH_FOLD_INPUT_NORM=0).
 
         A layer's input norm feeds only its qkv product, and W (g * x / rms(x)) = (W diag(g)) x / rms(x):
@@ -261,6 +276,10 @@ class Decoder(nn.Module):
         the kernel before (down_proj's epilogue, each program its columns' share), so the qkv GEMV's main
         loop is unchanged. Rounding differs from the unfolded decoder by the copy's one rounding per weight
         and the norm computed in float32 without the intermediate casts. Prefill keeps the unfolded path.
+
+        `post_attention`: the post-attention norm likewise, into a copy of gate_up (`gate_up_folded`), the
+        sums of squares from o_proj's epilogue: o_proj's add + norm epilogue had its last program normalise
+        whole rows while the others waited. The copies cost memory: qkv and gate_up once more per layer.
         """
         if not self.can_fold_input_norms:
             raise ValueError(f"{type(self).__name__} has its own layer structure: the input-norm fold is "
@@ -269,7 +288,11 @@ class Decoder(nn.Module):
             attn, gain = layer.self_attn, layer.input_layernorm.weight
             weight = attn.qkv_proj.weight
             attn.qkv_folded = (weight.float() * gain.float()[None, :]).to(weight.dtype)
+            if post_attention:
+                gate_up, gain = layer.mlp.gate_up_proj.weight, layer.post_attention_layernorm.weight
+                layer.mlp.gate_up_folded = (gate_up.float() * gain.float()[None, :]).to(gate_up.dtype)
         self.folded_input_norms = True
+        self.folded_post_attention_norms = post_attention
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,
                 last_only: bool = False) -> torch.Tensor:

@@ -125,9 +125,11 @@ def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.T
     return add_rms_norm(F.linear(x, weight), residual, norm_weight, eps)
 
 
-def gate_up_activation(x: torch.Tensor, weight: torch.Tensor, activation: str) -> torch.Tensor:
-    """The MLP's stacked gate/up projection and its gated activation (`silu_mul` or `gelu_tanh_mul`)."""
-    return EAGER[activation](F.linear(x, weight))
+def gate_up_activation(x: torch.Tensor, weight: torch.Tensor, activation: str, *,
+                       input_squares: torch.Tensor | None = None, input_eps: float = 0.0) -> torch.Tensor:
+    """The MLP's stacked gate/up projection and its gated activation (`silu_mul` or `gelu_tanh_mul`).
+    `input_squares`/`input_eps`: the post-attention norm folded in, as the input norm is in `linear`."""
+    return EAGER[activation](linear(x, weight, input_squares=input_squares, input_eps=input_eps))
 
 
 EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope, "silu_mul": silu_mul,

@@ -17,10 +17,11 @@ in as an epilogue, it costs neither:
 
 Folding the norm into the *next* product's prologue instead (every program normalising its own copy of
 the input) measured 5x slower: a dot operand computed in registers stops the weight loads pipelining.
-So the opt-in input-norm fold (models/decoder.py fold_input_norms) leaves both dot operands loaded:
-the norm's weight lives in a copy of the qkv weight, and the 1 / rms scales the product's output
-(`input_squares`, RMS_INPUT), from partial sums of squares that down_proj's `add_squares` epilogue
-writes, each program for its own columns (no program waits for another). UNTIMED on a GPU so far.
+So the norm folds (models/decoder.py fold_input_norms, on GPUs by default) leave both dot operands
+loaded: the norm's weight lives in a copy of the next product's weight (qkv for the input norm, gate_up
+for the post-attention norm), and the 1 / rms scales the product's output (`input_squares`, RMS_INPUT),
+from partial sums of squares that the product before writes in its `add_squares` epilogue (down_proj,
+o_proj), each program for its own columns: no program waits for another, unlike add_rms_norm's last one.
 
 With programmatic dependent launch on (pdl.py; off by default, as measured there) the kernel may start
 while the kernel before it finishes, and waits for it before its first load. (Loading the first weight
@@ -156,7 +157,10 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, n
     pdl.release_dependents(PDL)  # the epilogue's few stores overlap the next kernel's launch
 
     if RMS_INPUT:  # x is the raw residual stream; the weight carries the norm's weight (fold_input_norms)
-        acc = acc * input_inv_rms(squares_ptr, n_partials, rows, n_in, eps, BLOCK_M)[:, None]
+        inv_rms = input_inv_rms(squares_ptr, n_partials, rows, n_in, eps, BLOCK_M)[:, None]
+        acc = acc * inv_rms
+        if gated:
+            acc_up = acc_up * inv_rms
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     y = acc.to(dtype)  # F.linear's output, before the op that follows rounds it again
@@ -352,17 +356,23 @@ def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.T
 
 
 def gate_up_activation(x: torch.Tensor, weight: torch.Tensor, activation: str,
-                       config: GemvConfig | None = None) -> torch.Tensor:
-    """fused.<activation>(F.linear(x, weight)) for the stacked gate/up weight `[2I, K]`: `[..., I]`."""
+                       config: GemvConfig | None = None, *, input_squares: torch.Tensor | None = None,
+                       input_eps: float = 0.0) -> torch.Tensor:
+    """fused.<activation>(F.linear(x, weight)) for the stacked gate/up weight `[2I, K]`: `[..., I]`.
+    With `input_squares` the post-attention norm is folded in, as in `linear`: both halves are scaled."""
     from sfibench.models import fused
 
     if activation not in ("silu_mul", "gelu_tanh_mul"):
         raise ValueError(f"unknown activation {activation!r}; silu_mul or gelu_tanh_mul")
     n_stacked, n_in = weight.shape
     x2 = _rows(x, n_in, weight)
+    if input_squares is not None:
+        check_input_squares(input_squares, x2.shape[0])
     config = config or decode_config(x2.shape[0], n_stacked, n_in, x.device)
     if config is None:
-        return fused.ops[activation](F.linear(x, weight))
+        if input_squares is None:
+            return fused.ops[activation](F.linear(x, weight))
+        return fused.gate_up_activation(x, weight, activation, input_squares=input_squares, input_eps=input_eps)
     y = torch.empty(x2.shape[0], n_stacked // 2, device=x.device, dtype=x.dtype)
-    _launch(x2, weight, None, y, activation, config, n_stacked // 2)
+    _launch(x2, weight, None, y, activation, config, n_stacked // 2, eps=input_eps, input_squares=input_squares)
     return y.view(*x.shape[:-1], n_stacked // 2)

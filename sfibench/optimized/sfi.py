@@ -27,6 +27,7 @@ from sfibench.optimized.compact_kernels import gather_compact
 from sfibench.optimized.decode_attention import default_num_splits, sm_count
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.selector_kernels import fused_select
+from sfibench.optimized.step_state_kernel import take_published
 from sfibench.optimized.two_segment import fast_read_launch, straddle_mode, two_segment_decode
 from sfibench.sfi import geometry
 from sfibench.sfi.method import SFIMethod
@@ -84,16 +85,11 @@ class OptimizedSFI(SFIMethod):
         return OptimizedSFIPlan(evidence=bool(self.refresh_host.any()), dense=dense)
 
     def begin_step(self, ctx: StepContext, plan: OptimizedSFIPlan) -> None:
+        # SelectionState.begin_step (live = published), the kernel's row buffers and the step's tokens read
+        # (compact rows + the tail per KV head, or the whole history), all layers in one launch.
         sel = self.sel
-        sel.begin_step()
-        self.row_buffer.copy_(torch.where(self.dense_rows, -1, sel.live))
-        # Tokens read per (layer, row, KV head), all layers at once: compact rows + the tail, or L if dense.
-        buffer = sel.live.clamp(min=0)
-        counts = sel.compact_counts.gather(0, buffer[None, :, :, None].expand(1, -1, -1, sel.counts.shape[-1]))[0]
-        tail = sel.tail_start.gather(0, buffer[None])[0]
-        lengths = ctx.kv_lengths[None, :]
-        sparse = counts + (lengths - tail).clamp(min=0)[..., None]
-        ctx.tokens_read.copy_(torch.where((self.row_buffer < 0)[..., None], lengths[..., None], sparse))
+        take_published(sel.published, self.dense_rows, sel.compact_counts, sel.tail_start, ctx.kv_lengths,
+                       sel.live, self.row_buffer, ctx.tokens_read)
 
     def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan: OptimizedSFIPlan) -> torch.Tensor:
         layer, sel = ctx.layer, self.sel

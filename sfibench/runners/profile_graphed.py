@@ -64,6 +64,8 @@ def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int
     main_kind = next(k for k in ("fast", "dense", "sparse") if k in by_kind)
     folded = getattr(model, "folded_input_norms", False)
     norms = "input norms folded into the qkv products" if folded else "input norms unfolded"
+    if getattr(model, "folded_post_attention_norms", False):
+        norms += ", post-attention norms into gate_up"
     step_ms = statistics.median(by_kind[main_kind])
     floor = weights_floor_seconds(model, batch, device)
     weights_ms = floor["seconds"] * 1e3

@@ -51,8 +51,10 @@ def _decode_gemv(model) -> str:
     if fused.ops["linear_qk_norm_rope_append"] is qkv_epilogue.linear_qk_norm_rope_append:
         described += "; qkv + q/k norm, RoPE and the KV append in one kernel (optimized/qkv_epilogue.py)"
     if getattr(model, "folded_input_norms", False):
-        described += ("; input norms folded into the qkv products, down_proj + residual add + sums of squares "
-                      "(SFIBENCH_FOLD_INPUT_NORM=0 turns it off)")
+        described += "; input norms folded into the qkv products, down_proj + residual add + sums of squares"
+        if getattr(model, "folded_post_attention_norms", False):
+            described += "; post-attention norms folded into gate_up, o_proj + residual add + sums of squares"
+        described += " (SFIBENCH_FOLD_INPUT_NORM=input folds the input norms only, =0 neither)"
     return described
 
 
