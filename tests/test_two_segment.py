@@ -21,9 +21,9 @@ if not torch.cuda.is_available():
 from test_kernels import DEVICE, NEVER_READ_KEY, NEVER_READ_VALUE, assert_matches, random_qkv
 
 from sfibench.errors import UsageError
-from sfibench.optimized.decode_attention import KernelConfig, _done_counters, dense_decode
+from sfibench.optimized.decode_attention import KernelConfig, _done_counters, default_num_splits, dense_decode, sm_count
 from sfibench.optimized.decode_reference import two_segment_decode_reference
-from sfibench.optimized.two_segment import STRADDLE_ENV, fast_read_launch, two_segment_decode
+from sfibench.optimized.two_segment import STRADDLE_ENV, dense_read_launch, fast_read_launch, two_segment_decode
 
 EVIDENCE_POISON = 7777.0
 DENSE = -1
@@ -185,6 +185,19 @@ def test_fast_reads_take_one_loop_only_when_their_splits_are_short(monkeypatch):
     monkeypatch.setenv(STRADDLE_ENV, "yes")
     with pytest.raises(UsageError, match=f"{STRADDLE_ENV}='yes' is not accepted.*slow = "):
         fast_read_launch(5, 8, 2308, torch.device("cpu"))
+
+
+def test_dense_row_steps_split_for_the_long_read_and_straddle_in_one_loop_in_a_batch(monkeypatch):
+    # Qwen3-4B at 128K on 132 SMs: the dense row gets the split count of a lone sequence whatever the batch.
+    monkeypatch.delenv(STRADDLE_ENV, raising=False)
+    cpu = torch.device("cpu")
+    one, five = dense_read_launch(1, 8, 131072, cpu), dense_read_launch(5, 8, 131072, cpu)
+    assert one["num_splits"] == five["num_splits"] == default_num_splits(1, 8, 131072, sm_count(cpu))
+    assert five["straddle_one_loop"] and not one["straddle_one_loop"]  # a lone dense row has no compact rows
+    monkeypatch.setenv(STRADDLE_ENV, "0")
+    assert not dense_read_launch(5, 8, 131072, cpu)["straddle_one_loop"]
+    monkeypatch.setenv(STRADDLE_ENV, "1")
+    assert dense_read_launch(1, 8, 131072, cpu)["straddle_one_loop"]
 
 
 def test_bad_inputs_are_refused_with_the_reason():

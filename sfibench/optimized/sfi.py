@@ -24,11 +24,10 @@ from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.methods import StepPlan, register
 from sfibench.optimized.compact_kernels import gather_compact
-from sfibench.optimized.decode_attention import default_num_splits, sm_count
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.selector_kernels import fused_select
 from sfibench.optimized.step_state_kernel import take_published
-from sfibench.optimized.two_segment import fast_read_launch, straddle_mode, two_segment_decode
+from sfibench.optimized.two_segment import dense_read_launch, fast_read_launch, two_segment_decode
 from sfibench.sfi import geometry
 from sfibench.sfi.method import SFIMethod
 from sfibench.sfi.transfer import layer_index
@@ -50,13 +49,10 @@ class OptimizedSFI(SFIMethod):
         require_triton_device(device)
         layers, batch = mc.num_layers, cache.batch
         self.state("row_buffer", (layers, batch), torch.int32, device)  # compact buffer per row, -1 = dense
-        # A step with a dense row splits as if the batch were one sequence: the slow row reads its whole
-        # history while the others read ~2K tokens, and with the batch-sized split count (one program
-        # per SM over all rows) that one row would get only 1/B of the GPU. A step of fast rows reads a
-        # few thousand rows each (at most the memory right after a refresh plus t_max steps of growth):
-        # its split count and loop form are chosen for those rows.
-        dense_splits = default_num_splits(1, mc.num_kv_heads, cache.max_seq, sm_count(device))
-        self.dense_launch = {"num_splits": dense_splits, "straddle_one_loop": straddle_mode() in ("1", "slow")}
+        # A step with a dense row splits for that row's long read; a step of fast rows reads a few thousand
+        # rows each (at most the memory right after a refresh plus t_max steps of growth): its split count
+        # and loop form are chosen for those rows.
+        self.dense_launch = dense_read_launch(batch, mc.num_kv_heads, cache.max_seq, device)
         fast_rows = geometry.tokens_read_after_refresh(cache.max_seq, self.cfg) + self.cfg.trigger.t_max
         self.fast_launch = fast_read_launch(batch, mc.num_kv_heads, fast_rows, device)
         # Dense logits of every query head at every slot, written only for refreshing rows.
