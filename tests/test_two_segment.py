@@ -193,9 +193,10 @@ def test_dense_row_steps_split_for_the_long_read_and_straddle_in_one_loop_in_a_b
     cpu = torch.device("cpu")
     one, five = dense_read_launch(1, 8, 131072, cpu), dense_read_launch(5, 8, 131072, cpu)
     assert one["num_splits"] == five["num_splits"] == default_num_splits(1, 8, 131072, sm_count(cpu))
+    assert not five["straddle_one_loop"]  # off by default
+    monkeypatch.setenv(STRADDLE_ENV, "slow")
+    five, one = dense_read_launch(5, 8, 131072, cpu), dense_read_launch(1, 8, 131072, cpu)
     assert five["straddle_one_loop"] and not one["straddle_one_loop"]  # a lone dense row has no compact rows
-    monkeypatch.setenv(STRADDLE_ENV, "0")
-    assert not dense_read_launch(5, 8, 131072, cpu)["straddle_one_loop"]
     monkeypatch.setenv(STRADDLE_ENV, "1")
     assert dense_read_launch(1, 8, 131072, cpu)["straddle_one_loop"]
 

@@ -212,19 +212,20 @@ ONE_LOOP_MAX_ROWS_PER_SPLIT = 256
 # 36 layers, reports/attention-h200/merge-session13/fast-step-rows.log) a 352-row tail took 0.786 ms against
 # 0.666 for 256 rows, that split outlasting the others. Running it as one loop fixed that in the kernel
 # alone (0.719 ms), but the H200 report run with it on everywhere (reports/throughput-qwen3-4b-h200-straddle)
-# had slower B = 5 sparse steps for every method and faster 128K slow steps. A same-call A/B (session 14,
-# reports/ab-qwen3-4b-128k-h200) then had it on in slow steps only ("slow") take 128K B = 5 slow steps
-# from 11.00 to 10.58 ms (async 8.98 -> 8.58) with fast steps unchanged, and B = 1 slow steps 0.05 ms
-# slower: there no row is fast, so no split straddles. The default: one loop in the straddling split of
-# a dense-row step of a batch (dense_read_launch); "0" never, "1" in every two-segment launch.
+# had slower B = 5 sparse steps for every method and faster 128K slow steps. Session 14 had it on in slow
+# steps of a batch only ("slow"): a same-call A/B at 128K (reports/ab-qwen3-4b-128k-h200) took qwen3-4b's
+# B = 5 slow steps from 11.00 to 10.58 ms (async 8.98 -> 8.58) with fast steps unchanged, but the report run
+# of that default (commit c62251a) had shorter contexts' slow steps slower: 4B 8K B = 5 4.65 ms against
+# 4.39 (session 13), qwen3-0.6b 8K and 32K B = 7 3.07 and 3.98 against 2.50 and 3.49. So it stays a switch,
+# off by default: "slow" in the dense-row steps of a batch (dense_read_launch), "1" in every launch.
 STRADDLE_ENV = "SFIBENCH_STRADDLE_ONE_LOOP"
-STRADDLE_MEANINGS = {"slow": "in steps of a batch where a row reads densely (SFI's slow steps), the default",
-                     "1": "in every two-segment launch", "0": "never"}
+STRADDLE_MEANINGS = {"0": "never, the default", "1": "in every two-segment launch",
+                     "slow": "in steps of a batch where a row reads densely (SFI's slow steps)"}
 
 
 def straddle_mode() -> str:
     """SFIBENCH_STRADDLE_ONE_LOOP: where the split straddling both segments runs one loop."""
-    return read_switch(STRADDLE_ENV, STRADDLE_MEANINGS, "slow")
+    return read_switch(STRADDLE_ENV, STRADDLE_MEANINGS, "0")
 
 
 def describe_straddle() -> str:
@@ -239,7 +240,8 @@ def dense_read_launch(batch: int, kv_heads: int, max_seq: int, device: torch.dev
     They split as if the batch were one sequence: the dense row reads up to `max_seq` rows while the others
     read ~2K, and with the batch-sized split count (one program per SM over all rows) that one row would
     get only 1/B of the GPU. The fast rows' splits then are short and one of them straddles both segments:
-    one loop there (STRADDLE_ENV), in a batch only, since a lone dense row has no compact segment."""
+    with SFIBENCH_STRADDLE_ONE_LOOP=slow one loop there, in a batch only (a lone dense row has no compact
+    segment); with =1 always; by default never (STRADDLE_ENV says why)."""
     mode = straddle_mode()
     return {"num_splits": default_num_splits(1, kv_heads, max_seq, sm_count(device)),
             "straddle_one_loop": mode == "1" or (mode == "slow" and batch > 1)}
