@@ -254,15 +254,14 @@ class Decoder(nn.Module):
         return self.layer_class is DecoderLayer
 
     def fold_pays(self, device) -> bool:
-        """Whether folding the input norms saves launches on `device`: the sums of squares the fold needs
-        come from down_proj's Triton epilogue. Where down_proj stays on cuBLAS (too few output columns to
-        fill the GPU, e.g. qwen3-0.6b's 1,024) they cost launches of their own, more than the norm kernel
-        they replace: folded, qwen3-0.6b's fast step spent 0.34 ms outside weights and attention against
+        """Whether folding the norms saves launches on `device`: the sums of squares the folds need come
+        from down_proj's and o_proj's Triton epilogues. Where those stay on cuBLAS (too few output columns
+        to fill the GPU, e.g. qwen3-0.6b's 1,024) they cost launches of their own, more than the norm
+        kernel they replace: folded, qwen3-0.6b's fast step spent 0.34 ms outside weights and attention against
         0.179 unfolded (reports/fold-qwen3-0.6b-h200 against reports/profile-qwen3-0.6b-optimized-h200)."""
         from sfibench.optimized import gemv
 
         cfg, device = self.config, torch.device(device)
-        # The partials come from down_proj's and (post-attention fold) o_proj's epilogues
         return self.can_fold_input_norms and all(
             gemv.decode_config(1, cfg.hidden_size, n_in, device) is not None
             for n_in in (cfg.intermediate_size, cfg.num_heads * cfg.head_dim))

@@ -24,8 +24,8 @@ from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.runners.throughput_measure import ThroughputConfig, add_comparisons, measure_all
 
 PREFILL_MODES = ("auto", "real", "synthetic")
-DECODE_GEMV = ("Triton (optimized/gemv.py: o_proj + residual add + norm and gate_up + activation as epilogues; "
-               "cuBLAS for prefill and for products too narrow to fill the GPU)")
+DECODE_GEMV = ("Triton (optimized/gemv.py: o_proj + residual add + norm, unless folded below, and gate_up + "
+               "activation as epilogues; cuBLAS for prefill and for products too narrow to fill the GPU)")
 
 
 def _pdl_state() -> str:
