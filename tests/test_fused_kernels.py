@@ -221,7 +221,8 @@ def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernel
     """Decode with each layer's input norm folded into its qkv product (Decoder.fold_input_norms), and with
     `post_attention` its post-attention norm into gate_up: the torch references of the folded ops, then every
     decode op through its Triton kernel, give the logits the unfolded decoder gives; down_proj's add +
-    sums-of-squares launch replaces the add + norm kernel, and folding both, o_proj's replaces its add + norm."""
+    sums-of-squares launch replaces the add + norm kernel, and folding both, o_proj's replaces its add +
+    norm."""
     model = load_model(name, device=DEVICE).model
     tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     _, expected = decode(model, tokens, append=True)
@@ -239,7 +240,8 @@ def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernel
     _, got = decode(model, tokens, append=True)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert not calls  # no layer ran the separate add + norm
-    assert len(normed_products) == (0 if post_attention else 12 * model.config.num_layers)  # 12 steps of one token
+    steps = 12  # of one token each
+    assert len(normed_products) == (0 if post_attention else steps * model.config.num_layers)
 
 
 def test_the_fold_is_refused_where_the_layers_differ_and_its_switch_is_checked(monkeypatch):

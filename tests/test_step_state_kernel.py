@@ -21,7 +21,8 @@ def random_state(layers: int, rows: int, kv_heads: int, seed: int):
     generator = torch.Generator().manual_seed(seed)
     published = torch.randint(-1, 2, (layers, rows), generator=generator)  # -1: nothing published yet
     dense_rows = torch.rand(layers, rows, generator=generator) < 0.3
-    compact_counts = torch.randint(0, 3000, (2, layers, rows, kv_heads), generator=generator, dtype=torch.int32)
+    compact_counts = torch.randint(0, 3000, (2, layers, rows, kv_heads), generator=generator,
+                                   dtype=torch.int32)
     kv_lengths = torch.randint(1, 200_000, (rows,), generator=generator)
     # Tails mostly inside the history, some past its end (a length that has not reached the anchor)
     tail_start = (kv_lengths[None, None, :] - torch.randint(-50, 400, (2, layers, rows), generator=generator))
@@ -57,5 +58,5 @@ def test_take_published_refuses_a_strided_tensor():
     published, dense_rows, compact_counts, tail_start, kv_lengths = random_state(4, 3, 2, seed=1)
     live, row_buffer, tokens_read = outputs(4, 3, 2)
     with pytest.raises(ValueError, match="contiguous"):
-        take_published(published.t().contiguous().t(), dense_rows, compact_counts, tail_start, kv_lengths, live,
-                       row_buffer, tokens_read)
+        take_published(published.t().contiguous().t(), dense_rows, compact_counts, tail_start, kv_lengths,
+                       live, row_buffer, tokens_read)

@@ -21,9 +21,20 @@ if not torch.cuda.is_available():
 from test_kernels import DEVICE, NEVER_READ_KEY, NEVER_READ_VALUE, assert_matches, random_qkv
 
 from sfibench.errors import UsageError
-from sfibench.optimized.decode_attention import KernelConfig, _done_counters, default_num_splits, dense_decode, sm_count
+from sfibench.optimized.decode_attention import (
+    KernelConfig,
+    _done_counters,
+    default_num_splits,
+    dense_decode,
+    sm_count,
+)
 from sfibench.optimized.decode_reference import two_segment_decode_reference
-from sfibench.optimized.two_segment import STRADDLE_ENV, dense_read_launch, fast_read_launch, two_segment_decode
+from sfibench.optimized.two_segment import (
+    STRADDLE_ENV,
+    dense_read_launch,
+    fast_read_launch,
+    two_segment_decode,
+)
 
 EVIDENCE_POISON = 7777.0
 DENSE = -1

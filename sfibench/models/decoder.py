@@ -201,11 +201,12 @@ class DecoderLayer(nn.Module):
         norm, mlp = self.post_attention_layernorm, self.mlp
         gate_up_folded = getattr(mlp, "gate_up_folded", None)
         with label("sfibench.projections"):
+            o_proj = self.self_attn.o_proj.weight
             if gate_up_folded is None:
-                residual, normed = fused.ops["linear_add_rms_norm"](heads, self.self_attn.o_proj.weight, residual,
-                                                                    norm.weight, norm.eps)
+                residual, normed = fused.ops["linear_add_rms_norm"](heads, o_proj, residual, norm.weight,
+                                                                    norm.eps)
             else:  # the post-attention norm rides on gate_up: o_proj writes the stream and its partials
-                residual, squares = fused.ops["linear_add_squares"](heads, self.self_attn.o_proj.weight, residual)
+                residual, squares = fused.ops["linear_add_squares"](heads, o_proj, residual)
         with label("sfibench.mlp"):
             if gate_up_folded is None:
                 activated = mlp.activated(normed)
@@ -257,8 +258,9 @@ class Decoder(nn.Module):
         """Whether folding the norms saves launches on `device`: the sums of squares the folds need come
         from down_proj's and o_proj's Triton epilogues. Where those stay on cuBLAS (too few output columns
         to fill the GPU, e.g. qwen3-0.6b's 1,024) they cost launches of their own, more than the norm
-        kernel they replace: folded, qwen3-0.6b's fast step spent 0.34 ms outside weights and attention against
-        0.179 unfolded (reports/fold-qwen3-0.6b-h200 against reports/profile-qwen3-0.6b-optimized-h200)."""
+        kernel they replace: folded, qwen3-0.6b's fast step spent 0.34 ms outside weights and attention
+        against 0.179 unfolded (reports/fold-qwen3-0.6b-h200 against session 12's
+        reports/profile-qwen3-0.6b-optimized-h200)."""
         from sfibench.optimized import gemv
 
         cfg, device = self.config, torch.device(device)

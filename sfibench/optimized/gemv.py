@@ -372,7 +372,9 @@ def gate_up_activation(x: torch.Tensor, weight: torch.Tensor, activation: str,
     if config is None:
         if input_squares is None:
             return fused.ops[activation](F.linear(x, weight))
-        return fused.gate_up_activation(x, weight, activation, input_squares=input_squares, input_eps=input_eps)
+        return fused.gate_up_activation(x, weight, activation, input_squares=input_squares,
+                                        input_eps=input_eps)
     y = torch.empty(x2.shape[0], n_stacked // 2, device=x.device, dtype=x.dtype)
-    _launch(x2, weight, None, y, activation, config, n_stacked // 2, eps=input_eps, input_squares=input_squares)
+    _launch(x2, weight, None, y, activation, config, n_stacked // 2, eps=input_eps,
+            input_squares=input_squares)
     return y.view(*x.shape[:-1], n_stacked // 2)

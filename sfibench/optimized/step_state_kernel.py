@@ -4,8 +4,10 @@ Every (layer, row) takes the buffer its last refresh published (`live`), the two
 the buffer it reads (`row_buffer`, -1 for a row reading its whole history) and the step's tokens read
 per (layer, row, KV head) are counted: the compact rows plus the recent window, or the whole history.
 Written in torch (`take_published_reference`, the oracle) that is a dozen launches on [layers, rows,
-heads] tensors, each a few hundred bytes; graphed on the H200 each costs ~1.5 us of launch gap, paid by
-every SFI step and by no other method. Here one program per (layer, row) does all of it.
+heads] tensors, each a few hundred bytes, paid by every SFI step and by no other method: in session 13's
+H200 report SFI's fast step was 0.02 ms slower than StreamingLLM's (3.01 against 2.99 ms at B = 1). Here
+one program per (layer, row) does all of it, and the two are level (2.987 against 2.997 ms at 128K, B = 1,
+reports/ab-qwen3-4b-128k-h200, `input` variant).
 tests/test_step_state_kernel.py checks it against the reference under TRITON_INTERPRET=1 and on CUDA.
 """
 
@@ -34,7 +36,8 @@ def take_published_reference(published: torch.Tensor, dense_rows: torch.Tensor, 
 
 @triton.jit
 def _take_published_kernel(published, dense_rows, compact_counts, tail_start, kv_lengths, live, row_buffer,
-                           tokens_read, rows, layer_row_stride, KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr):
+                           tokens_read, rows, layer_row_stride,
+                           KV_HEADS: tl.constexpr, BLOCK_H: tl.constexpr):
     index = tl.program_id(0)  # layer * rows + row: every [L, B] tensor here is contiguous
     row = index % rows
     buffer = tl.load(published + index)
@@ -63,4 +66,5 @@ def take_published(published: torch.Tensor, dense_rows: torch.Tensor, compact_co
     kv_heads = compact_counts.shape[-1]
     _take_published_kernel[(layers * rows,)](
         published, dense_rows.view(torch.uint8), compact_counts, tail_start, kv_lengths, live, row_buffer,
-        tokens_read, rows, layers * rows, KV_HEADS=kv_heads, BLOCK_H=triton.next_power_of_2(kv_heads), num_warps=1)
+        tokens_read, rows, layers * rows, KV_HEADS=kv_heads, BLOCK_H=triton.next_power_of_2(kv_heads),
+        num_warps=1)
