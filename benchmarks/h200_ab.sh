@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# An A/B of decoder variants on the 4B shape at 32K, B = 1 and 5 (Full-KV and SFI, optimized), after the
-# Triton kernels' tests on CUDA: `bash benchmarks/h200_ab.sh` (~4 min with the default two variants).
+# An A/B of decoder variants on the 4B shape (MODEL) at 32K, B = 1 and 5 (Full-KV and SFI, optimized),
+# after the Triton kernels' tests on CUDA: `bash benchmarks/h200_ab.sh` (~4 min with the default two variants).
 # VARIANTS is ';'-separated, each "name" or "name:VAR=value,VAR=value" (environment of that run), e.g.
 # VARIANTS="default;no-fold:SFIBENCH_FOLD_INPUT_NORM=0;pdl:SFIBENCH_PDL=1"; TESTS overrides the test files.
 # Session 9 ran it (as h200_session9_ab.sh) with PDL 0 / 1 (reports/ab-qwen3-4b-32k-h200); session 10
@@ -10,7 +10,10 @@
 # per variant) widen a run, e.g. the straddling split's loop (optimized/two_segment.py, STRADDLE_ENV):
 # CTX=32k,130944 METHODS=full_kv/optimized,sfi,streaming_llm,snapkv LIMIT=170 TESTS=tests/test_two_segment.py
 # VARIANTS="default;straddle:SFIBENCH_STRADDLE_ONE_LOOP=1;slow:SFIBENCH_STRADDLE_ONE_LOOP=slow" bash benchmarks/h200_ab.sh
-# TESTS_LIMIT (seconds, default 240) bounds the CUDA tests.
+# TESTS_LIMIT (seconds, default 240) bounds the CUDA tests; MODEL (default qwen3-4b) and BATCH (1,5) set
+# the shape, e.g. for the narrow products on the Triton GEMV (optimized/gemv.py, NARROW_ENV):
+# MODEL=qwen3-0.6b CTX=32k,130944 METHODS=full_kv/optimized,sfi,streaming_llm,snapkv
+# VARIANTS="default;narrow:SFIBENCH_NARROW_GEMV=triton" bash benchmarks/h200_ab.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
@@ -29,7 +32,8 @@ for variant in "${variants[@]}"; do
     settings=()
     [[ "$variant" == *:* ]] && IFS=',' read -ra settings <<< "${variant#*:}"
     env "${settings[@]}" timeout "${LIMIT:-150}" python -m sfibench throughput \
-        --model qwen3-4b --ctx "${CTX:-32k}" --batch 1,5 --methods "${METHODS:-full_kv/optimized,sfi}" \
+        --model "${MODEL:-qwen3-4b}" --ctx "${CTX:-32k}" --batch "${BATCH:-1,5}" \
+        --methods "${METHODS:-full_kv/optimized,sfi}" \
         --paths optimized --steps 64 --no-dense-kernels \
         --out "$OUT/ab-$name" > "$OUT/ab-$name.log" 2>&1
     echo "$name rc=$? after $((SECONDS - started)) s"

@@ -43,9 +43,10 @@ class Session:
         fused.enable_fusion(fuse)
         fold = "0"
         if resolved.type == "cuda":
-            from sfibench.optimized import pdl
+            from sfibench.optimized import gemv, pdl
 
             pdl.mode()  # a bad SFIBENCH_PDL is refused now, not at the first kernel launch of a long run
+            gemv.narrow_products_here()  # likewise a bad SFIBENCH_NARROW_GEMV
             fold = fold_requested() if fuse else "0"  # likewise a bad SFIBENCH_FOLD_INPUT_NORM
         loaded = load_model(model, resolved, torch_dtype, seed)
         if fold != "0" and loaded.model.fold_pays(resolved):  # Gemma-3 and narrow products stay unfolded

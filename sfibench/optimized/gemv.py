@@ -48,6 +48,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from sfibench.optimized import pdl
+from sfibench.switches import read_switch
 
 MAX_ROWS = 16  # decode: one row per sequence; more rows (prefill) go to cuBLAS
 EPILOGUES = {"none": 0, "add_rms_norm": 1, "silu_mul": 2, "gelu_tanh_mul": 3, "add_squares": 4}
@@ -72,8 +73,20 @@ TUNED = {
     (151936, 2560): GemvConfig(64, 256, num_stages=3),  # LM head
 }
 # Below this many programs per SM (N / 32 columns) the kernel, having no split-K, leaves SMs idle: such
-# products (e.g. qwen3-0.6b's o_proj and down_proj, 1,024 columns) stay on cuBLAS. Not swept.
+# products (e.g. qwen3-0.6b's o_proj and down_proj, 1,024 columns) stay on cuBLAS. Not swept. But on cuBLAS
+# they carry no epilogue, so neither norm folds and o_proj's add + norm is a kernel of its own: qwen3-0.6b's
+# graphed steps sit at 1.27-1.36x of their floor against 4B's 1.18-1.20x (session 14). Whether the kernel's
+# idle SMs cost more than the launches the epilogues save is untimed: SFIBENCH_NARROW_GEMV=triton runs
+# them here too, for an A/B (benchmarks/h200_ab.sh with MODEL=qwen3-0.6b).
 MIN_PROGRAMS_PER_SM = 0.5
+NARROW_ENV = "SFIBENCH_NARROW_GEMV"
+NARROW_CHOICES = {"cublas": "products too narrow to give every SM a program run on cuBLAS, the default",
+                  "triton": "they run this kernel too, with its epilogues (and so the norm folds)"}
+
+
+def narrow_products_here() -> bool:
+    """Whether SFIBENCH_NARROW_GEMV asks for narrow decode products on this kernel (MIN_PROGRAMS_PER_SM)."""
+    return read_switch(NARROW_ENV, NARROW_CHOICES, "cublas") == "triton"
 
 
 def decode_config(rows: int, n_out: int, n_in: int, device: torch.device) -> GemvConfig | None:
@@ -83,7 +96,7 @@ def decode_config(rows: int, n_out: int, n_in: int, device: torch.device) -> Gem
         return None  # prefill; or CPU tensors outside the interpreter (fusion left on by a GPU session)
     if (n_out, n_in) in TUNED:
         return TUNED[(n_out, n_in)]
-    if n_out / 32 < MIN_PROGRAMS_PER_SM * _sm_count(device):
+    if n_out / 32 < MIN_PROGRAMS_PER_SM * _sm_count(device) and not narrow_products_here():
         return None
     few = n_out / 32 < 2 * _sm_count(device)
     return GemvConfig(32, 512 if few else 128, num_stages=4 if few else 3)

@@ -45,7 +45,7 @@ def _decode_gemv(model) -> str:
     whether the input norms were folded into the qkv products)."""
     if fused.ops["linear"] is fused.linear:
         return "cuBLAS (F.linear)"
-    from sfibench.optimized import qkv_epilogue
+    from sfibench.optimized import gemv, qkv_epilogue
 
     described = DECODE_GEMV
     if fused.ops["linear_qk_norm_rope_append"] is qkv_epilogue.linear_qk_norm_rope_append:
@@ -55,6 +55,8 @@ def _decode_gemv(model) -> str:
         if getattr(model, "folded_post_attention_norms", False):
             described += "; post-attention norms folded into gate_up, o_proj + residual add + sums of squares"
         described += " (SFIBENCH_FOLD_INPUT_NORM=input folds the input norms only, =0 neither)"
+    if gemv.narrow_products_here():
+        described += "; narrow products on the Triton GEMV too (SFIBENCH_NARROW_GEMV=triton)"
     return described
 
 
