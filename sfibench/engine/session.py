@@ -13,6 +13,7 @@ from sfibench.engine.prefill import Prefilled, check_prompts, prefill
 from sfibench.engine.sampling import Sampler
 from sfibench.methods import create_method
 from sfibench.metrics.device import resolve_device
+from sfibench.metrics.memory import available_device_memory
 from sfibench.models import fused
 from sfibench.models.decoder import fold_requested
 from sfibench.models.loading import LoadedModel, load_model
@@ -60,6 +61,13 @@ class Session:
     @property
     def max_tokens(self) -> int:
         return self.loaded.config.max_context
+
+    def memory_for_estimate(self) -> int:
+        """Bytes a memory estimate (metrics/memory.py) may plan with: the device's free memory plus, on a GPU,
+        the weights the estimate counts but which are already resident (folded weight copies are not added
+        back: they are not in the estimate)."""
+        resident = self.loaded.config.num_params() * self.cache_dtype_bytes if self.device.type == "cuda" else 0
+        return available_device_memory(self.device) + resident
 
     def prefill(self, prompts: list[list[int]], max_new_tokens: int, evidence_rows: int = 64) -> Prefilled:
         """Check the prompts fit, size the cache for them, and prefill (dense, shared by all methods)."""

@@ -29,7 +29,7 @@ from sfibench.engine.prefill import prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
-from sfibench.metrics.memory import available_device_memory, check_fits, estimate_memory
+from sfibench.metrics.memory import check_fits, estimate_memory
 from sfibench.options import check_context_limit
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import write_results
@@ -154,6 +154,5 @@ def run_profile(model: str, device: str, dtype: str, method: str, path: str, con
 def _check_batch_fits(session: Session, batch: int, max_seq: int) -> None:
     """Refuse, before allocating, a batch x context whose weights, KV cache and workspace cannot fit (the
     weights are already resident on a GPU); methods' own buffers are not counted, so this is a lower bound."""
-    cfg, dtype_bytes = session.loaded.config, session.cache_dtype_bytes
-    resident = cfg.num_params() * dtype_bytes if session.device.type == "cuda" else 0
-    check_fits(estimate_memory(cfg, batch, max_seq, dtype_bytes), available_device_memory(session.device) + resident)
+    estimate = estimate_memory(session.loaded.config, batch, max_seq, session.cache_dtype_bytes)
+    check_fits(estimate, session.memory_for_estimate())

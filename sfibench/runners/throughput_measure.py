@@ -31,7 +31,7 @@ from sfibench.metrics.bytes_model import (
     step_bytes,
 )
 from sfibench.metrics.floor import weights_floor_seconds
-from sfibench.metrics.memory import MemoryEstimateError, available_device_memory, check_fits, estimate_memory
+from sfibench.metrics.memory import MemoryEstimateError, check_fits, estimate_memory
 from sfibench.metrics.nvml import NvmlSampler, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer
@@ -88,7 +88,7 @@ def largest_batch(session: Session, cfg: ThroughputConfig, context: int) -> int:
     steps = cfg.steps
     est = estimate_memory(session.loaded.config, 1, context + steps + 1, session.cache_dtype_bytes,
                           prefill_chunk=SCORE_CHUNK, **_state_bytes(session, cfg))
-    room = 0.9 * _available(session) - est["fixed_bytes"]
+    room = 0.9 * session.memory_for_estimate() - est["fixed_bytes"]
     per_sequence = est["per_sequence_bytes"] + (context + steps + 1) * est["per_sequence_token_bytes"]
     if room < per_sequence:
         raise MemoryEstimateError(f"not even batch 1 fits at {context} tokens; use a shorter --ctx")
@@ -98,11 +98,6 @@ def largest_batch(session: Session, cfg: ThroughputConfig, context: int) -> int:
 def _state_bytes(session: Session, cfg: ThroughputConfig) -> dict:
     token, sequence = method_state_bytes(cfg, session.loaded.config, session.cache_dtype_bytes)
     return {"method_token_bytes": token, "method_sequence_bytes": sequence}
-
-
-def _available(session: Session) -> int:
-    weights = session.loaded.config.num_params() * session.cache_dtype_bytes  # already resident
-    return available_device_memory(session.device) + (weights if session.device.type == "cuda" else 0)
 
 
 def prepare_cache(session: Session, cfg: ThroughputConfig, context: int, batch: int, stream: torch.Tensor,
@@ -119,7 +114,7 @@ def prepare_cache(session: Session, cfg: ThroughputConfig, context: int, batch: 
         torch.cuda.empty_cache()
     est = estimate_memory(session.loaded.config, batch, max_seq, session.cache_dtype_bytes,
                           prefill_chunk=SCORE_CHUNK, **_state_bytes(session, cfg))
-    check_fits(est, _available(session))
+    check_fits(est, session.memory_for_estimate())
     if context + steps > session.max_tokens:
         raise MemoryEstimateError(f"context {context} + {steps} steps exceeds the model's limit of "
                                   f"{session.max_tokens} tokens; use a shorter --ctx")
