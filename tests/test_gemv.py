@@ -145,17 +145,17 @@ def test_shapes_the_kernel_does_not_serve_go_to_the_reference():
     torch.testing.assert_close(gemv.linear(x, w), F.linear(x, w))
 
 
-def test_narrow_products_go_to_cublas_unless_the_switch_asks_for_this_kernel(monkeypatch):
-    """qwen3-0.6b's o_proj (1,024 columns, 2,048 inputs) on an H200's 132 SMs: too few programs for the
-    kernel, so cuBLAS by default; SFIBENCH_NARROW_GEMV=triton keeps it here (and with it the norm folds)."""
+def test_narrow_products_stay_on_this_kernel_unless_the_switch_sends_them_to_cublas(monkeypatch):
+    """qwen3-0.6b's o_proj (1,024 columns, 2,048 inputs) on an H200's 132 SMs: fewer programs than SMs, yet
+    it runs here by default (with its epilogues and the norm folds); SFIBENCH_NARROW_GEMV=cublas moves it."""
     from sfibench.errors import UsageError
 
     monkeypatch.setattr(gemv, "_sm_count", lambda device: 132)
     device = torch.device(DEVICE)
-    monkeypatch.delenv(gemv.NARROW_ENV, raising=False)
+    monkeypatch.setenv(gemv.NARROW_ENV, "cublas")
     assert gemv.decode_config(1, 1024, 2048, device) is None
     assert gemv.decode_config(1, 6144, 2560, device) == gemv.TUNED[(6144, 2560)]  # wide ones are unaffected
-    monkeypatch.setenv(gemv.NARROW_ENV, "triton")
+    monkeypatch.delenv(gemv.NARROW_ENV)  # the default: narrow products run the Triton GEMV too
     assert gemv.decode_config(1, 1024, 2048, device) is not None
     assert gemv.decode_config(gemv.MAX_ROWS + 1, 1024, 2048, device) is None  # prefill stays cuBLAS's
     monkeypatch.setenv(gemv.NARROW_ENV, "yes")
