@@ -37,10 +37,11 @@ def decode(loaded, cache, pre, method, graphs: bool, inputs, runner=None):
 
 
 @cuda
+@pytest.mark.parametrize("pdl_mode", ["1", "short"])
 @pytest.mark.parametrize("name,path", available())
-def test_graph_replay_matches_eager(name, path, monkeypatch):
-    """Graphed steps (with programmatic dependent launch where the GPU has it) against eager ones with
-    plain serialised launches."""
+def test_graph_replay_matches_eager(name, path, pdl_mode, monkeypatch):
+    """Graphed steps (with programmatic dependent launch where the GPU has it: on every kernel, or the
+    default's mix of launches with and without) against eager ones with plain serialised launches."""
     from sfibench.optimized import pdl
 
     loaded = load_model("tiny-qwen3", device="cuda", dtype=torch.float32)
@@ -51,7 +52,7 @@ def test_graph_replay_matches_eager(name, path, monkeypatch):
     method = create_method(spec(name, path), loaded.config, loaded.tokenizer)
     monkeypatch.setenv(pdl.ENV, "0")
     eager_logits, eager_reads, _ = decode(loaded, cache, pre, method, False, inputs)
-    monkeypatch.setenv(pdl.ENV, "1")
+    monkeypatch.setenv(pdl.ENV, pdl_mode)
     runner = StepDriver(loaded.model, cache, method, use_graphs=True, length_bucket=16)
     for _ in range(2):  # the second pass replays graphs captured in the first, after method.start()
         graph_logits, graph_reads, replayed = decode(loaded, cache, pre, method, True, inputs, runner)

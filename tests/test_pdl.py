@@ -10,12 +10,12 @@ from sfibench.errors import UsageError
 from sfibench.optimized import pdl
 
 
-def test_off_by_default_and_never_on_the_cpu(monkeypatch):
+def test_short_splits_by_default_and_never_on_the_cpu(monkeypatch):
     monkeypatch.delenv(pdl.ENV, raising=False)
-    assert pdl.mode() == "0"
+    assert pdl.mode() == "short"
     for value in pdl.MODES:
         monkeypatch.setenv(pdl.ENV, value)
-        for kind in ("products", "attention"):
+        for kind in pdl.KINDS:
             assert not pdl.enabled(torch.device("cpu"), kind)
             assert pdl.launch_options(torch.device("cpu"), kind) == {"PDL": False}
 
@@ -23,12 +23,31 @@ def test_off_by_default_and_never_on_the_cpu(monkeypatch):
 def test_modes_name_their_kernels():
     assert pdl.MODES["0"] == set()
     assert pdl.MODES["products"] == {"products"}
-    assert pdl.MODES["1"] == {"products", "attention"}
+    assert pdl.MODES["short"] == {"products", "short_attention"}  # dense reads launch without it
+    assert pdl.MODES["1"] == {"products", "short_attention", "attention"}
+
+
+def test_an_attention_launch_asks_for_the_kind_its_split_length_gives(monkeypatch):
+    """Short splits (a fast step's) are `short_attention`, any other launch `attention`: what the modes key on."""
+    from sfibench.optimized import decode_attention
+    from sfibench.optimized.two_segment import two_segment_decode
+
+    kinds = []
+    monkeypatch.setattr(pdl, "launch_options", lambda device, kind: kinds.append(kind) or {"PDL": False})
+    q, kv = torch.randn(1, 4, 16), torch.randn(1, 2, 40, 16)
+    lengths = torch.tensor([40])
+    decode_attention.dense_decode(q, kv, kv, lengths)
+    compact = torch.zeros(2, 1, 2, 8, 16)
+    args = (q, compact, compact, torch.zeros(2, 1, 2, dtype=torch.int32), kv, kv, torch.zeros(2, 1, dtype=torch.int32),
+            lengths, torch.zeros(1, dtype=torch.int32))
+    two_segment_decode(*args)
+    two_segment_decode(*args, short_splits=True)
+    assert kinds == ["attention", "attention", "short_attention"]
 
 
 def test_a_bad_value_is_refused_with_the_choices(monkeypatch):
     monkeypatch.setenv(pdl.ENV, "yes")
-    with pytest.raises(UsageError, match="SFIBENCH_PDL='yes'.*0 = .*1 = .*products = "):
+    with pytest.raises(UsageError, match="SFIBENCH_PDL='yes'.*0 = .*products = .*short = .*1 = "):
         pdl.mode()
     with pytest.raises(UsageError):
         pdl.enabled(torch.device("cpu"), "products")

@@ -182,13 +182,14 @@ def test_the_merge_can_be_placed_against_the_split_count_rule(num_splits, merge_
     assert int(_done_counters(torch.device(DEVICE), 2 * 2).abs().sum()) == 0
 
 
-def test_fast_reads_take_one_loop_only_when_their_splits_are_short(monkeypatch):
+def test_fast_reads_take_one_loop_and_pdl_only_when_their_splits_are_short(monkeypatch):
     # Qwen3-4B shape, 2,308 rows per (sequence, KV head) at a fast step, 132 SMs (the H200 measurement).
     monkeypatch.delenv(STRADDLE_ENV, raising=False)
     one = fast_read_launch(1, 8, 2308, torch.device("cpu"))
     five = fast_read_launch(5, 8, 2308, torch.device("cpu"))
-    assert one == {"num_splits": 16, "one_loop": True, "straddle_one_loop": False}  # ~144 rows per split
-    assert five == {"num_splits": 3, "one_loop": False, "straddle_one_loop": False}  # ~770 rows per split
+    # ~144 rows per split: one loop, and PDL under its default mode; ~770: neither
+    assert one == {"num_splits": 16, "one_loop": True, "short_splits": True, "straddle_one_loop": False}
+    assert five == {"num_splits": 3, "one_loop": False, "short_splits": False, "straddle_one_loop": False}
     monkeypatch.setenv(STRADDLE_ENV, "1")  # the A/B switch, read per launch plan
     assert fast_read_launch(5, 8, 2308, torch.device("cpu"))["straddle_one_loop"]
     monkeypatch.setenv(STRADDLE_ENV, "slow")  # only SFI's dense-row launches: not a fast read

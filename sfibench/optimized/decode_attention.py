@@ -426,7 +426,7 @@ def _check_inputs(q, k, v, num_splits, device_tensors):
 
 
 def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, *kernel_args,
-                        index_before_wait: bool = False, **constexprs):
+                        index_before_wait: bool = False, short_splits: bool = False, **constexprs):
     """Launch `kernel` on the (split, KV head, sequence) grid and merge its partials into `out`.
 
     Every split kernel takes the same leading arguments (queries, output, partials, counters, their
@@ -434,7 +434,8 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     rest. The split count comes from the static shapes (`n_slots` keys at most per row), never from lengths.
     With PDL (pdl.py) and `index_before_wait`, the kernel reads its index tensors (lengths, counts, row
     buffers) before waiting for the kernel before it: a caller passes it only where that kernel does not
-    write them (at decode: the kernel that appends the step's k/v).
+    write them (at decode: the kernel that appends the step's k/v). `short_splits`: the caller expects each
+    split to read only a few hundred rows (a fast step), which decides whether PDL applies (pdl.MODES).
     """
     batch, q_heads, head_dim = q.shape
     config = config or default_config(head_dim, q.dtype, _shared_memory(q.device))
@@ -452,7 +453,7 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     group = q_heads // kv_heads
     merge_at_once = merges_at_once(group, num_splits, head_dim)
     merge_in_kernel = merge_at_once if config.merge_in_kernel is None else config.merge_in_kernel
-    launch = pdl.launch_options(q.device, "attention")
+    launch = pdl.launch_options(q.device, "short_attention" if short_splits else "attention")
     kernel[(num_splits, kv_heads, batch)](
         q, out, part_acc, part_max, part_sum, done, *q.stride(), *out.stride(), num_splits,
         math.log2(math.e) / math.sqrt(head_dim), *kernel_args,

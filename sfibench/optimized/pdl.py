@@ -18,14 +18,20 @@ The rules every kernel here follows, so that any chain of them is race-free:
 - kernels that do not opt in (cuBLAS, torch.compile's, the side stream's) launch as before; PDL
   changes nothing for them or for the kernel after them.
 
-It is OFF unless asked for (SFIBENCH_PDL=1: every kernel; =products: see MODES), because it measured
-as a net loss. On an H200 (qwen3-4b at 32K, graphed steps, session 9: reports/ab-qwen3-4b-32k-h200) it
-took 0.08-0.09 ms off SFI's fast step at B = 1 (3.16 -> 3.07 ms) but added 0.27 ms to Full-KV's step at
-B = 1 (4.10 -> 4.37), 1.7-1.9 ms at B = 5 (8.73 -> 10.4-10.7) and 0.09-0.17 ms to SFI's fast step at
-B = 5; loading the GEMV's first weight tile before the wait made B = 5 worse still. Not yet understood;
-the `products` mode tests the first suspect (MODES). When asked for, `enabled` turns it on for CUDA
-devices of capability >= 9 whose Triton has the instructions. The interpreter never uses it: the kernels
-take `PDL` as a compile-time flag and skip both calls when it is off.
+Which kernels opt in is a switch (SFIBENCH_PDL, MODES), set from measurements. On an H200 in session 9
+(qwen3-4b at 32K, graphed steps, reports/ab-qwen3-4b-32k-h200) PDL on every kernel took 0.08-0.09 ms off
+SFI's fast step at B = 1 but added 0.27 ms to Full-KV's step at B = 1 and 1.7-1.9 ms at B = 5, so it was
+off. Session 15 re-measured today's kernels (same-call A/B, reports/ab-pdl-h200, 32K B = 1): PDL for the
+GEMVs and the q/k kernel alone took Full-KV's step from 3.852 to 3.795 ms and SFI's fast step from 2.907
+to 2.829; PDL on the attention kernels too took the fast step to 2.755 but Full-KV's back up to 3.903.
+Our reading (not yet traced kernel by kernel): what separates them is how long an attention program
+runs. A dense read's programs (one per SM, each thousands of rows) placed while the kernel before still
+holds SMs can land two to an SM and leave another idle for the whole read; a fast step's short splits (a
+few hundred rows each) mostly gain the overlapped start. So the default, `short`, launches the products and those attention launches whose
+splits are short (the caller says so: two_segment.fast_read_launch, by the rule that also picks its one-loop
+form) with PDL, and dense reads without. `enabled` turns PDL on only for CUDA devices of capability >= 9
+whose Triton has the instructions. The interpreter never uses it: the kernels take `PDL` as a
+compile-time flag and skip both calls when it is off.
 """
 
 from __future__ import annotations
@@ -40,12 +46,15 @@ from sfibench.switches import read_switch
 
 ENV = "SFIBENCH_PDL"
 # Which kernels launch with PDL, per value of SFIBENCH_PDL: "products" are the GEMVs and the q/k kernel,
-# "attention" the split attention kernels and their merge. `products` leaves attention out to test the
-# suspicion above: a kernel of one program per SM whose programs are placed while the previous kernel
-# still holds SMs may get two programs on one SM and none on another.
-MODES = {"0": frozenset(), "1": frozenset({"products", "attention"}), "products": frozenset({"products"})}
-MEANINGS = {"0": "off, the default", "1": "every Triton decode kernel",
-            "products": "the GEMVs and the q/k kernel only"}
+# "short_attention" the split attention kernels (and their merge) of a launch whose splits are short,
+# "attention" those of any other launch (dense reads).
+KINDS = ("products", "short_attention", "attention")
+MODES = {"0": frozenset(), "products": frozenset({"products"}),
+         "short": frozenset({"products", "short_attention"}), "1": frozenset(KINDS)}
+MEANINGS = {"0": "off", "products": "the GEMVs and the q/k kernel only",
+            "short": "those and the attention launches of short splits (fast steps at B = 1), the default",
+            "1": "every Triton decode kernel"}
+DEFAULT = "short"
 
 
 @functools.cache
@@ -54,15 +63,15 @@ def _device_supports(index: int) -> bool:
 
 
 def mode() -> str:
-    """SFIBENCH_PDL's value ("0" when unset), refused when it is not one of MODES."""
-    return read_switch(ENV, MEANINGS, "0")
+    """SFIBENCH_PDL's value (DEFAULT when unset), refused when it is not one of MODES."""
+    return read_switch(ENV, MEANINGS, DEFAULT)
 
 
 def enabled(device: torch.device, kind: str = "products") -> bool:
-    """Whether `kind` kernels ("products" or "attention") launched for `device` use PDL. The env is read per
-    launch, so one process can A/B it."""
-    if kind not in MODES["1"]:
-        raise ValueError(f"unknown kernel kind {kind!r}; one of {sorted(MODES['1'])}")
+    """Whether `kind` kernels (one of KINDS) launched for `device` use PDL. The env is read per launch, so
+    one process can A/B it."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kernel kind {kind!r}; one of {', '.join(KINDS)}")
     if kind not in MODES[mode()] or device.type != "cuda":
         return False
     if not hasattr(tl.extra.cuda, "gdc_wait"):  # older Triton: no griddepcontrol
@@ -94,10 +103,11 @@ def describe() -> str:
     if not torch.cuda.is_available():
         return "off (no CUDA device)"
     device = torch.device("cuda", torch.cuda.current_device())
-    kinds = [kind for kind in ("products", "attention") if enabled(device, kind)]
+    names = {"products": "the GEMVs and the q/k kernel", "short_attention": "attention launches of short splits",
+             "attention": "dense attention launches"}
+    kinds = [names[kind] for kind in KINDS if enabled(device, kind)]
     if kinds:
-        return "on for " + " and ".join({"products": "the GEMVs and the q/k kernel",
-                                         "attention": "the attention kernels"}[kind] for kind in kinds)
+        return f"on for {', '.join(kinds)} ({ENV}={mode()})"
     if mode() == "0":
-        return f"off (the default; {ENV}=1 or products turns it on)"
+        return f"off ({ENV}=0)"
     return "off (needs compute capability >= 9 and a Triton with griddepcontrol)"

@@ -204,7 +204,8 @@ def _attend_both_segments(q, acc, running_max, running_sum, compact_k_head, comp
 # Qwen3-4B shape, 2,308 rows, 36 layers graphed): at B = 1 (16 splits, ~144 rows each) one loop takes
 # 0.367 ms against 0.481 for two, because each loop and each partial tile is a serial round trip to
 # memory; at B = 5 (3 splits, ~770 rows each) two loops win, 0.765 ms against 0.799, since there the
-# tiles are many and one loop's four masked loads per tile cost more than they save.
+# tiles are many and one loop's four masked loads per tile cost more than they save. The same bound marks
+# the launches that take programmatic dependent launch by default (pdl.py says why).
 ONE_LOOP_MAX_ROWS_PER_SPLIT = 256
 
 # With long splits, the split that straddles the compact rows and the tail ends its first loop in a partial
@@ -249,10 +250,11 @@ def dense_read_launch(batch: int, kv_heads: int, max_seq: int, device: torch.dev
 
 def fast_read_launch(batch: int, kv_heads: int, rows: int, device: torch.device) -> dict:
     """two_segment_decode's split count and loop form for steps reading about `rows` rows per
-    (sequence, KV head): one program per SM (default_num_splits), one loop when the splits are short,
-    and the straddling split's loop as SFIBENCH_STRADDLE_ONE_LOOP=1 asks."""
+    (sequence, KV head): one program per SM (default_num_splits); when the splits are short, one loop and
+    PDL (pdl.py's `short` mode); the straddling split's loop as SFIBENCH_STRADDLE_ONE_LOOP=1 asks."""
     splits = default_num_splits(batch, kv_heads, rows, sm_count(device))
-    return {"num_splits": splits, "one_loop": rows <= splits * ONE_LOOP_MAX_ROWS_PER_SPLIT,
+    short = rows <= splits * ONE_LOOP_MAX_ROWS_PER_SPLIT
+    return {"num_splits": splits, "one_loop": short, "short_splits": short,
             "straddle_one_loop": straddle_mode() == "1"}
 
 
@@ -269,7 +271,7 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
                        evidence_rows: torch.Tensor | None = None, num_splits: int | None = None, *,
                        config: KernelConfig | None = None, out: torch.Tensor | None = None,
                        one_loop: bool = False, straddle_one_loop: bool = False,
-                       index_before_wait: bool = False) -> torch.Tensor:
+                       index_before_wait: bool = False, short_splits: bool = False) -> torch.Tensor:
     """q `[B, H_q, D]` over compact rows plus a cache tail, one softmax per query head; -> `[B, H_q, D]`.
 
     Row b reads buffer p = row_buffer[b] and attends over compact rows [0, compact_counts[p, b, h]) of
@@ -282,7 +284,7 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
     q.k/sqrt(D) of every tail slot < S_e written at evidence[b, head, slot]; nothing else is written.
     `one_loop`: every split runs one loop over both segments; else a loop per segment, except with
     `straddle_one_loop` in the split straddling them (STRADDLE_ENV). Same result either way.
-    `index_before_wait`: see decode_attention._launch_split_kernel.
+    `index_before_wait`, `short_splits`: see decode_attention._launch_split_kernel.
     """
     batch, q_heads, head_dim = q.shape
     kv_heads, n_slots = k.shape[1], k.shape[2]
@@ -327,4 +329,4 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
         n_buffers, n_compact, n_slots, n_evidence,
         BLOCK_P=max(2, triton.next_power_of_2(n_buffers)), EVIDENCE=write_evidence, ONE_LOOP=one_loop,
         STRADDLE_ONE_LOOP=straddle_one_loop and not one_loop,
-        index_before_wait=index_before_wait)
+        index_before_wait=index_before_wait, short_splits=short_splits)
