@@ -11,9 +11,9 @@
 # CTX=32k,130944 METHODS=full_kv/optimized,sfi,streaming_llm,snapkv LIMIT=170 TESTS=tests/test_two_segment.py
 # VARIANTS="default;straddle:SFIBENCH_STRADDLE_ONE_LOOP=1;slow:SFIBENCH_STRADDLE_ONE_LOOP=slow" bash benchmarks/h200_ab.sh
 # TESTS_LIMIT (seconds, default 240) bounds the CUDA tests; MODEL (default qwen3-4b) and BATCH (1,5) set
-# the shape, e.g. for the narrow products on the Triton GEMV (optimized/gemv.py, NARROW_ENV):
-# MODEL=qwen3-0.6b CTX=32k,130944 METHODS=full_kv/optimized,sfi,streaming_llm,snapkv
-# VARIANTS="default;narrow:SFIBENCH_NARROW_GEMV=triton" bash benchmarks/h200_ab.sh
+# the shape, e.g. session 15's A/B of narrow products on the Triton GEMV (the default since) or cuBLAS
+# (optimized/gemv.py, NARROW_ENV): MODEL=qwen3-0.6b CTX=32k,130944 METHODS=full_kv/optimized,sfi,streaming_llm,snapkv
+# VARIANTS="default;cublas:SFIBENCH_NARROW_GEMV=cublas" bash benchmarks/h200_ab.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS

@@ -8,6 +8,7 @@ import torch
 
 from sfibench.errors import UsageError
 from sfibench.optimized import pdl
+from test_kernels import DEVICE
 
 
 def test_short_splits_by_default_and_never_on_the_cpu(monkeypatch):
@@ -34,12 +35,13 @@ def test_an_attention_launch_asks_for_the_kind_its_split_length_gives(monkeypatc
 
     kinds = []
     monkeypatch.setattr(pdl, "launch_options", lambda device, kind: kinds.append(kind) or {"PDL": False})
-    q, kv = torch.randn(1, 4, 16), torch.randn(1, 2, 40, 16)
-    lengths = torch.tensor([40])
+    on = {"device": DEVICE}
+    q, kv = torch.randn(1, 4, 16, **on), torch.randn(1, 2, 40, 16, **on)
+    lengths = torch.tensor([40], **on)
     decode_attention.dense_decode(q, kv, kv, lengths)
-    compact = torch.zeros(2, 1, 2, 8, 16)
-    args = (q, compact, compact, torch.zeros(2, 1, 2, dtype=torch.int32), kv, kv, torch.zeros(2, 1, dtype=torch.int32),
-            lengths, torch.zeros(1, dtype=torch.int32))
+    compact = torch.zeros(2, 1, 2, 8, 16, **on)
+    args = (q, compact, compact, torch.zeros(2, 1, 2, dtype=torch.int32, **on), kv, kv,
+            torch.zeros(2, 1, dtype=torch.int32, **on), lengths, torch.zeros(1, dtype=torch.int32, **on))
     two_segment_decode(*args)
     two_segment_decode(*args, short_splits=True)
     assert kinds == ["attention", "attention", "short_attention"]
