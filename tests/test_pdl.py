@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_kernels import DEVICE
 
 from sfibench.errors import UsageError
 from sfibench.optimized import pdl
-from test_kernels import DEVICE
 
 
 def test_short_splits_by_default_and_never_on_the_cpu(monkeypatch):
@@ -29,7 +29,8 @@ def test_modes_name_their_kernels():
 
 
 def test_an_attention_launch_asks_for_the_kind_its_split_length_gives(monkeypatch):
-    """Short splits (a fast step's) are `short_attention`, any other launch `attention`: what the modes key on."""
+    """Short splits (a fast step's) are `short_attention`, any other launch `attention`: what the modes key
+    on."""
     from sfibench.optimized import decode_attention
     from sfibench.optimized.two_segment import two_segment_decode
 

@@ -93,7 +93,8 @@ def narrow_products_here() -> bool:
 
 def decode_config(rows: int, n_out: int, n_in: int, device: torch.device) -> GemvConfig | None:
     """The tile for a decode product of `rows` rows by an [N, K] weight, or None where the reference (cuBLAS)
-    runs it: prefill, or, with SFIBENCH_NARROW_GEMV=cublas, too few output columns to give every SM a program."""
+    runs it: prefill, or, with SFIBENCH_NARROW_GEMV=cublas, too few output columns to give every SM a
+    program."""
     if rows > MAX_ROWS or (device.type != "cuda" and not _INTERPRETED):
         return None  # prefill; or CPU tensors outside the interpreter (fusion left on by a GPU session)
     if (n_out, n_in) in TUNED:

@@ -19,19 +19,19 @@ The rules every kernel here follows, so that any chain of them is race-free:
   changes nothing for them or for the kernel after them.
 
 Which kernels opt in is a switch (SFIBENCH_PDL, MODES), set from measurements. On an H200 in session 9
-(qwen3-4b at 32K, graphed steps, reports/ab-qwen3-4b-32k-h200) PDL on every kernel took 0.08-0.09 ms off
-SFI's fast step at B = 1 but added 0.27 ms to Full-KV's step at B = 1 and 1.7-1.9 ms at B = 5, so it was
-off. Session 15 re-measured today's kernels (same-call A/B, reports/ab-pdl-h200, 32K B = 1): PDL for the
-GEMVs and the q/k kernel alone took Full-KV's step from 3.852 to 3.795 ms and SFI's fast step from 2.907
-to 2.829; PDL on the attention kernels too took the fast step to 2.755 but Full-KV's back up to 3.903.
-Our reading (not yet traced kernel by kernel): what separates them is how long an attention program
-runs. A dense read's programs (one per SM, each thousands of rows) placed while the kernel before still
-holds SMs can land two to an SM and leave another idle for the whole read; a fast step's short splits (a
-few hundred rows each) mostly gain the overlapped start. So the default, `short`, launches the products and those attention launches whose
-splits are short (the caller says so: two_segment.fast_read_launch, by the rule that also picks its one-loop
-form) with PDL, and dense reads without. `enabled` turns PDL on only for CUDA devices of capability >= 9
-whose Triton has the instructions. The interpreter never uses it: the kernels take `PDL` as a
-compile-time flag and skip both calls when it is off.
+(qwen3-4b at 32K, graphed steps, reports/ab-qwen3-4b-32k-h200) PDL on every kernel took 0.08-0.09 ms off SFI's
+fast step at B = 1 but added 0.27 ms to Full-KV's step at B = 1 and 1.7-1.9 ms at B = 5, so it was off.
+Session 15 re-measured today's kernels (same-call A/B, reports/ab-pdl-h200, 32K B = 1): PDL for the GEMVs and
+the q/k kernel alone took Full-KV's step from 3.852 to 3.795 ms and SFI's fast step from 2.907 to 2.829; PDL
+on the attention kernels too took the fast step to 2.755 but Full-KV's back up to 3.903. Our reading (not yet
+traced kernel by kernel): what separates them is how long an attention program runs. A dense read's programs
+(one per SM, each thousands of rows) placed while the kernel before still holds SMs can land two to an SM and
+leave another idle for the whole read; a fast step's short splits (a few hundred rows each) mostly gain the
+overlapped start. So the default, `short`, launches the products and those attention launches whose splits are
+short (the caller says so: two_segment.fast_read_launch, by the rule that also picks its one-loop form) with
+PDL, and dense reads without. `enabled` turns PDL on only for CUDA devices of capability >= 9 whose Triton has
+the instructions. The interpreter never uses it: the kernels take `PDL` as a compile-time flag and skip both
+calls when it is off.
 """
 
 from __future__ import annotations
@@ -103,8 +103,8 @@ def describe() -> str:
     if not torch.cuda.is_available():
         return "off (no CUDA device)"
     device = torch.device("cuda", torch.cuda.current_device())
-    names = {"products": "the GEMVs and the q/k kernel", "short_attention": "attention launches of short splits",
-             "attention": "dense attention launches"}
+    names = {"products": "the GEMVs and the q/k kernel",
+             "short_attention": "attention launches of short splits", "attention": "dense attention launches"}
     kinds = [names[kind] for kind in KINDS if enabled(device, kind)]
     if kinds:
         return f"on for {', '.join(kinds)} ({ENV}={mode()})"

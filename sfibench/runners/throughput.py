@@ -56,7 +56,8 @@ def _decode_gemv(model) -> str:
             described += "; post-attention norms folded into gate_up, o_proj + residual add + sums of squares"
         described += " (SFIBENCH_FOLD_INPUT_NORM=input folds the input norms only, =0 neither)"
     if not gemv.narrow_products_here():
-        described += "; products too narrow to give every SM a program on cuBLAS (SFIBENCH_NARROW_GEMV=cublas)"
+        described += ("; products too narrow to give every SM a program on cuBLAS "
+                      "(SFIBENCH_NARROW_GEMV=cublas)")
     return described
 
 
