@@ -45,4 +45,8 @@ for r in json.load(open(sys.argv[1]))["results"]["rows"]:
     print(f"  {r['method']:8} {str(r.get('publish') or ''):10} B={r['batch']} {r['tokens_per_s']:8.1f} tok/s  {kinds}")
 PY
 done
-cd "$OUT" && for d in */; do tar -cf "${d%/}.tar" "$d" && rm -rf "$d"; done
+# One tar per variant, its command's log inside as run.log: the device tool brings back only a few files per call.
+cd "$OUT" && for d in */; do
+    [ -f "${d%/}.log" ] && mv "${d%/}.log" "$d/run.log"
+    tar -cf "${d%/}.tar" "$d" && rm -rf "$d"
+done
