@@ -137,7 +137,7 @@ def test_a_folded_post_attention_norm_matches_the_norm_then_the_gated_product(ac
 
 
 def test_shapes_the_kernel_does_not_serve_go_to_the_reference():
-    """Prefill (more rows than decode has) is cuBLAS's; so is a product too narrow to fill the GPU."""
+    """Prefill (more rows than decode has) is cuBLAS's (narrow products: the test after this one)."""
     assert gemv.decode_config(gemv.MAX_ROWS + 1, 6144, 2560, torch.device(DEVICE)) is None
     assert gemv.decode_config(1, 6144, 2560, torch.device(DEVICE)) == gemv.TUNED[(6144, 2560)]
     g = torch.Generator().manual_seed(5)

@@ -256,11 +256,11 @@ class Decoder(nn.Module):
 
     def fold_pays(self, device) -> bool:
         """Whether folding the norms saves launches on `device`: the sums of squares the folds need come
-        from down_proj's and o_proj's Triton epilogues. Where those stay on cuBLAS (too few output columns
-        to fill the GPU, e.g. qwen3-0.6b's 1,024) they cost launches of their own, more than the norm
-        kernel they replace: folded, qwen3-0.6b's fast step spent 0.34 ms outside weights and attention
-        against 0.179 unfolded (reports/fold-qwen3-0.6b-h200 against session 12's
-        reports/profile-qwen3-0.6b-optimized-h200)."""
+        from down_proj's and o_proj's Triton epilogues. Where those run on cuBLAS (products too narrow to
+        give every SM a program, e.g. qwen3-0.6b's 1,024 columns, under SFIBENCH_NARROW_GEMV=cublas) they
+        would cost launches of their own, more than the norm kernel they replace: folded that way,
+        qwen3-0.6b's fast step spent 0.34 ms outside weights and attention against 0.179 unfolded
+        (reports/fold-qwen3-0.6b-h200 against session 12's profile)."""
         from sfibench.optimized import gemv
 
         cfg, device = self.config, torch.device(device)

@@ -25,7 +25,7 @@ from sfibench.runners.throughput_measure import ThroughputConfig, add_comparison
 
 PREFILL_MODES = ("auto", "real", "synthetic")
 DECODE_GEMV = ("Triton (optimized/gemv.py: o_proj + residual add + norm, unless folded below, and gate_up + "
-               "activation as epilogues; cuBLAS for prefill and for products too narrow to fill the GPU)")
+               "activation as epilogues; cuBLAS for prefill)")
 
 
 def _pdl_state() -> str:
