@@ -50,7 +50,7 @@ class Session:
             gemv.narrow_products_here()  # likewise a bad SFIBENCH_NARROW_GEMV
             fold = fold_requested() if fuse else "0"  # likewise a bad SFIBENCH_FOLD_INPUT_NORM
         loaded = load_model(model, resolved, torch_dtype, seed)
-        if fold != "0" and loaded.model.fold_pays(resolved):  # Gemma-3 (and narrow products on cuBLAS) unfolded
+        if fold != "0" and loaded.model.fold_pays(resolved):  # Gemma-3, cuBLAS-narrow: unfolded
             loaded.model.fold_input_norms(post_attention=fold == "1")
         return cls(loaded, resolved, torch_dtype)
 
