@@ -14,6 +14,9 @@
 # the shape, e.g. session 15's A/B of narrow products on the Triton GEMV (the default since) or cuBLAS
 # (optimized/gemv.py, NARROW_ENV): MODEL=qwen3-0.6b CTX=32k,130944 METHODS=full_kv/optimized,sfi,streaming_llm,snapkv
 # VARIANTS="default;cublas:SFIBENCH_NARROW_GEMV=cublas" bash benchmarks/h200_ab.sh
+# Session 16: the next products' weights warmed in L2 by the attention kernels (optimized/l2_prefetch.py):
+# MODEL=qwen3-0.6b CTX=8k,32k BATCH=1,7 TESTS="tests/test_l2_prefetch.py tests/test_two_segment.py"
+# VARIANTS="default;l2-1:SFIBENCH_L2_PREFETCH=1;l2-2:SFIBENCH_L2_PREFETCH=2;l2-3:SFIBENCH_L2_PREFETCH=3" ...
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
@@ -40,9 +43,12 @@ for variant in "${variants[@]}"; do
     python - "$OUT/ab-$name/results.json" <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1]))["results"]["rows"]:
-    kinds = "  ".join(f"{kind} p50 {v['p50']:.3f} p90 {v['p90']:.3f}" for kind, v in r["ms_per_step"].items()
-                      if v and v.get("p50") is not None)
-    print(f"  {r['method']:8} {str(r.get('publish') or ''):10} B={r['batch']} {r['tokens_per_s']:8.1f} tok/s  {kinds}")
+    floors = r.get("floor_ms") or {}
+    kinds = "  ".join(f"{kind} p50 {v['p50']:.3f} p90 {v['p90']:.3f}"
+                      + (f" ({v['p50'] / floors[kind]:.3f}x floor {floors[kind]:.3f})" if floors.get(kind) else "")
+                      for kind, v in r["ms_per_step"].items() if v and v.get("p50") is not None)
+    print(f"  {r['method']:8} {str(r.get('publish') or ''):10} ctx={r['context']} B={r['batch']} "
+          f"{r['tokens_per_s']:8.1f} tok/s  {kinds}")
 PY
 done
 # One tar per variant, its command's log inside as run.log: the device tool brings back only a few files per call.

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import torch
 
 from sfibench.config import SFIConfig, parse_budget
-from sfibench.sfi.selector import select
 from sfibench.sfi.geometry import recent_start
+from sfibench.sfi.selector import select
 
 HIST_BINS = 20  # overlap histograms over [0, 1]
 
