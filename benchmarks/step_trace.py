@@ -1,0 +1,101 @@
+"""Where a graphed decode step's time goes, kernel by kernel: torch.profiler (CUPTI) over CUDA-graph replays.
+
+    python benchmarks/step_trace.py MODEL CONTEXT BATCHES METHODS OUT.json
+    e.g. python benchmarks/step_trace.py qwen3-0.6b 32768 1,7 full_kv/optimized,streaming_llm/optimized t.json
+
+For each batch and method: a synthetic prefill at CONTEXT, three decode steps (the graph is captured), then
+REPLAYS replays under the profiler. Per replay: each kernel's CUDA time summed by name, grouped into kinds
+(products, attention, the rest), the replay's span on the GPU (first kernel start to last kernel end) and
+the time no kernel ran ("gaps"; negative when PDL overlaps kernels). StreamingLLM's fast step is SFI's fast
+step's kernel at the same budget (optimized/sparse_baselines.py), without the refreshes that make SFI's
+steps differ from one another. Writes OUT.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from sfibench.config import MethodSpec
+from sfibench.engine.cache import KVCache
+from sfibench.engine.driver import StepDriver
+from sfibench.engine.session import Session
+from sfibench.engine.synthetic import synthetic_prefill
+from sfibench.methods import create_method
+from sfibench.reporting.results import provenance
+
+REPLAYS = 20
+KINDS = (("attention", ("split_kernel", "combine_splits")), ("products", ("gemv", "qkv", "gemm", "sm90")))
+
+
+def kind_of(name: str) -> str:
+    return next((kind for kind, keys in KINDS if any(key in name.lower() for key in keys)), "rest")
+
+
+def trace(driver: StepDriver) -> dict:
+    graph = next(iter(driver.graphs.values())).graph
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(REPLAYS):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                      if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start),
+                     key=lambda k: k[0])
+    per_replay = len(kernels) // REPLAYS
+    by_name, spans, busy = defaultdict(float), [], []
+    for r in range(REPLAYS):
+        chunk = kernels[r * per_replay:(r + 1) * per_replay]
+        spans.append(chunk[-1][1] - chunk[0][0])
+        busy.append(sum(end - start for start, end, _ in chunk))
+        for start, end, name in chunk:
+            by_name[name[:90]] += (end - start) / REPLAYS
+    by_kind = defaultdict(float)
+    for name, us in by_name.items():
+        by_kind[kind_of(name)] += us
+    span, total = sorted(spans)[REPLAYS // 2], sorted(busy)[REPLAYS // 2]
+    return {"kernels_per_step": per_replay, "span_us": span, "kernel_us": total, "gaps_us": span - total,
+            "by_kind_us": dict(by_kind), "by_name_us": dict(sorted(by_name.items(), key=lambda item: -item[1])),
+            "count_by_name": {name[:90]: sum(1 for *_, n in kernels if n[:90] == name[:90]) // REPLAYS
+                              for name in by_name}}
+
+
+def main(model: str, context: int, batches: str, methods: str, out: str) -> None:
+    session = Session.open(model, "cuda")
+    cfg = session.loaded.config
+    rows = []
+    for batch in (int(b) for b in batches.split(",")):
+        cache = KVCache(cfg, batch, context + 64, "cuda", session.dtype)
+        prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
+        for item in methods.split(","):
+            name, _, path = item.partition("/")
+            method = create_method(MethodSpec(name=name, path=path or "optimized"), cfg, session.loaded.tokenizer)
+            driver = StepDriver(session.loaded.model, cache, method, use_graphs=True)
+            driver.start(prefilled)
+            tokens = torch.zeros(batch, dtype=torch.long, device="cuda")
+            for _ in range(3):
+                driver.step(tokens)
+            row = {"method": item, "batch": batch, "context": context, **trace(driver)}
+            rows.append(row)
+            kinds = "  ".join(f"{k} {v:.1f}" for k, v in row["by_kind_us"].items())
+            print(f"{item} B={batch} ctx={context}: {row['kernels_per_step']} kernels, span {row['span_us']:.1f} us, "
+                  f"kernels {row['kernel_us']:.1f}, gaps {row['gaps_us']:.1f}; {kinds}", flush=True)
+            for kernel, us in list(row["by_name_us"].items())[:8]:
+                print(f"    {us:8.1f} us  x{row['count_by_name'][kernel]:<3} {kernel}", flush=True)
+            del driver, method
+        del cache, prefilled
+        torch.cuda.empty_cache()
+    with open(out, "w") as f:
+        json.dump({"provenance": provenance(), "model": model, "replays": REPLAYS, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 6:
+        sys.exit(__doc__)
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
