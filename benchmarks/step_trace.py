@@ -4,11 +4,13 @@
     e.g. python benchmarks/step_trace.py qwen3-0.6b 32768 1,7 full_kv/optimized,streaming_llm/optimized t.json
 
 For each batch and method: a synthetic prefill at CONTEXT, three decode steps (the graph is captured), then
-REPLAYS replays under the profiler. Per replay: each kernel's CUDA time summed by name, grouped into kinds
-(products, attention, the rest), the replay's span on the GPU (first kernel start to last kernel end) and
-the time no kernel ran ("gaps"; negative when PDL overlaps kernels). StreamingLLM's fast step is SFI's fast
-step's kernel at the same budget (optimized/sparse_baselines.py), without the refreshes that make SFI's
-steps differ from one another. Writes OUT.json and prints a table.
+REPLAYS replays under the profiler; then the weights floor's GEMV chain (metrics/floor.py) the same way.
+Per replay: each kernel's CUDA time summed by name, grouped into kinds (products, attention, the rest), the
+replay's span on the GPU (first kernel start to last kernel end) and the time no kernel ran ("gaps";
+negative when PDL overlaps kernels, whose durations then include their wait), and every launch in step
+order with its median duration (`sequence`). StreamingLLM's fast step is SFI's fast step's kernel at the
+same budget (optimized/sparse_baselines.py), without the refreshes that make SFI's steps differ from one
+another. Writes OUT.json and prints a table.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from sfibench.engine.driver import StepDriver
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
+from sfibench.metrics.floor import decode_gemms, graph_replay
+from sfibench.models import fused
 from sfibench.reporting.results import provenance
 
 REPLAYS = 20
@@ -36,14 +40,13 @@ def kind_of(name: str) -> str:
     return next((kind for kind, keys in KINDS if any(key in name.lower() for key in keys)), "rest")
 
 
-def trace(driver: StepDriver) -> dict:
-    graph = next(iter(driver.graphs.values())).graph
+def trace(replay) -> dict:
     for _ in range(5):
-        graph.replay()
+        replay()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(REPLAYS):
-            graph.replay()
+            replay()
         torch.cuda.synchronize()
     kernels = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
                       if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start),
@@ -60,10 +63,13 @@ def trace(driver: StepDriver) -> dict:
     for name, us in by_name.items():
         by_kind[kind_of(name)] += us
     span, total = sorted(spans)[REPLAYS // 2], sorted(busy)[REPLAYS // 2]
+    # Each launch in step order with its median duration over the replays: roles come from the order.
+    sequence = [[kernels[p][2][:40], sorted(kernels[r * per_replay + p][1] - kernels[r * per_replay + p][0]
+                                             for r in range(REPLAYS))[REPLAYS // 2]] for p in range(per_replay)]
     return {"kernels_per_step": per_replay, "span_us": span, "kernel_us": total, "gaps_us": span - total,
             "by_kind_us": dict(by_kind), "by_name_us": dict(sorted(by_name.items(), key=lambda item: -item[1])),
             "count_by_name": {name[:90]: sum(1 for *_, n in kernels if n[:90] == name[:90]) // REPLAYS
-                              for name in by_name}}
+                              for name in by_name}, "sequence": sequence}
 
 
 def main(model: str, context: int, batches: str, methods: str, out: str) -> None:
@@ -81,7 +87,8 @@ def main(model: str, context: int, batches: str, methods: str, out: str) -> None
             tokens = torch.zeros(batch, dtype=torch.long, device="cuda")
             for _ in range(3):
                 driver.step(tokens)
-            row = {"method": item, "batch": batch, "context": context, **trace(driver)}
+            row = {"method": item, "batch": batch, "context": context,
+                   **trace(next(iter(driver.graphs.values())).graph.replay)}
             rows.append(row)
             kinds = "  ".join(f"{k} {v:.1f}" for k, v in row["by_kind_us"].items())
             print(f"{item} B={batch} ctx={context}: {row['kernels_per_step']} kernels, span {row['span_us']:.1f} us, "
@@ -89,6 +96,20 @@ def main(model: str, context: int, batches: str, methods: str, out: str) -> None
             for kernel, us in list(row["by_name_us"].items())[:8]:
                 print(f"    {us:8.1f} us  x{row['count_by_name'][kernel]:<3} {kernel}", flush=True)
             del driver, method
+        # The weights floor's chain (metrics/floor.py) at this batch, traced the same way.
+        gemms, source = decode_gemms(session.loaded.model), torch.randn(batch, cfg.hidden_size, device="cuda",
+                                                                         dtype=session.dtype)
+
+        def chain(gemms=gemms, source=source):
+            hidden = source
+            for linear in gemms:
+                hidden = fused.ops["linear"](hidden[:, :linear.in_features], linear.weight, linear.bias)
+            return hidden
+
+        row = {"method": "weights floor chain", "batch": batch, "context": 0, **trace(graph_replay(chain))}
+        rows.append(row)
+        print(f"floor chain B={batch}: {row['kernels_per_step']} kernels, span {row['span_us']:.1f} us, kernels "
+              f"{row['kernel_us']:.1f}, gaps {row['gaps_us']:.1f}", flush=True)
         del cache, prefilled
         torch.cuda.empty_cache()
     with open(out, "w") as f:

@@ -1,7 +1,7 @@
 """Paths agree: every method with a reference and an optimized path gives the same result on both.
 
-The optimized kernels run in Triton's interpreter here (float32, CPU), so the two paths differ only in
-summation order: the tokens each step reads must be identical, SFI's Selector must pick the same
+The optimized kernels run in Triton's interpreter here (float32, CPU), or compiled where CUDA is (float32,
+every tensor on the GPU: test_kernels.DEVICE), so the two paths differ only in summation order: the tokens each step reads must be identical, SFI's Selector must pick the same
 positions from the kernel's evidence as from the reference's recomputed logits, and greedy decoding
 must emit the same tokens. On a GPU in bf16 the committed check in reports/ (`paths_agree` in the H200
 throughput run) measures selection overlap and token agreement instead.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_kernels import DEVICE
 
 from sfibench.config import (
     MethodSpec,
@@ -41,10 +42,10 @@ def small_spec(name: str, path: str, layer_groups: int = 1) -> MethodSpec:
 def decode_both(loaded, prompts, spec_for, steps):
     out = {}
     for path in ("reference", "optimized"):
-        cache = KVCache(loaded.config, len(prompts), max(map(len, prompts)) + steps, "cpu", torch.float32)
+        cache = KVCache(loaded.config, len(prompts), max(map(len, prompts)) + steps, DEVICE, torch.float32)
         pre = prefill(loaded.model, cache, prompts, chunk=64)
         method = create_method(spec_for(path), loaded.config, loaded.tokenizer)
-        out[path] = (generate(loaded.model, cache, method, pre, steps, Sampler(SamplingConfig(), "cpu")), method)
+        out[path] = (generate(loaded.model, cache, method, pre, steps, Sampler(SamplingConfig(), DEVICE)), method)
     return out
 
 
@@ -57,6 +58,17 @@ def assert_same_selection(reference, optimized):
         count = int(a.counts[buffer, layer, row, 0])
         assert torch.equal(a.positions[buffer, layer, row, :, :count], b.positions[buffer, layer, row, :, :count])
         assert int(a.anchor[buffer, layer, row]) == int(b.anchor[buffer, layer, row])
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tiny_models):
+    """The session's tiny models, on DEVICE (the CPU ones themselves where that is the CPU)."""
+    return tiny_models if DEVICE == "cpu" else {name: load_model(name, device=DEVICE) for name in tiny_models}
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2):
+    return smollm2 if DEVICE == "cpu" else load_model("smollm2-135m", device=DEVICE)
 
 
 def prompts_for(loaded, batch):
@@ -83,7 +95,7 @@ def test_paths_agree_on_tokens_and_reads(tiny_models, model_name, name):
 
 @pytest.fixture(scope="module")
 def tiny_gemma3():
-    return load_model("tiny-gemma3")
+    return load_model("tiny-gemma3", device=DEVICE)
 
 
 @pytest.mark.parametrize("name", BOTH_PATHS)
