@@ -14,9 +14,9 @@
 # the shape, e.g. session 15's A/B of narrow products on the Triton GEMV (the default since) or cuBLAS
 # (optimized/gemv.py, NARROW_ENV): MODEL=qwen3-0.6b CTX=32k,130944 METHODS=full_kv/optimized,sfi,streaming_llm,snapkv
 # VARIANTS="default;cublas:SFIBENCH_NARROW_GEMV=cublas" bash benchmarks/h200_ab.sh
-# Session 16: the next products' weights warmed in L2 by the attention kernels (optimized/l2_prefetch.py):
-# MODEL=qwen3-0.6b CTX=8k,32k BATCH=1,7 TESTS="tests/test_l2_prefetch.py tests/test_two_segment.py"
-# VARIANTS="default;l2-1:SFIBENCH_L2_PREFETCH=1;l2-2:SFIBENCH_L2_PREFETCH=2;l2-3:SFIBENCH_L2_PREFETCH=3" ...
+# Session 16 (at ca0c118, whose attention kernels could hint the next products' weights into L2, a switch
+# removed after this A/B: reports/attention-h200/session16/README.md) ran MODEL=qwen3-0.6b CTX=8k,32k BATCH=1,7
+# VARIANTS="default;l2-1:SFIBENCH_L2_PREFETCH=1;l2-2:SFIBENCH_L2_PREFETCH=2;l2-3:SFIBENCH_L2_PREFETCH=3".
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS

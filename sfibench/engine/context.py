@@ -17,8 +17,7 @@ class StepContext:
     their captured addresses). `slow[b]` is the method's host-side decision for sequence b, used for
     reporting; the attention itself reads the method's device copy of it. The decoder sets `layer`
     before each layer's attention; the method writes how many cached tokens each (layer, sequence, KV
-    head) read into `tokens_read`, and the engine puts in `next_weights` the weights the step multiplies by
-    right after that layer's attention, which an attention kernel may warm in L2 (optimized/l2_prefetch.py).
+    head) read into `tokens_read`.
 
     Host copies of the lengths let a method size its tensors without a device sync. Those sizes are
     rounded up to `length_bucket` slots, so that a step captured in a CUDA graph can be replayed
@@ -35,7 +34,6 @@ class StepContext:
     length_bucket: int = 1
     bridge: torch.Tensor | None = None  # [B] bool, on the CPU: SFI bridge rows (dense, no refresh)
     layer: int = 0
-    next_weights: tuple[torch.Tensor, ...] = ()
 
     def bucketed(self, length: int) -> int:
         """`length` rounded up to the step's length bucket (the static size a kernel is given)."""

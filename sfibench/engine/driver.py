@@ -94,7 +94,7 @@ class StepDriver:
         cfg = self.model.config
 
         def attend(layer, q, k, v):
-            ctx.layer, ctx.next_weights = layer, self.model.weights_after_attention(layer)
+            ctx.layer = layer
             if k is not None:  # None: the layer already appended them (append_target below)
                 self.cache.write_step(layer, ctx.positions, k[:, :, 0], v[:, :, 0])
             with label("sfibench.attend"):  # a label for `sfibench profile`

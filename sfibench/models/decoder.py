@@ -295,17 +295,6 @@ class Decoder(nn.Module):
         self.folded_input_norms = True
         self.folded_post_attention_norms = post_attention
 
-    def weights_after_attention(self, layer: int) -> tuple[torch.Tensor, ...]:
-        """The weights a decode step multiplies by right after `layer`'s attention, in order: o_proj, gate_up
-        (the norm-folded copy where the step uses it), down_proj. An attention kernel may hint them into L2
-        while it waits on memory latency (optimized/l2_prefetch.py); a wrong guess would cost time, never
-        correctness."""
-        block = self.model.layers[layer]
-        gate_up = getattr(block.mlp, "gate_up_folded", None)
-        if gate_up is None:
-            gate_up = block.mlp.gate_up_proj.weight
-        return block.self_attn.o_proj.weight, gate_up, block.mlp.down_proj.weight
-
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,
                 last_only: bool = False) -> torch.Tensor:
         """tokens and positions `[B, T]` -> logits `[B, T, V]` (or `[B, 1, V]` with last_only)."""

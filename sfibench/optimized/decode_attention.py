@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from sfibench.optimized import l2_prefetch, pdl
+from sfibench.optimized import pdl
 
 
 @dataclass(frozen=True)
@@ -252,20 +252,9 @@ def _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, par
 
 
 @triton.jit
-def warm_next_weights(warm0, warm_lines0, warm1, warm_lines1, warm2, warm_lines2, num_splits,
-                      PREFETCH_REGIONS: tl.constexpr, LINE_ELEMENTS: tl.constexpr):
-    """Hint the next products' weights into L2 (l2_prefetch.py), each program of the (split, KV head,
-    sequence) grid its share. First thing in the kernel: no kernel writes weights, so no PDL wait is needed."""
-    program = tl.program_id(0) + num_splits * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
-    l2_prefetch.warm(warm0, warm_lines0, warm1, warm_lines1, warm2, warm_lines2, program,
-                     num_splits * tl.num_programs(1) * tl.num_programs(2), PREFETCH_REGIONS, LINE_ELEMENTS)
-
-
-@triton.jit
 def _decode_split_kernel(
     q_ptr, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr,
     stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od, num_splits, qk_scale_log2,
-    warm0, warm_lines0, warm1, warm_lines1, warm2, warm_lines2,
     k_ptr, v_ptr, bound_ptr, pos_ptr,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
@@ -273,13 +262,11 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, SPARSE: tl.constexpr, PDL: tl.constexpr,
-    INDEX_BEFORE_WAIT: tl.constexpr, PREFETCH_REGIONS: tl.constexpr, LINE_ELEMENTS: tl.constexpr,
+    INDEX_BEFORE_WAIT: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
     seq = tl.program_id(2).to(tl.int64)
-    warm_next_weights(warm0, warm_lines0, warm1, warm_lines1, warm2, warm_lines2, num_splits, PREFETCH_REGIONS,
-                      LINE_ELEMENTS)
 
     if not INDEX_BEFORE_WAIT:
         pdl.wait_for_inputs(PDL)
@@ -439,8 +426,7 @@ def _check_inputs(q, k, v, num_splits, device_tensors):
 
 
 def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, *kernel_args,
-                        index_before_wait: bool = False, short_splits: bool = False,
-                        warm: tuple[torch.Tensor, ...] = (), **constexprs):
+                        index_before_wait: bool = False, short_splits: bool = False, **constexprs):
     """Launch `kernel` on the (split, KV head, sequence) grid and merge its partials into `out`.
 
     Every split kernel takes the same leading arguments (queries, output, partials, counters, their
@@ -450,8 +436,6 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     buffers) before waiting for the kernel before it: a caller passes it only where that kernel does not
     write them (at decode: the kernel that appends the step's k/v). `short_splits`: the caller expects each
     split to read only a few hundred rows (a fast step), which decides whether PDL applies (pdl.MODES).
-    `warm`: the weights of the products after this attention, in order, which the kernel may hint into L2
-    while it runs (l2_prefetch.py; SFIBENCH_L2_PREFETCH says how many).
     """
     batch, q_heads, head_dim = q.shape
     config = config or default_config(head_dim, q.dtype, _shared_memory(q.device))
@@ -470,10 +454,9 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     merge_at_once = merges_at_once(group, num_splits, head_dim)
     merge_in_kernel = merge_at_once if config.merge_in_kernel is None else config.merge_in_kernel
     launch = pdl.launch_options(q.device, "short_attention" if short_splits else "attention")
-    warm_args, warm_options = l2_prefetch.kernel_args(l2_prefetch.chosen(warm, q.device), q)
     kernel[(num_splits, kv_heads, batch)](
         q, out, part_acc, part_max, part_sum, done, *q.stride(), *out.stride(), num_splits,
-        math.log2(math.e) / math.sqrt(head_dim), *warm_args, *kernel_args, **warm_options,
+        math.log2(math.e) / math.sqrt(head_dim), *kernel_args,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_N=config.block_n, BLOCK_S=block_s, MERGE_IN_KERNEL=merge_in_kernel,
         MERGE_G=triton.next_power_of_2(group), MERGE_AT_ONCE=merge_at_once,
@@ -489,30 +472,28 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     return out
 
 
-def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, config, out, index_before_wait=False,
-            warm=()):
+def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, config, out, index_before_wait=False):
     """Shared launcher of dense and sparse decode; `positions` None means dense (slot i is the i-th key)."""
     _check_inputs(q, k, v, num_splits, {"lengths/counts": bounds})
     return _launch_split_kernel(
         _decode_split_kernel, q, out, k.shape[1], n_slots, num_splits, config,
         k, v, bounds, bounds if positions is None else positions, *k.stride(), *v.stride(), *bound_strides,
         *((0, 0, 0) if positions is None else positions.stride()), n_slots, SPARSE=positions is not None,
-        index_before_wait=index_before_wait, warm=warm)
+        index_before_wait=index_before_wait)
 
 
 def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                  num_splits: int | None = None, *, config: KernelConfig | None = None,
-                 out: torch.Tensor | None = None, index_before_wait: bool = False,
-                 warm: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                 out: torch.Tensor | None = None, index_before_wait: bool = False) -> torch.Tensor:
     """q `[B, H_q, D]` over slots [0, lengths[b]) of k/v `[B, H_kv, S, D]` (any strides); -> `[B, H_q, D]`.
 
     `lengths` is a `[B]` integer tensor on q's device, read by the kernel (never synchronised);
-    `index_before_wait`, `warm`: see _launch_split_kernel.
+    `index_before_wait`: see _launch_split_kernel.
     """
     if lengths.shape != (q.shape[0],):
         raise ValueError(f"lengths must be [B] = [{q.shape[0]}], got {tuple(lengths.shape)}")
     return _decode(q, k, v, lengths, (lengths.stride(0), 0), None, k.shape[2], num_splits, config, out,
-                   index_before_wait, warm)
+                   index_before_wait)
 
 
 def sparse_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

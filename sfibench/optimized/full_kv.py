@@ -41,5 +41,5 @@ class TritonFullKV(AttentionMethod):
         # Lengths are read on the device: the default plan (nothing host-side) serves every step. The kernel
         # just before this one (the step's k/v append) does not write them: they may be read before a PDL wait.
         out = dense_decode(q[:, :, 0], cache.k[ctx.layer], cache.v[ctx.layer], ctx.kv_lengths,
-                           index_before_wait=True, warm=ctx.next_weights)
+                           index_before_wait=True)
         return out[:, :, None]

@@ -93,7 +93,6 @@ class OptimizedSFI(SFIMethod):
             q[:, :, 0], sel.compact_k[:, layer], sel.compact_v[:, layer], sel.compact_counts[:, layer],
             cache.k[layer], cache.v[layer], sel.tail_start[:, layer], ctx.kv_lengths, self.row_buffer[layer],
             index_before_wait=True,  # written before the step or published by the side stream, never by the append
-            warm=ctx.next_weights,
             **(self.dense_launch if plan.dense else self.fast_launch),
             **({"evidence": self.evidence[layer], "evidence_rows": self.refresh_rows[layer]} if plan.evidence else {}))
         return out[:, :, None]

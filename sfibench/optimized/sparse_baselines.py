@@ -33,8 +33,7 @@ class _TwoSegment:
         layer = ctx.layer
         out = two_segment_decode(q[:, :, 0], *self.compact(cache, layer), self.counts[:, layer],
                                  cache.k[layer], cache.v[layer], self.tail, ctx.kv_lengths, self.row_buffer,
-                                 index_before_wait=True, warm=ctx.next_weights,
-                                 **self.launch)  # indices are written in begin_step
+                                 index_before_wait=True, **self.launch)  # indices are written in begin_step
         return out[:, :, None]
 
     def count_reads(self, ctx: StepContext) -> None:

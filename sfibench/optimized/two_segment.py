@@ -46,7 +46,6 @@ from sfibench.optimized.decode_attention import (
     default_config,
     default_num_splits,
     sm_count,
-    warm_next_weights,
 )
 from sfibench.switches import read_switch
 
@@ -55,7 +54,6 @@ from sfibench.switches import read_switch
 def _two_segment_split_kernel(
     q_ptr, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr,
     stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od, num_splits, qk_scale_log2,
-    warm0, warm_lines0, warm1, warm_lines1, warm2, warm_lines2,
     compact_k_ptr, compact_v_ptr, count_ptr, k_ptr, v_ptr, tail_start_ptr, length_ptr, buffer_ptr,
     evidence_ptr, evidence_rows_ptr,
     stride_ckp, stride_ckb, stride_ckh, stride_ckn, stride_ckd,
@@ -70,13 +68,10 @@ def _two_segment_split_kernel(
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr,
     ONE_LOOP: tl.constexpr, STRADDLE_ONE_LOOP: tl.constexpr, PDL: tl.constexpr, INDEX_BEFORE_WAIT: tl.constexpr,
-    PREFETCH_REGIONS: tl.constexpr, LINE_ELEMENTS: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
     seq = tl.program_id(2).to(tl.int64)
-    warm_next_weights(warm0, warm_lines0, warm1, warm_lines1, warm2, warm_lines2, num_splits, PREFETCH_REGIONS,
-                      LINE_ELEMENTS)
 
     if not INDEX_BEFORE_WAIT:
         pdl.wait_for_inputs(PDL)
@@ -276,8 +271,7 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
                        evidence_rows: torch.Tensor | None = None, num_splits: int | None = None, *,
                        config: KernelConfig | None = None, out: torch.Tensor | None = None,
                        one_loop: bool = False, straddle_one_loop: bool = False,
-                       index_before_wait: bool = False, short_splits: bool = False,
-                       warm: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                       index_before_wait: bool = False, short_splits: bool = False) -> torch.Tensor:
     """q `[B, H_q, D]` over compact rows plus a cache tail, one softmax per query head; -> `[B, H_q, D]`.
 
     Row b reads buffer p = row_buffer[b] and attends over compact rows [0, compact_counts[p, b, h]) of
@@ -290,7 +284,7 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
     q.k/sqrt(D) of every tail slot < S_e written at evidence[b, head, slot]; nothing else is written.
     `one_loop`: every split runs one loop over both segments; else a loop per segment, except with
     `straddle_one_loop` in the split straddling them (STRADDLE_ENV). Same result either way.
-    `index_before_wait`, `short_splits`, `warm`: see decode_attention._launch_split_kernel.
+    `index_before_wait`, `short_splits`: see decode_attention._launch_split_kernel.
     """
     batch, q_heads, head_dim = q.shape
     kv_heads, n_slots = k.shape[1], k.shape[2]
@@ -335,4 +329,4 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
         n_buffers, n_compact, n_slots, n_evidence,
         BLOCK_P=max(2, triton.next_power_of_2(n_buffers)), EVIDENCE=write_evidence, ONE_LOOP=one_loop,
         STRADDLE_ONE_LOOP=straddle_one_loop and not one_loop,
-        index_before_wait=index_before_wait, short_splits=short_splits, warm=warm)
+        index_before_wait=index_before_wait, short_splits=short_splits)

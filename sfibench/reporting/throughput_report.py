@@ -248,9 +248,7 @@ def markdown(results: dict) -> str:
         + (f"; decode GEMVs: {res['decode_gemv']}" if res.get("decode_gemv") else "")
         + (f"; programmatic dependent launch of the Triton decode kernels: {res['pdl']}" if res.get("pdl") else "")
         + (f"; one loop in the two-segment split that straddles compact rows and tail: {res['straddle_one_loop']}"
-           if res.get("straddle_one_loop") else "")
-        + (f"; next products' weights hinted into L2 by the attention kernels: {res['l2_prefetch']}"
-           if res.get("l2_prefetch") else "") + ".",
+           if res.get("straddle_one_loop") else "") + ".",
         f"- Prefill: {', '.join(sorted({r['prefill'] for r in rows}))} (synthetic = random K/V written straight into "
         "the cache; speed does not depend on cache contents).",
         f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads right after a "

@@ -28,7 +28,7 @@ from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
 from sfibench.metrics.floor import graph_replay, weights_floor_seconds
 from sfibench.metrics.timing import StepTimer, time_region
-from sfibench.optimized import l2_prefetch, pdl
+from sfibench.optimized import pdl
 from sfibench.sfi.geometry import candidate_range
 from sfibench.workloads.replay import load_replay, take_rows
 
@@ -81,9 +81,7 @@ def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int
                                     "attention kernels": [min(attention), max(attention)], REST: rest[1:]},
               "step_ms_by_kind": {k: statistics.median(v) for k, v in by_kind.items()},
               "wall_ms_per_step": step_ms, "wall_ms_range": [min(by_kind[main_kind]), max(by_kind[main_kind])],
-              "clock": f"CUDA-graph replays, {main_kind} step, PDL {pdl.describe()}, {norms}, next weights warmed "
-                       f"in L2 by attention: {l2_prefetch.describe()} (not in the attention-alone timing)",
-              "graphs": True}
+              "clock": f"CUDA-graph replays, {main_kind} step, PDL {pdl.describe()}, {norms}", "graphs": True}
     if spec.name == "sfi":
         result["per_refresh_ms"] = _refresh_parts(method, cache, int(cache.lengths_host[0]))
     return result

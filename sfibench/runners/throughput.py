@@ -40,12 +40,6 @@ def _straddle_state() -> str:
     return two_segment.describe_straddle()
 
 
-def _l2_prefetch_state() -> str:
-    from sfibench.optimized import l2_prefetch  # Triton: imported only when a report is written
-
-    return l2_prefetch.describe()
-
-
 def _decode_gemv(model) -> str:
     """Which kernels ran the decode products (fusion on: gemv.py's, the qkv one with its epilogue, and
     whether the input norms were folded into the qkv products)."""
@@ -132,7 +126,6 @@ def run_throughput(model: str, device: str, dtype: str, contexts: list[int | str
             "decode_gemv": _decode_gemv(session.loaded.model),
             "pdl": _pdl_state(),
             "straddle_one_loop": _straddle_state() if session.device.type == "cuda" else None,
-            "l2_prefetch": _l2_prefetch_state() if session.device.type == "cuda" else None,
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if dense_kernels else [],
         }
         write_results(run_dir, "throughput", cfg, results)
