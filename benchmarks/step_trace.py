@@ -48,9 +48,9 @@ def trace(replay) -> dict:
         for _ in range(REPLAYS):
             replay()
         torch.cuda.synchronize()
-    kernels = sorted(((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                      if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start),
-                     key=lambda k: k[0])
+    cuda = torch.autograd.DeviceType.CUDA
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type == cuda and e.time_range.end > e.time_range.start)
     per_replay = len(kernels) // REPLAYS
     by_name, spans, busy = defaultdict(float), [], []
     for r in range(REPLAYS):
@@ -64,10 +64,14 @@ def trace(replay) -> dict:
         by_kind[kind_of(name)] += us
     span, total = sorted(spans)[REPLAYS // 2], sorted(busy)[REPLAYS // 2]
     # Each launch in step order with its median duration over the replays: roles come from the order.
-    sequence = [[kernels[p][2][:40], sorted(kernels[r * per_replay + p][1] - kernels[r * per_replay + p][0]
-                                             for r in range(REPLAYS))[REPLAYS // 2]] for p in range(per_replay)]
+    def median_duration(position):
+        durations = sorted(end - start for start, end, _ in kernels[position::per_replay][:REPLAYS])
+        return durations[len(durations) // 2]
+
+    sequence = [[kernels[p][2][:40], median_duration(p)] for p in range(per_replay)]
     return {"kernels_per_step": per_replay, "span_us": span, "kernel_us": total, "gaps_us": span - total,
-            "by_kind_us": dict(by_kind), "by_name_us": dict(sorted(by_name.items(), key=lambda item: -item[1])),
+            "by_kind_us": dict(by_kind),
+            "by_name_us": dict(sorted(by_name.items(), key=lambda item: -item[1])),
             "count_by_name": {name[:90]: sum(1 for *_, n in kernels if n[:90] == name[:90]) // REPLAYS
                               for name in by_name}, "sequence": sequence}
 
@@ -81,7 +85,8 @@ def main(model: str, context: int, batches: str, methods: str, out: str) -> None
         prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
         for item in methods.split(","):
             name, _, path = item.partition("/")
-            method = create_method(MethodSpec(name=name, path=path or "optimized"), cfg, session.loaded.tokenizer)
+            spec = MethodSpec(name=name, path=path or "optimized")
+            method = create_method(spec, cfg, session.loaded.tokenizer)
             driver = StepDriver(session.loaded.model, cache, method, use_graphs=True)
             driver.start(prefilled)
             tokens = torch.zeros(batch, dtype=torch.long, device="cuda")
@@ -91,8 +96,9 @@ def main(model: str, context: int, batches: str, methods: str, out: str) -> None
                    **trace(next(iter(driver.graphs.values())).graph.replay)}
             rows.append(row)
             kinds = "  ".join(f"{k} {v:.1f}" for k, v in row["by_kind_us"].items())
-            print(f"{item} B={batch} ctx={context}: {row['kernels_per_step']} kernels, span {row['span_us']:.1f} us, "
-                  f"kernels {row['kernel_us']:.1f}, gaps {row['gaps_us']:.1f}; {kinds}", flush=True)
+            print(f"{item} B={batch} ctx={context}: {row['kernels_per_step']} kernels, "
+                  f"span {row['span_us']:.1f} us, kernels {row['kernel_us']:.1f}, "
+                  f"gaps {row['gaps_us']:.1f}; {kinds}", flush=True)
             for kernel, us in list(row["by_name_us"].items())[:8]:
                 print(f"    {us:8.1f} us  x{row['count_by_name'][kernel]:<3} {kernel}", flush=True)
             del driver, method
@@ -108,8 +114,8 @@ def main(model: str, context: int, batches: str, methods: str, out: str) -> None
 
         row = {"method": "weights floor chain", "batch": batch, "context": 0, **trace(graph_replay(chain))}
         rows.append(row)
-        print(f"floor chain B={batch}: {row['kernels_per_step']} kernels, span {row['span_us']:.1f} us, kernels "
-              f"{row['kernel_us']:.1f}, gaps {row['gaps_us']:.1f}", flush=True)
+        print(f"floor chain B={batch}: {row['kernels_per_step']} kernels, span {row['span_us']:.1f} us, "
+              f"kernels {row['kernel_us']:.1f}, gaps {row['gaps_us']:.1f}", flush=True)
         del cache, prefilled
         torch.cuda.empty_cache()
     with open(out, "w") as f:

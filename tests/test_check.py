@@ -274,3 +274,28 @@ def test_a_rerun_with_a_random_selector_fails(stability_baseline, monkeypatch):
     status, output = check("--baseline", stability_baseline)
     assert status == 1, output
     assert "recall.stale.mean" in output and "regressed" in output
+
+
+def test_a_gpu_rebaseline_keeps_the_replaced_baselines_moved_accounting_before_the_exact_rules():
+    """benchmarks/gpu_baseline.py: a key that moved between the replaced baseline's runs (timing-dependent
+    accounting) keeps its rule when the new runs happen to agree, ahead of the exact patterns that would
+    otherwise match it first; a key that moved again keeps only its new rule; rules carried once are not
+    carried again."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gpu_baseline
+
+    exact = {"match": "throughput/*/tokens_read*", "abs": 0.0, "how": "deterministic"}
+    speedup = {"match": "throughput/*/speedup_vs_full_kv", "rel": 0.01, "how": "runs"}
+    async_reads = "throughput/sfi async/optimized B=1@{}/tokens_read_mean"
+    moved_8k = {"match": async_reads.format(8192), "abs": 5.0, "how": "moved"}
+    old_carried = {"match": "throughput/x/tokens_read_fast", "abs": 2.0,
+                   "how": "moved (carried from the baseline of 1)"}
+    previous = {"history": [{"commit": "abcdef1234"}], "tolerances": [moved_8k, old_carried, exact, speedup]}
+    moved_32k = {"match": async_reads.format(32768), "abs": 3.0, "how": "moved"}
+    merged = gpu_baseline.with_carried([moved_32k, exact, speedup], previous)
+    assert [rule["match"] for rule in merged] == [moved_32k["match"], moved_8k["match"], exact["match"],
+                                                  speedup["match"]]
+    assert merged[1]["abs"] == 5.0 and merged[1]["how"] == "moved (carried from the baseline of abcdef1)"
+    again = gpu_baseline.with_carried([{**moved_8k, "abs": 7.0}, exact, speedup], previous)
+    assert [rule["abs"] for rule in again if rule["match"] == moved_8k["match"]] == [7.0]
+    assert gpu_baseline.with_carried([moved_32k, exact, speedup], None) == [moved_32k, exact, speedup]

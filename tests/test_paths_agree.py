@@ -1,10 +1,11 @@
 """Paths agree: every method with a reference and an optimized path gives the same result on both.
 
 The optimized kernels run in Triton's interpreter here (float32, CPU), or compiled where CUDA is (float32,
-every tensor on the GPU: test_kernels.DEVICE), so the two paths differ only in summation order: the tokens each step reads must be identical, SFI's Selector must pick the same
-positions from the kernel's evidence as from the reference's recomputed logits, and greedy decoding
-must emit the same tokens. On a GPU in bf16 the committed check in reports/ (`paths_agree` in the H200
-throughput run) measures selection overlap and token agreement instead.
+every tensor on the GPU: test_kernels.DEVICE), so the two paths differ only in summation order: the
+tokens each step reads must be identical, SFI's Selector must pick the same positions from the kernel's
+evidence as from the reference's recomputed logits, and greedy decoding must emit the same tokens. On a
+GPU in bf16 the committed check in reports/ (`paths_agree` in the H200 throughput run) measures selection
+overlap and token agreement instead.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def decode_both(loaded, prompts, spec_for, steps):
         cache = KVCache(loaded.config, len(prompts), max(map(len, prompts)) + steps, DEVICE, torch.float32)
         pre = prefill(loaded.model, cache, prompts, chunk=64)
         method = create_method(spec_for(path), loaded.config, loaded.tokenizer)
-        out[path] = (generate(loaded.model, cache, method, pre, steps, Sampler(SamplingConfig(), DEVICE)), method)
+        sampler = Sampler(SamplingConfig(), DEVICE)
+        out[path] = (generate(loaded.model, cache, method, pre, steps, sampler), method)
     return out
 
 
