@@ -20,7 +20,6 @@ import sys
 from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from sfibench.config import MethodSpec
 from sfibench.engine.cache import KVCache
@@ -30,6 +29,7 @@ from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
 from sfibench.metrics.floor import decode_gemms, graph_replay
 from sfibench.models import fused
+from sfibench.optimized.bench_fast_path import cuda_kernels
 from sfibench.reporting.results import provenance
 
 REPLAYS = 20
@@ -41,16 +41,7 @@ def kind_of(name: str) -> str:
 
 
 def trace(replay) -> dict:
-    for _ in range(5):
-        replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPLAYS):
-            replay()
-        torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA
-    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                     if e.device_type == cuda and e.time_range.end > e.time_range.start)
+    kernels = cuda_kernels(replay, REPLAYS, warmup=5)
     per_replay = len(kernels) // REPLAYS
     by_name, spans, busy = defaultdict(float), [], []
     for r in range(REPLAYS):

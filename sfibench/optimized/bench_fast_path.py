@@ -170,21 +170,28 @@ def selector_tiles(context: int, layers: int, kv_heads: int, group: int) -> list
     return rows
 
 
-def kernel_times(fn, calls: int = 10, quiet: bool = False) -> dict[str, float]:
-    """CUDA time per call of each kernel `fn` launches (torch.profiler), largest first."""
+def cuda_kernels(fn, calls: int, warmup: int = 1) -> list[tuple[float, float, str]]:
+    """(start, end, name), microseconds, of every CUDA kernel that `calls` calls of `fn` launch under
+    torch.profiler (CUPTI: kernels inside a CUDA-graph replay too), in start order, after `warmup` calls."""
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
+    for _ in range(warmup):
+        fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                  if e.device_type == cuda and e.time_range.end > e.time_range.start)
+
+
+def kernel_times(fn, calls: int = 10, quiet: bool = False) -> dict[str, float]:
+    """CUDA time per call of each kernel `fn` launches (torch.profiler), largest first."""
     totals: dict[str, float] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            name = event.name[:80]
-            totals[name] = totals.get(name, 0.0) + event.device_time / 1000 / calls
+    for start, end, name in cuda_kernels(fn, calls):
+        totals[name[:80]] = totals.get(name[:80], 0.0) + (end - start) / 1000 / calls
     for name, ms in sorted(totals.items(), key=lambda item: -item[1])[:0 if quiet else 12]:
         print(f"    {ms:8.4f} ms  {name}", flush=True)
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
