@@ -14,7 +14,8 @@ is the baseline, the other two measure how far a rerun of unchanged code moves. 
 
 A rebaseline keeps the accounting rules of the baseline it replaces for keys that moved there but not in
 its own three runs: the asynchronous SFI's tokens read depend on when its selection is published, and three
-runs that happen to agree do not make them exact (session 16: 8K moved in session 15's runs, not in its own).
+runs that happen to agree do not make them exact (at 8K they moved in the runs of 9c5bc57's baseline, not in
+those of ee3f00d's).
 
 The CPU baseline's runner and accounting rules (reports/ci/derive_tolerances.py) are reused, not copied.
 """
