@@ -62,11 +62,16 @@ def derive(baseline: dict, others: list[dict]) -> list[dict]:
     return [*varied, *({"match": p, "abs": 0.0, "how": how} for p, how in ACCOUNTING), *speedups]
 
 
+def recorded_commit(manifest: dict | None) -> str | None:
+    """The commit a baseline manifest's latest runs were recorded at (None without one)."""
+    return ((manifest or {}).get("history") or [{}])[-1].get("commit")
+
+
 def carried(previous: dict | None, rules: list[dict]) -> list[dict]:
     """The previous baseline's rules for accounting that moved between its runs, where `rules` has none."""
     if previous is None:
         return []
-    commit = (previous.get("history") or [{}])[-1].get("commit")
+    commit = recorded_commit(previous)
     have = {rule["match"] for rule in rules}
     return [{**rule, "how": f"{rule['how']} (carried from the baseline of {str(commit)[:7]})"}
             for rule in previous.get("tolerances", [])
@@ -99,7 +104,7 @@ def main() -> None:
             "date": started.isoformat(timespec="seconds"),
             "reason": "rebaselined by benchmarks/gpu_baseline.sh" if previous else "first GPU baseline",
             "commit": baseline["provenance"].get("git_commit"),
-            "replaced_commit": (previous.get("history") or [{}])[-1].get("commit") if previous else None,
+            "replaced_commit": recorded_commit(previous),
             "runs": ["throughput"]}],
     }
     save_manifest(OUT, manifest)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import torch
 
@@ -27,8 +27,7 @@ from sfibench.engine.driver import StepDriver
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
-from sfibench.metrics.floor import decode_gemms, graph_replay
-from sfibench.models import fused
+from sfibench.metrics.floor import gemm_chain, graph_replay
 from sfibench.optimized.bench_fast_path import cuda_kernels
 from sfibench.reporting.results import provenance
 
@@ -43,13 +42,14 @@ def kind_of(name: str) -> str:
 def trace(replay) -> dict:
     kernels = cuda_kernels(replay, REPLAYS, warmup=5)
     per_replay = len(kernels) // REPLAYS
-    by_name, spans, busy = defaultdict(float), [], []
+    by_name, launches, spans, busy = defaultdict(float), Counter(), [], []
     for r in range(REPLAYS):
         chunk = kernels[r * per_replay:(r + 1) * per_replay]
         spans.append(chunk[-1][1] - chunk[0][0])
         busy.append(sum(end - start for start, end, _ in chunk))
         for start, end, name in chunk:
             by_name[name[:90]] += (end - start) / REPLAYS
+            launches[name[:90]] += 1
     by_kind = defaultdict(float)
     for name, us in by_name.items():
         by_kind[kind_of(name)] += us
@@ -63,8 +63,7 @@ def trace(replay) -> dict:
     return {"kernels_per_step": per_replay, "span_us": span, "kernel_us": total, "gaps_us": span - total,
             "by_kind_us": dict(by_kind),
             "by_name_us": dict(sorted(by_name.items(), key=lambda item: -item[1])),
-            "count_by_name": {name[:90]: sum(1 for *_, n in kernels if n[:90] == name[:90]) // REPLAYS
-                              for name in by_name}, "sequence": sequence}
+            "count_by_name": {name: count // REPLAYS for name, count in launches.items()}, "sequence": sequence}
 
 
 def main(model: str, context: int, batches: str, methods: str, out: str) -> None:
@@ -94,16 +93,8 @@ def main(model: str, context: int, batches: str, methods: str, out: str) -> None
                 print(f"    {us:8.1f} us  x{row['count_by_name'][kernel]:<3} {kernel}", flush=True)
             del driver, method
         # The weights floor's chain (metrics/floor.py) at this batch, traced the same way.
-        gemms, source = decode_gemms(session.loaded.model), torch.randn(batch, cfg.hidden_size, device="cuda",
-                                                                         dtype=session.dtype)
-
-        def chain(gemms=gemms, source=source):
-            hidden = source
-            for linear in gemms:
-                hidden = fused.ops["linear"](hidden[:, :linear.in_features], linear.weight, linear.bias)
-            return hidden
-
-        row = {"method": "weights floor chain", "batch": batch, "context": 0, **trace(graph_replay(chain))}
+        chain = graph_replay(torch.no_grad()(gemm_chain(session.loaded.model, batch, torch.device("cuda"))))
+        row = {"method": "weights floor chain", "batch": batch, "context": 0, **trace(chain)}
         rows.append(row)
         print(f"floor chain B={batch}: {row['kernels_per_step']} kernels, span {row['span_us']:.1f} us, "
               f"kernels {row['kernel_us']:.1f}, gaps {row['gaps_us']:.1f}", flush=True)

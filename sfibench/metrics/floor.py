@@ -59,6 +59,21 @@ def graph_replay(fn):
     return replay
 
 
+def gemm_chain(model: Decoder, batch: int, device: torch.device):
+    """A callable running `decode_gemms` back to back at `batch` rows, each through the decoder's own kernel
+    (cuBLAS, or gemv.py's when fused), each product's input the leading columns of the one before's output."""
+    gemms = decode_gemms(model)
+    source = torch.randn(batch, model.config.hidden_size, device=device, dtype=model.lm_head.weight.dtype)
+
+    def chain() -> torch.Tensor:
+        hidden = source
+        for linear in gemms:
+            hidden = fused.ops["linear"](hidden[:, :linear.in_features], linear.weight, linear.bias)
+        return hidden
+
+    return chain
+
+
 @torch.no_grad()
 def weights_floor_seconds(model: Decoder, batch: int, device: torch.device | str, repeats: int = 20) -> dict:
     """Time the chain of `decode_gemms` at `batch` sequences: a CUDA-graph replay per repeat on a GPU,
@@ -70,15 +85,7 @@ def weights_floor_seconds(model: Decoder, batch: int, device: torch.device | str
     if weights.device.type != device.type or device.index not in (None, weights.device.index):
         raise ValueError(f"the model's weights are on {weights.device}, not {device}: load the model on the "
                          "device the floor is measured on")
-    gemms = decode_gemms(model)
-    source = torch.randn(batch, model.config.hidden_size, device=device, dtype=weights.dtype)
-
-    def chain() -> torch.Tensor:
-        hidden = source
-        for linear in gemms:  # the decoder's own kernel for each product (cuBLAS, or gemv.py's when fused)
-            hidden = fused.ops["linear"](hidden[:, :linear.in_features], linear.weight, linear.bias)
-        return hidden
-
+    gemms, chain = decode_gemms(model), gemm_chain(model, batch, device)
     graphed = device.type == "cuda"
     seconds = spread(time_region(graph_replay(chain) if graphed else chain, device, warmup=2, repeats=repeats))
     return {
