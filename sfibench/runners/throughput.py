@@ -40,6 +40,12 @@ def _straddle_state() -> str:
     return two_segment.describe_straddle()
 
 
+def _fast_launch_state() -> str:
+    from sfibench.optimized import two_segment  # Triton: imported only when a report is written
+
+    return two_segment.describe_fast_launch()
+
+
 def _decode_gemv(model) -> str:
     """Which kernels ran the decode products (fusion on: gemv.py's, the qkv one with its epilogue, and
     whether the input norms were folded into the qkv products)."""
@@ -49,7 +55,8 @@ def _decode_gemv(model) -> str:
 
     described = DECODE_GEMV
     if fused.ops["linear_qk_norm_rope_append"] is qkv_epilogue.linear_qk_norm_rope_append:
-        described += "; qkv + q/k norm, RoPE and the KV append in one kernel (optimized/qkv_epilogue.py)"
+        described += "; qkv + q/k norm, RoPE and the KV append in one kernel (optimized/qkv_epilogue.py, " + \
+            qkv_epilogue.WHOLE_HEADS_MEANINGS["1" if qkv_epilogue.whole_heads() else "0"] + ")"
     if getattr(model, "folded_input_norms", False):
         described += "; input norms folded into the qkv products, down_proj + residual add + sums of squares"
         if getattr(model, "folded_post_attention_norms", False):
@@ -126,6 +133,7 @@ def run_throughput(model: str, device: str, dtype: str, contexts: list[int | str
             "decode_gemv": _decode_gemv(session.loaded.model),
             "pdl": _pdl_state(),
             "straddle_one_loop": _straddle_state() if session.device.type == "cuda" else None,
+            "fast_launch": _fast_launch_state() if session.device.type == "cuda" else None,
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if dense_kernels else [],
         }
         write_results(run_dir, "throughput", cfg, results)
