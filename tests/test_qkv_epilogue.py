@@ -125,37 +125,3 @@ def test_it_is_on_by_default_can_be_turned_off_and_a_bad_switch_is_refused(monke
     finally:
         fused.enable_fusion(False)
     assert fused.ops["linear_qk_norm_rope_append"] is fused.linear_qk_norm_rope_append
-
-
-@pytest.mark.parametrize("switch", ["0", "1"])
-def test_whole_heads_switch_picks_one_program_per_head_and_gives_the_same_result(monkeypatch, switch):
-    """SFIBENCH_QKV_WHOLE_HEADS=1: the tuned tile is replaced by one whole head per program (finished from
-    registers); =0 keeps the tuned tile, narrowed to the head. Either matches the reference."""
-    x, w, b, norms, cos, sin, caches, positions = _inputs(2, 4, 2, 64, 48, 20, torch.float32, True, True,
-                                                          seed=5)
-    positions[0] = 3
-    want_caches = [c.clone() for c in caches]
-    want_q = fused.qk_norm_rope_append(F.linear(x, w, b), *norms, cos, sin, 4, 2, *want_caches, positions)
-    launched = []
-    kernel = qkv_epilogue._qkv_append_kernel
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launched.append((grid, kwargs["BLOCK_N"]))
-                return kernel[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(qkv_epilogue, "_qkv_append_kernel", Recorder())
-    monkeypatch.setenv(qkv_epilogue.WHOLE_HEADS_ENV, switch)
-    got_caches = [c.clone() for c in caches]
-    q = qkv_epilogue.linear_qk_norm_rope_append(x, w, b, *norms, cos, sin, 4, 2, *got_caches, positions)
-    torch.testing.assert_close(q, want_q, atol=1e-5, rtol=1e-5)
-    for got, want in zip(got_caches, want_caches):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    heads = 4 + 2 * 2
-    # gemv.decode_config's tile for this untuned shape is 32 columns: two programs a head
-    assert launched == ([((heads,), 64)] if switch == "1" else [((2 * heads,), 32)])
-    monkeypatch.setenv(qkv_epilogue.WHOLE_HEADS_ENV, "yes")
-    with pytest.raises(UsageError, match=qkv_epilogue.WHOLE_HEADS_ENV):
-        qkv_epilogue.whole_heads()

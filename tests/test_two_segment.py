@@ -30,9 +30,7 @@ from sfibench.optimized.decode_attention import (
 )
 from sfibench.optimized.decode_reference import two_segment_decode_reference
 from sfibench.optimized.two_segment import (
-    EARLY_TILE_ENV,
-    LONG_SPLIT_SPLITS,
-    LONG_SPLIT_STAGES,
+    LONG_SPLIT_SHAPES,
     LONG_SPLITS_ENV,
     STRADDLE_ENV,
     dense_read_launch,
@@ -104,14 +102,12 @@ CASES = [  # kv_heads, group, head_dim, width N, slots S, dtype, num_splits, see
 ]
 
 
-@pytest.mark.parametrize("loops", ["two-loops", "one-loop", "straddle", "early-tile"])
+@pytest.mark.parametrize("loops", ["two-loops", "one-loop", "straddle"])
 @pytest.mark.parametrize("kv_heads,group,head_dim,width,slots,dtype,num_splits,seed,rows", CASES)
 def test_two_segment_matches_reference_and_writes_evidence_only_where_asked(
         kv_heads, group, head_dim, width, slots, dtype, num_splits, seed, rows, loops):
-    # straddle: a loop per segment, except one loop in the split that holds both (SFIBENCH_STRADDLE_ONE_LOOP);
-    # early-tile: one loop whose first tile is loaded before the PDL wait, the newest slot after it
-    one_loop, straddle = loops in ("one-loop", "early-tile"), loops == "straddle"
-    early = loops == "early-tile"
+    # straddle: a loop per segment, except one loop in the split that holds both (SFIBENCH_STRADDLE_ONE_LOOP)
+    one_loop, straddle = loops == "one-loop", loops == "straddle"
     inputs = two_segment_inputs(kv_heads, group, head_dim, width, slots, dtype, seed, rows,
                                 buffer_major=seed % 3 != 0)
     batch, q_heads = len(rows), kv_heads * group
@@ -123,7 +119,7 @@ def test_two_segment_matches_reference_and_writes_evidence_only_where_asked(
     out = torch.full_like(inputs["q"], float("nan"))
 
     two_segment_decode(**inputs, evidence=evidence, evidence_rows=evidence_rows, num_splits=num_splits, out=out,
-                       one_loop=one_loop, straddle_one_loop=straddle, early_tile=early)
+                       one_loop=one_loop, straddle_one_loop=straddle)
 
     reference, logits = two_segment_decode_reference(**inputs, evidence_rows=evidence_rows)
     assert_matches(out, reference, dtype)
@@ -190,25 +186,25 @@ def test_the_merge_can_be_placed_against_the_split_count_rule(num_splits, merge_
 
 def test_fast_reads_take_one_loop_and_pdl_only_when_their_splits_are_short(monkeypatch):
     # Qwen3-4B shape, 2,308 rows per (sequence, KV head) at a fast step, 132 SMs (the H200 measurement).
-    for env in (STRADDLE_ENV, EARLY_TILE_ENV, LONG_SPLITS_ENV):
+    for env in (STRADDLE_ENV, LONG_SPLITS_ENV):
         monkeypatch.delenv(env, raising=False)
     one = fast_read_launch(1, 8, 2308, torch.device("cpu"))
     five = fast_read_launch(5, 8, 2308, torch.device("cpu"))
-    # ~144 rows per split: one loop, and PDL under its default mode; ~770: neither, and the long-split stages
-    assert one == {"num_splits": 16, "one_loop": True, "short_splits": True, "straddle_one_loop": False,
-                   "early_tile": False}
-    assert five == {"num_splits": 3, "one_loop": False, "short_splits": False, "straddle_one_loop": False,
-                    "early_tile": False, "num_stages": LONG_SPLIT_STAGES}
-    # qwen3-0.6b at B = 7 (56 sequence x KV head pairs) takes its splits from the table
-    assert fast_read_launch(7, 8, 2308, torch.device("cpu"))["num_splits"] == LONG_SPLIT_SPLITS[56] != \
-        default_num_splits(7, 8, 2308)
+    # ~144 rows per split: one loop, and PDL under its default mode; ~770: neither
+    assert one == {"num_splits": 16, "one_loop": True, "short_splits": True, "straddle_one_loop": False}
+    assert five == {"num_splits": 3, "one_loop": False, "short_splits": False, "straddle_one_loop": False}
+    # qwen3-0.6b at B = 7 (56 sequence x KV head pairs): splits and stages from the table, unless switched off
+    seven = fast_read_launch(7, 8, 2308, torch.device("cpu"))
+    assert (seven["num_splits"], seven["num_stages"]) == LONG_SPLIT_SHAPES[56]
+    assert seven["num_splits"] != default_num_splits(7, 8, 2308)
     monkeypatch.setenv(LONG_SPLITS_ENV, "default")
     assert fast_read_launch(7, 8, 2308, torch.device("cpu")) == {
         "num_splits": default_num_splits(7, 8, 2308), "one_loop": False, "short_splits": False,
-        "straddle_one_loop": False, "early_tile": False}
-    monkeypatch.setenv(EARLY_TILE_ENV, "1")  # short splits only: it rides on the one loop
-    assert fast_read_launch(1, 8, 2308, torch.device("cpu"))["early_tile"]
-    assert not fast_read_launch(5, 8, 2308, torch.device("cpu"))["early_tile"]
+        "straddle_one_loop": False}
+    monkeypatch.setenv(LONG_SPLITS_ENV, "on")
+    with pytest.raises(UsageError, match=LONG_SPLITS_ENV):
+        fast_read_launch(7, 8, 2308, torch.device("cpu"))
+    monkeypatch.delenv(LONG_SPLITS_ENV)
     monkeypatch.setenv(STRADDLE_ENV, "1")  # the A/B switch, read per launch plan
     assert fast_read_launch(5, 8, 2308, torch.device("cpu"))["straddle_one_loop"]
     monkeypatch.setenv(STRADDLE_ENV, "slow")  # only SFI's dense-row launches: not a fast read
@@ -216,18 +212,13 @@ def test_fast_reads_take_one_loop_and_pdl_only_when_their_splits_are_short(monke
     monkeypatch.setenv(STRADDLE_ENV, "yes")
     with pytest.raises(UsageError, match=f"{STRADDLE_ENV}='yes' is not accepted.*slow = "):
         fast_read_launch(5, 8, 2308, torch.device("cpu"))
-    monkeypatch.setenv(STRADDLE_ENV, "0")
-    monkeypatch.setenv(EARLY_TILE_ENV, "yes")
-    with pytest.raises(UsageError, match=EARLY_TILE_ENV):
-        fast_read_launch(1, 8, 2308, torch.device("cpu"))
 
 
-def test_the_early_tile_needs_the_one_loop_and_stages_can_be_set_alone():
+def test_a_launch_may_set_its_stages_alone():
     inputs = two_segment_inputs(2, 2, 64, 16, 300, torch.float32, 17, [(0, 120, 300), (DENSE, 0, 260)])
-    with pytest.raises(ValueError, match="early_tile needs one_loop"):
-        two_segment_decode(**inputs, early_tile=True)
-    out = two_segment_decode(**inputs, num_splits=2, num_stages=3)
-    assert_matches(out, two_segment_decode_reference(**inputs)[0], torch.float32)
+    for stages in (2, 3):
+        out = two_segment_decode(**inputs, num_splits=2, num_stages=stages)
+        assert_matches(out, two_segment_decode_reference(**inputs)[0], torch.float32)
 
 
 def test_dense_row_steps_split_for_the_long_read_and_straddle_in_one_loop_in_a_batch(monkeypatch):
@@ -269,13 +260,11 @@ def test_long_context_bf16_on_gpu_and_under_cuda_graph_replay():
     evidence_rows = torch.tensor([0, 0, 1], device="cuda")
     evidence = torch.full((3, kv_heads * group, slots), EVIDENCE_POISON, device="cuda")
     reference, logits = two_segment_decode_reference(**inputs, evidence_rows=evidence_rows)
-    for splits, one_loop, straddle, early in ((None, False, False, False), (3, False, False, False),
-                                              (3, False, True, False), (16, False, False, False),
-                                              (16, True, False, False), (16, True, False, True),
-                                              (40, True, False, False)):
+    for splits, one_loop, straddle in ((None, False, False), (3, False, False), (3, False, True), (16, False, False),
+                                       (16, True, False), (40, True, False)):
         # default, few, 16 (merged in the kernel), many (a second kernel merges); every loop form
         out = two_segment_decode(**inputs, evidence=evidence, evidence_rows=evidence_rows, num_splits=splits,
-                                 one_loop=one_loop, straddle_one_loop=straddle, early_tile=early)
+                                 one_loop=one_loop, straddle_one_loop=straddle)
         assert_matches(out, reference, torch.bfloat16)
     torch.testing.assert_close(evidence.double(), logits.nan_to_num(nan=EVIDENCE_POISON), rtol=1e-3, atol=1e-3)
 

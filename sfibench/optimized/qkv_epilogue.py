@@ -40,52 +40,26 @@ def enabled() -> bool:
     return read_switch(ENV, choices, "1") == "1"
 
 
-# With SFIBENCH_QKV_WHOLE_HEADS=1 every program owns one whole head (BLOCK_N = HEAD_DIM) and finishes it from
-# its registers: no stores of the product, no counter, no read-back (the last program's round trips to L2 that
-# step_trace.py puts at ~1.8 us a layer on qwen3-0.6b), at the price of fewer, longer programs (32 at 0.6B's
-# 4,096 columns instead of 128). This tile keeps three weight tiles in flight.
-WHOLE_HEADS_ENV = "SFIBENCH_QKV_WHOLE_HEADS"
-WHOLE_HEADS_MEANINGS = {"0": "programs own parts of a head, the head's last program finishes it",
-                        "1": "every program owns a whole head and finishes it from registers"}
-WHOLE_HEAD_BLOCK_K, WHOLE_HEAD_STAGES = 128, 4
-
-
-def whole_heads() -> bool:
-    """Whether SFIBENCH_QKV_WHOLE_HEADS asks for one program per head (WHOLE_HEADS_ENV)."""
-    return read_switch(WHOLE_HEADS_ENV, WHOLE_HEADS_MEANINGS, "0") == "1"
-
-
 @triton.jit
-def _load_head(qkv_ptr, head, rows, stride_qkv, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The stored product's head `head` for every row, as its two halves [BLOCK_M, HEAD_DIM / 2]."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_h = tl.arange(0, HALF)
-    src = qkv_ptr + offs_m.to(tl.int64)[:, None] * stride_qkv + head * HEAD_DIM + offs_h[None, :]
-    row_ok = (offs_m < rows)[:, None]
-    # .cg: past L1, which may hold lines of this buffer from an earlier launch
-    first = tl.load(src, mask=row_ok, other=0.0, cache_modifier=".cg")
-    second = tl.load(src + HALF, mask=row_ok, other=0.0, cache_modifier=".cg")
-    return first, second
-
-
-@triton.jit
-def _finish_head(first, second, head, rows, cos_ptr, sin_ptr, stride_cb, stride_sb, q_weight_ptr,
-                 k_weight_ptr, q_ptr, stride_qb, stride_qh, k_cache_ptr, v_cache_ptr, norms_ptr,
-                 positions_ptr,
+def _finish_head(qkv_ptr, head, rows, stride_qkv, cos_ptr, sin_ptr, stride_cb, stride_sb, q_weight_ptr, k_weight_ptr,
+                 q_ptr, stride_qb, stride_qh, k_cache_ptr, v_cache_ptr, norms_ptr, positions_ptr,
                  stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_nb, stride_nh, stride_ns,
                  stride_p, n_slots, eps, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                  HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """One head of every row, its product given as two halves in the model dtype, to q or the cache,
-    rounded where the reference rounds (fused.qk_norm_rope_append: the norm in float32, cast, times the
-    weight, cast; RoPE in float32, cast). layer_kernels._norm_rope_head does the same for one (token, head);
-    here all rows of the head are one [rows, HEAD_DIM / 2] tile: one round trip to memory, not one a row."""
-    dtype = first.dtype
+    """One head of every row, from the stored product to q or the cache, rounded where the reference rounds
+    (fused.qk_norm_rope_append: the norm in float32, cast, times the weight, cast; RoPE in float32, cast).
+    layer_kernels._norm_rope_head does the same for one (token, head); here all rows of the head are one
+    [rows, HEAD_DIM / 2] tile, so the tail costs one round trip to memory rather than one per row."""
+    dtype = qkv_ptr.dtype.element_ty
     HALF: tl.constexpr = HEAD_DIM // 2
     offs_m = tl.arange(0, BLOCK_M)
     offs_h = tl.arange(0, HALF)
     row_ok = offs_m < rows
     batch = offs_m.to(tl.int64)
+    src = qkv_ptr + batch[:, None] * stride_qkv + head * HEAD_DIM + offs_h[None, :]
+    # .cg: past L1, which may hold lines of this buffer from an earlier launch
+    first = tl.load(src, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+    second = tl.load(src + HALF, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
     slot = tl.load(positions_ptr + batch * stride_p, mask=row_ok, other=-1).to(tl.int64)
     in_cache = (row_ok & (slot >= 0) & (slot < n_slots))[:, None]  # a bad position writes nothing
     if head >= NUM_HEADS + NUM_KV_HEADS:  # a value head: copied as it is
@@ -157,32 +131,19 @@ def _qkv_append_kernel(x_ptr, w_ptr, bias_ptr, qkv_ptr, counter_ptr, cos_ptr, si
         acc = acc * gemv.input_inv_rms(squares_ptr, n_partials, rows, n_in, input_eps, BLOCK_M)[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    product = acc.to(qkv_ptr.dtype.element_ty)
-    if BLOCK_N == HEAD_DIM:
-        # The program owns its whole head (WHOLE_HEADS_ENV): it finishes the head from registers, with no
-        # store, counter or read-back. Its halves: [M, D] -> [M, 2, D / 2] -> [M, D / 2, 2] -> two [M, D / 2].
-        first, second = tl.split(tl.permute(tl.reshape(product, [BLOCK_M, 2, HEAD_DIM // 2]), [0, 2, 1]))
-        _finish_head(first, second, pid, rows, cos_ptr, sin_ptr, stride_cb, stride_sb, q_weight_ptr,
-                     k_weight_ptr, q_ptr, stride_qb, stride_qh, k_cache_ptr, v_cache_ptr, norms_ptr,
-                     positions_ptr, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                     stride_nb, stride_nh, stride_ns, stride_p, n_slots, eps, NUM_HEADS, NUM_KV_HEADS,
-                     HAS_NORM, HEAD_DIM, BLOCK_M)
-    else:
-        tl.store(qkv_ptr + offs_m[:, None] * stride_qkv + offs_n[None, :], product,
-                 mask=row_ok[:, None] & col_ok[None, :])
-        # The head's last program to finish completes it. The barrier orders every thread's stores before the
-        # counter's release (as in gemv's add_rms_norm epilogue).
-        PARTS: tl.constexpr = HEAD_DIM // BLOCK_N
-        head = pid // PARTS
-        tl.debug_barrier()
-        if tl.atomic_add(counter_ptr + head, 1, sem="acq_rel", scope="gpu") == PARTS - 1:
-            first, second = _load_head(qkv_ptr, head, rows, stride_qkv, HEAD_DIM, BLOCK_M)
-            _finish_head(first, second, head, rows, cos_ptr, sin_ptr, stride_cb, stride_sb, q_weight_ptr,
-                         k_weight_ptr, q_ptr, stride_qb, stride_qh, k_cache_ptr, v_cache_ptr, norms_ptr,
-                         positions_ptr, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                         stride_nb, stride_nh, stride_ns, stride_p, n_slots, eps, NUM_HEADS, NUM_KV_HEADS,
-                         HAS_NORM, HEAD_DIM, BLOCK_M)
-            tl.store(counter_ptr + head, 0)  # zero again for the next launch or graph replay
+    tl.store(qkv_ptr + offs_m[:, None] * stride_qkv + offs_n[None, :], acc.to(qkv_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
+    # The head's last program to finish completes it. The barrier orders every thread's stores before the
+    # counter's release (as in gemv's add_rms_norm epilogue).
+    PARTS: tl.constexpr = HEAD_DIM // BLOCK_N
+    head = pid // PARTS
+    tl.debug_barrier()
+    if tl.atomic_add(counter_ptr + head, 1, sem="acq_rel", scope="gpu") == PARTS - 1:
+        _finish_head(qkv_ptr, head, rows, stride_qkv, cos_ptr, sin_ptr, stride_cb, stride_sb, q_weight_ptr,
+                     k_weight_ptr, q_ptr, stride_qb, stride_qh, k_cache_ptr, v_cache_ptr, norms_ptr, positions_ptr,
+                     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_nb, stride_nh, stride_ns,
+                     stride_p, n_slots, eps, NUM_HEADS, NUM_KV_HEADS, HAS_NORM, HEAD_DIM, BLOCK_M)
+        tl.store(counter_ptr + head, 0)  # zero again for the next launch or graph replay
 
 
 @functools.cache
@@ -206,12 +167,9 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
     n_out, n_in = weight.shape
     head_dim = cos.shape[-1]
     x2 = gemv._rows(x, n_in, weight)
-    chosen = config is not None  # a caller's (test's) tile is kept as it is
     config = config or gemv.decode_config(x2.shape[0], n_out, n_in, x.device)
-    if config is not None:  # a program never spans two heads; with whole heads, it owns one (WHOLE_HEADS_ENV)
+    if config is not None:
         config = replace(config, block_n=min(config.block_n, head_dim))
-        if whole_heads() and not chosen:
-            config = gemv.GemvConfig(head_dim, WHOLE_HEAD_BLOCK_K, num_stages=WHOLE_HEAD_STAGES)
     if config is None or head_dim % config.block_n or x.shape[1] != 1 \
             or n_out != (num_heads + 2 * num_kv_heads) * head_dim:
         return fused.linear_qk_norm_rope_append(x, weight, bias, q_weight, k_weight, eps, cos, sin, num_heads,

@@ -68,7 +68,6 @@ def _two_segment_split_kernel(
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr,
     ONE_LOOP: tl.constexpr, STRADDLE_ONE_LOOP: tl.constexpr, PDL: tl.constexpr, INDEX_BEFORE_WAIT: tl.constexpr,
-    EARLY_TILE: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
@@ -95,23 +94,6 @@ def _two_segment_split_kernel(
     n_cache = tl.minimum(tl.load(length_ptr + seq * stride_length).to(tl.int32), n_slots)
     tail_len = tl.maximum(n_cache - tail_start, 0)
     start, end = _split_range(count + tail_len, split, num_splits, BLOCK_N)
-    to_slot = tail_start - count  # union index i >= count is cache slot i + to_slot
-
-    compact_k_head = compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh
-    compact_v_head = compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh
-    k_head = k_ptr + seq * stride_kb + kv_head * stride_kh
-    v_head = v_ptr + seq * stride_vb + kv_head * stride_vh
-    if EARLY_TILE:
-        # The split's first tile is loaded before the wait (EARLY_TILE_ENV), all but the step's own key and
-        # value: the kernel before appended them at cache slot n_cache - 1 (StepContext: kv_lengths =
-        # positions + 1), union index `newest`; the other rows were written before the layer began.
-        offs_n = tl.arange(0, BLOCK_N)
-        first_idx = start + offs_n
-        newest = tl.where(tail_len > 0, count + tail_len - 1, -1)
-        older = (first_idx < end) & (first_idx != newest)
-        first_k, first_v = _load_both_segments(
-            compact_k_head, compact_v_head, k_head, v_head, first_idx, older, count, to_slot, stride_ckn,
-            stride_ckd, stride_cvn, stride_cvd, stride_ks, stride_kd, stride_vs, stride_vd, HEAD_DIM)
     if INDEX_BEFORE_WAIT:
         pdl.wait_for_inputs(PDL)  # q and the newest cache slot are the kernel before's output
 
@@ -125,19 +107,13 @@ def _two_segment_split_kernel(
         evidence_end = tl.where(writes, n_evidence, 0)  # no slot is below 0: nothing written
     else:
         evidence_end = 0
+    to_slot = tail_start - count  # union index i >= count is cache slot i + to_slot
+
+    compact_k_head = compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh
+    compact_v_head = compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh
+    k_head = k_ptr + seq * stride_kb + kv_head * stride_kh
+    v_head = v_ptr + seq * stride_vb + kv_head * stride_vh
     evidence_head = evidence_ptr + seq * stride_eb + kv_head * GROUP * stride_eh
-    loop_start = start
-    if EARLY_TILE:  # (with ONE_LOOP) the early tile, its newest row loaded now if it has it; then the rest
-        if start < end:  # an empty split has no tile: its all-masked softmax would be NaN
-            has_newest = (first_idx < end) & (first_idx == newest)
-            newest_k, newest_v = _load_both_segments(
-                compact_k_head, compact_v_head, k_head, v_head, first_idx, has_newest, count, to_slot,
-                stride_ckn, stride_ckd, stride_cvn, stride_cvd, stride_ks, stride_kd, stride_vs, stride_vd, HEAD_DIM)
-            acc, running_max, running_sum = _attend_loaded_tile(
-                q, acc, running_max, running_sum, first_k + newest_k, first_v + newest_v, first_idx, end,
-                count, to_slot, qk_scale_log2, evidence_head, stride_eh, stride_es, evidence_end, GROUP,
-                BLOCK_G, EVIDENCE, DOT_PRECISION, DOT_IN_FP32)
-        loop_start = start + BLOCK_N
     # One loop over both segments: every split with ONE_LOOP; with STRADDLE_ONE_LOOP only the split that
     # straddles them (see STRADDLE_ENV), whose per-segment loops below are then empty (`first` = end).
     if ONE_LOOP:
@@ -148,10 +124,9 @@ def _two_segment_split_kernel(
             one_loop_end = tl.where((start < count) & (end > count), end, start)
     if ONE_LOOP | STRADDLE_ONE_LOOP:
         acc, running_max, running_sum = _attend_both_segments(
-            q, acc, running_max, running_sum, compact_k_head, compact_v_head, k_head, v_head, loop_start,
-            one_loop_end, count, to_slot, stride_ckn, stride_ckd, stride_cvn, stride_cvd, stride_ks,
-            stride_kd, stride_vs, stride_vd, qk_scale_log2, evidence_head, stride_eh, stride_es, evidence_end,
-            GROUP=GROUP,
+            q, acc, running_max, running_sum, compact_k_head, compact_v_head, k_head, v_head, start, one_loop_end,
+            count, to_slot, stride_ckn, stride_ckd, stride_cvn, stride_cvd, stride_ks, stride_kd, stride_vs,
+            stride_vd, qk_scale_log2, evidence_head, stride_eh, stride_es, evidence_end, GROUP=GROUP,
             BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, WRITE_LOGITS=EVIDENCE,
             DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
     if not ONE_LOOP:
@@ -179,48 +154,6 @@ def _two_segment_split_kernel(
 
 
 @triton.jit
-def _load_both_segments(compact_k_head, compact_v_head, k_head, v_head, idx, read, count, to_slot,
-                        stride_ckn, stride_ckd, stride_cvn, stride_cvd, stride_ks, stride_kd, stride_vs,
-                        stride_vd, HEAD_DIM: tl.constexpr):
-    """The K and V rows of union indices `idx` where `read`, zeros elsewhere: index i < count is compact row
-    i, any other is cache slot i + to_slot. Four masked loads at once (K and V from both segments; every row
-    comes from exactly one of them, the other reads nothing and gives zeros)."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    from_compact = (read & (idx < count))[:, None]
-    from_cache = (read & (idx >= count))[:, None]
-    slots = idx + to_slot
-    k = tl.load(compact_k_head + idx[:, None] * stride_ckn + offs_d[None, :] * stride_ckd, mask=from_compact,
-                other=0.0) + \
-        tl.load(k_head + slots[:, None] * stride_ks + offs_d[None, :] * stride_kd, mask=from_cache, other=0.0)
-    v = tl.load(compact_v_head + idx[:, None] * stride_cvn + offs_d[None, :] * stride_cvd, mask=from_compact,
-                other=0.0) + \
-        tl.load(v_head + slots[:, None] * stride_vs + offs_d[None, :] * stride_vd, mask=from_cache, other=0.0)
-    return k, v
-
-
-@triton.jit
-def _attend_loaded_tile(q, acc, running_max, running_sum, k, v, idx, end, count, to_slot, qk_scale_log2,
-                        evidence_head, stride_eh, stride_es, evidence_end,
-                        GROUP: tl.constexpr, BLOCK_G: tl.constexpr, WRITE_LOGITS: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr):
-    """One online-softmax update with a loaded tile of union indices `idx` (rows at or past `end` masked)."""
-    offs_g = tl.arange(0, BLOCK_G)
-    in_split = idx < end
-    if DOT_IN_FP32:
-        k = k.to(tl.float32)
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
-    if WRITE_LOGITS:  # the evidence of cache slots (a dense row's every slot), natural-log domain
-        slots = idx + to_slot
-        written = (offs_g < GROUP)[:, None] & (in_split & (idx >= count) & (slots < evidence_end))[None, :]
-        tl.store(evidence_head + offs_g[:, None] * stride_eh + slots[None, :] * stride_es,
-                 scores * 0.6931471805599453, mask=written)
-    scores = tl.where(in_split[None, :], scores, float("-inf"))
-    probs, rescale, running_max, running_sum = _softmax_weights(scores, running_max, running_sum)
-    acc = _accumulate(acc, probs, rescale, v, DOT_PRECISION, DOT_IN_FP32)
-    return acc, running_max, running_sum
-
-
-@triton.jit
 def _attend_both_segments(q, acc, running_max, running_sum, compact_k_head, compact_v_head, k_head, v_head,
                           start, end, count, to_slot, stride_ckn, stride_ckd, stride_cvn, stride_cvd,
                           stride_ks, stride_kd, stride_vs, stride_vd, qk_scale_log2,
@@ -232,18 +165,37 @@ def _attend_both_segments(q, acc, running_max, running_sum, compact_k_head, comp
 
     A split that straddles the two segments would otherwise run two loops, each ending in a partial
     tile: at ~150 rows per split every loop is a serial round trip to memory, and the two loads of a
-    tile (K, then V after the scores) are two more. Here each tile issues its four masked loads at once
-    (_load_both_segments), and the loop's tiles are pipelined as one stream.
+    tile (K, then V after the scores) are two more. Here each tile issues four masked loads at once (K
+    and V from the compact buffer and from the cache; every row comes from exactly one of them, the
+    other reads nothing and gives zeros), and the loop's tiles are pipelined as one stream.
     """
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
     for block_start in range(start, end, BLOCK_N):
         idx = block_start + offs_n
-        k, v = _load_both_segments(compact_k_head, compact_v_head, k_head, v_head, idx, idx < end, count,
-                                   to_slot, stride_ckn, stride_ckd, stride_cvn, stride_cvd, stride_ks,
-                                   stride_kd, stride_vs, stride_vd, HEAD_DIM)
-        acc, running_max, running_sum = _attend_loaded_tile(
-            q, acc, running_max, running_sum, k, v, idx, end, count, to_slot, qk_scale_log2, evidence_head,
-            stride_eh, stride_es, evidence_end, GROUP, BLOCK_G, WRITE_LOGITS, DOT_PRECISION, DOT_IN_FP32)
+        in_split = idx < end
+        from_compact = (in_split & (idx < count))[:, None]
+        from_cache = in_split & (idx >= count)
+        slots = idx + to_slot
+        k = tl.load(compact_k_head + idx[:, None] * stride_ckn + offs_d[None, :] * stride_ckd, mask=from_compact,
+                    other=0.0) + \
+            tl.load(k_head + slots[:, None] * stride_ks + offs_d[None, :] * stride_kd, mask=from_cache[:, None],
+                    other=0.0)
+        v = tl.load(compact_v_head + idx[:, None] * stride_cvn + offs_d[None, :] * stride_cvd, mask=from_compact,
+                    other=0.0) + \
+            tl.load(v_head + slots[:, None] * stride_vs + offs_d[None, :] * stride_vd, mask=from_cache[:, None],
+                    other=0.0)
+        if DOT_IN_FP32:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        if WRITE_LOGITS:  # the evidence of cache slots (a dense row's every slot), natural-log domain
+            written = (offs_g < GROUP)[:, None] & (from_cache & (slots < evidence_end))[None, :]
+            tl.store(evidence_head + offs_g[:, None] * stride_eh + slots[None, :] * stride_es,
+                     scores * 0.6931471805599453, mask=written)
+        scores = tl.where(in_split[None, :], scores, float("-inf"))
+        probs, rescale, running_max, running_sum = _softmax_weights(scores, running_max, running_sum)
+        acc = _accumulate(acc, probs, rescale, v, DOT_PRECISION, DOT_IN_FP32)
     return acc, running_max, running_sum
 
 
@@ -296,52 +248,39 @@ def dense_read_launch(batch: int, kv_heads: int, max_seq: int, device: torch.dev
             "straddle_one_loop": mode == "1" or (mode == "slow" and batch > 1)}
 
 
-# Long splits (a loop per segment: B > 1 at these lengths) run three pipeline stages, not default_config's
-# four, and some shapes more splits than one program per SM, keyed by sequences x KV heads (the grid's
-# other two dimensions). Measured on an H200, the two-segment attention alone over all layers graphed
-# (bench_fast_path.py; reports/attention-h200/session16/fast-path-*.log, 2,052 compact rows + 256 tail):
-# qwen3-0.6b B = 7 (56 pairs) 0.683 ms at 2 splits and 4 stages, 0.686 at 3 stages, 0.636 at 4 splits and 3
-# stages; qwen3-4b B = 5 (40 pairs) 0.673 at 3 splits and 4 stages, 0.649 at 3 stages, slower with 4 or 6
-# splits. No rule of pairs fits both split counts, so they are a table. SFIBENCH_LONG_SPLITS=default turns
-# both off (A/Bs).
-LONG_SPLIT_STAGES = 3
-LONG_SPLIT_SPLITS = {56: 4}
+# Long splits (a loop per segment: B > 1 at these lengths) of some shapes launch other than one program per SM
+# with default_config's four stages, keyed by sequences x KV heads (the grid's other two dimensions): splits,
+# stages. Measured on an H200, the two-segment attention alone over all layers graphed (bench_fast_path.py,
+# reports/attention-h200/session16/fast-path-*.log, 2,052 compact rows + 256 tail): qwen3-0.6b B = 7 (56
+# pairs) 0.683 ms at 2 splits and 4 stages, 0.636 at 4 splits and 3 stages; then in whole graphed steps
+# (reports/attention-h200/session17, same call) its fast step 1.595 -> 1.556 ms at 8K. qwen3-4b B = 5 (40
+# pairs) was fastest at its default 3 splits (0.673 ms; 3 stages 0.649 in the kernel alone, not yet tried in
+# whole steps, so not in the table). SFIBENCH_LONG_SPLITS=default turns the table off (A/Bs).
+LONG_SPLIT_SHAPES = {56: (4, 3)}
 LONG_SPLITS_ENV = "SFIBENCH_LONG_SPLITS"
-LONG_SPLITS_MEANINGS = {"tuned": f"{LONG_SPLIT_STAGES} stages, splits from a table (LONG_SPLIT_SPLITS)",
-                        "default": "one program per SM, default_config's stages"}
-
-# With PDL, a short split's kernel may start while the kernel before it (the step's k/v append) still runs,
-# and everything it reads but the newest cache slot was written before the layer began. SFIBENCH_EARLY_TILE=1
-# loads each split's first tile before the wait (EARLY_TILE in the kernel), so the wait overlaps that tile's
-# trip to memory rather than preceding it.
-EARLY_TILE_ENV = "SFIBENCH_EARLY_TILE"
-EARLY_TILE_MEANINGS = {"0": "off", "1": "short splits load their first tile before the PDL wait"}
+LONG_SPLITS_MEANINGS = {"tuned": "splits and stages from a table where it has the shape (LONG_SPLIT_SHAPES)",
+                        "default": "one program per SM and default_config's stages everywhere"}
 
 
 def fast_read_launch(batch: int, kv_heads: int, rows: int, device: torch.device) -> dict:
     """two_segment_decode's split count and loop form for steps reading about `rows` rows per
     (sequence, KV head): one program per SM (default_num_splits); when the splits are short, one loop and
-    PDL (pdl.py's `short` mode), the first tile before the wait as SFIBENCH_EARLY_TILE asks; when long, the
-    stages and splits of SFIBENCH_LONG_SPLITS; the straddling split's loop as SFIBENCH_STRADDLE_ONE_LOOP=1
-    asks."""
+    PDL (pdl.py's `short` mode); when long, splits and stages from LONG_SPLIT_SHAPES where it has the shape;
+    the straddling split's loop as SFIBENCH_STRADDLE_ONE_LOOP=1 asks."""
     splits = default_num_splits(batch, kv_heads, rows, sm_count(device))
     short = rows <= splits * ONE_LOOP_MAX_ROWS_PER_SPLIT
     launch = {"num_splits": splits, "one_loop": short, "short_splits": short,
-              "straddle_one_loop": straddle_mode() == "1",
-              "early_tile": short and read_switch(EARLY_TILE_ENV, EARLY_TILE_MEANINGS, "0") == "1"}
-    if not short and read_switch(LONG_SPLITS_ENV, LONG_SPLITS_MEANINGS, "tuned") == "tuned":
-        launch["num_splits"] = LONG_SPLIT_SPLITS.get(batch * kv_heads, splits)
-        launch["num_stages"] = LONG_SPLIT_STAGES
+              "straddle_one_loop": straddle_mode() == "1"}
+    tuned = read_switch(LONG_SPLITS_ENV, LONG_SPLITS_MEANINGS, "tuned") == "tuned"
+    if not short and tuned and batch * kv_heads in LONG_SPLIT_SHAPES:
+        launch["num_splits"], launch["num_stages"] = LONG_SPLIT_SHAPES[batch * kv_heads]
     return launch
 
 
-def describe_fast_launch() -> str:
-    """For reports: the fast-read launch switches of this process."""
-    early = read_switch(EARLY_TILE_ENV, EARLY_TILE_MEANINGS, "0")
-    long_splits = read_switch(LONG_SPLITS_ENV, LONG_SPLITS_MEANINGS, "tuned")
-    return (f"short splits' first tile before the PDL wait: {EARLY_TILE_MEANINGS[early]} "
-            f"({EARLY_TILE_ENV}={early}); long splits: {LONG_SPLITS_MEANINGS[long_splits]} "
-            f"({LONG_SPLITS_ENV}={long_splits})")
+def describe_long_splits() -> str:
+    """For reports: whether long fast-read splits take LONG_SPLIT_SHAPES in this process."""
+    mode = read_switch(LONG_SPLITS_ENV, LONG_SPLITS_MEANINGS, "tuned")
+    return f"{LONG_SPLITS_MEANINGS[mode]} ({LONG_SPLITS_ENV}={mode})"
 
 
 def _check_index(name: str, tensor: torch.Tensor, shape: tuple) -> None:
@@ -356,9 +295,8 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
                        lengths: torch.Tensor, row_buffer: torch.Tensor, evidence: torch.Tensor | None = None,
                        evidence_rows: torch.Tensor | None = None, num_splits: int | None = None, *,
                        config: KernelConfig | None = None, out: torch.Tensor | None = None,
-                       one_loop: bool = False, straddle_one_loop: bool = False, early_tile: bool = False,
-                       num_stages: int | None = None, index_before_wait: bool = False,
-                       short_splits: bool = False) -> torch.Tensor:
+                       one_loop: bool = False, straddle_one_loop: bool = False, num_stages: int | None = None,
+                       index_before_wait: bool = False, short_splits: bool = False) -> torch.Tensor:
     """q `[B, H_q, D]` over compact rows plus a cache tail, one softmax per query head; -> `[B, H_q, D]`.
 
     Row b reads buffer p = row_buffer[b] and attends over compact rows [0, compact_counts[p, b, h]) of
@@ -370,10 +308,8 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
     evidence float32 `[B, H_q, S_e]` with evidence_rows `[B]`: rows with evidence_rows[b] != 0 get
     q.k/sqrt(D) of every tail slot < S_e written at evidence[b, head, slot]; nothing else is written.
     `one_loop`: every split runs one loop over both segments; else a loop per segment, except with
-    `straddle_one_loop` in the split straddling them (STRADDLE_ENV). Same result either way. `early_tile`
-    (with `one_loop`): each split's first tile is loaded before the PDL wait, all but the row of cache slot
-    lengths[b] - 1, which must be the only one the kernel before wrote (EARLY_TILE_ENV). `num_stages`
-    replaces the default config's (without `config`).
+    `straddle_one_loop` in the split straddling them (STRADDLE_ENV). Same result either way. `num_stages`
+    replaces default_config's (without `config`).
     `index_before_wait`, `short_splits`: see decode_attention._launch_split_kernel.
     """
     batch, q_heads, head_dim = q.shape
@@ -406,8 +342,6 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
     _check_inputs(q, k, v, num_splits, {
         "compact_k/v": compact_k, "compact_counts": compact_counts, "tail_start": tail_start, "lengths": lengths,
         "row_buffer": row_buffer, "evidence": evidence, "evidence_rows": evidence_rows})
-    if early_tile and not one_loop:
-        raise ValueError("early_tile needs one_loop: the early tile is the one loop's first")
     if num_stages is not None and config is None:
         base = default_config(head_dim, q.dtype, _shared_memory(q.device))
         config = KernelConfig(base.block_n, base.num_warps, num_stages, base.merge_in_kernel)
@@ -423,5 +357,5 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
         *tail_start.stride(), lengths.stride(0), row_buffer.stride(0), *evidence_strides,
         n_buffers, n_compact, n_slots, n_evidence,
         BLOCK_P=max(2, triton.next_power_of_2(n_buffers)), EVIDENCE=write_evidence, ONE_LOOP=one_loop,
-        STRADDLE_ONE_LOOP=straddle_one_loop and not one_loop, EARLY_TILE=early_tile,
+        STRADDLE_ONE_LOOP=straddle_one_loop and not one_loop,
         index_before_wait=index_before_wait, short_splits=short_splits)

@@ -40,10 +40,10 @@ def _straddle_state() -> str:
     return two_segment.describe_straddle()
 
 
-def _fast_launch_state() -> str:
+def _long_splits_state() -> str:
     from sfibench.optimized import two_segment  # Triton: imported only when a report is written
 
-    return two_segment.describe_fast_launch()
+    return two_segment.describe_long_splits()
 
 
 def _decode_gemv(model) -> str:
@@ -55,8 +55,7 @@ def _decode_gemv(model) -> str:
 
     described = DECODE_GEMV
     if fused.ops["linear_qk_norm_rope_append"] is qkv_epilogue.linear_qk_norm_rope_append:
-        described += "; qkv + q/k norm, RoPE and the KV append in one kernel (optimized/qkv_epilogue.py, " + \
-            qkv_epilogue.WHOLE_HEADS_MEANINGS["1" if qkv_epilogue.whole_heads() else "0"] + ")"
+        described += "; qkv + q/k norm, RoPE and the KV append in one kernel (optimized/qkv_epilogue.py)"
     if getattr(model, "folded_input_norms", False):
         described += "; input norms folded into the qkv products, down_proj + residual add + sums of squares"
         if getattr(model, "folded_post_attention_norms", False):
@@ -133,7 +132,7 @@ def run_throughput(model: str, device: str, dtype: str, contexts: list[int | str
             "decode_gemv": _decode_gemv(session.loaded.model),
             "pdl": _pdl_state(),
             "straddle_one_loop": _straddle_state() if session.device.type == "cuda" else None,
-            "fast_launch": _fast_launch_state() if session.device.type == "cuda" else None,
+            "long_splits": _long_splits_state() if session.device.type == "cuda" else None,
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if dense_kernels else [],
         }
         write_results(run_dir, "throughput", cfg, results)
