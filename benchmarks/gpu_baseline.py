@@ -10,7 +10,12 @@ is the baseline, the other two measure how far a rerun of unchanged code moves. 
   three runs disagree (the asynchronous SFI's dense bridge lasts until its selection is published, which
   is timing), that key may move by twice the measured range;
 - each speedup over Full-KV by max(twice the run-to-run range, the baseline's own spread over its timed
-  passes), relative, judged only on the same GPU and only when even the current run's best pass is below.
+  passes, SPEEDUP_FLOOR), relative, judged only on the same GPU and only when even the current run's best
+  pass is below. The three runs share one device call, so they miss how far separate calls (another
+  machine instance, minutes or hours apart) move unchanged code: SPEEDUP_FLOOR is that, measured.
+
+`python benchmarks/gpu_baseline.py --floor-only` applies SPEEDUP_FLOOR to the committed baseline's rules
+without new runs (on any machine), and says so in its history.
 
 A rebaseline keeps the accounting rules of the baseline it replaces for keys that moved there but not in
 its own three runs: the asynchronous SFI's tokens read depend on when its selection is published, and three
@@ -40,6 +45,11 @@ ARGV = ["throughput", "--model", "qwen3-0.6b", "--device", "cuda", "--dtype", "b
         "--batch", "1", "--steps", "64", "--repeats", "3", "--no-dense-kernels",
         "--methods", "full_kv/optimized,sfi/optimized,streaming_llm/optimized,snapkv/optimized"]
 ACCOUNTING = [(pattern, how) for pattern, how in EXACT if pattern.startswith("throughput/")]
+# Twice the range of one key across separate device calls on unchanged 8K B=1 code paths: StreamingLLM's
+# speedup was 1.158 (ee3f00d's baseline runs), 1.152 and 1.151 (the 0.6B reports at 28a8103 and e2dd341),
+# 1.149 (session 17's check at b16b423, which the in-call rules of ee3f00d failed: 0.32% allowed): 0.8%.
+SPEEDUP_FLOOR = 0.016
+FLOOR_NOTE = f"; at least {100 * SPEEDUP_FLOOR:.1f}%, how far separate device calls move unchanged code"
 
 
 def derive(baseline: dict, others: list[dict]) -> list[dict]:
@@ -59,7 +69,22 @@ def derive(baseline: dict, others: list[dict]) -> list[dict]:
             varied.append({"match": key, "abs": 2 * (max(values) - min(values)), "how": (
                 f"accounting that moved between 3 runs of unchanged code: {', '.join(f'{v:.6g}' for v in values)}; "
                 "tolerance = twice the range")})
-    return [*varied, *({"match": p, "abs": 0.0, "how": how} for p, how in ACCOUNTING), *speedups]
+    return [*varied, *({"match": p, "abs": 0.0, "how": how} for p, how in ACCOUNTING), *with_floor(speedups)]
+
+
+def with_floor(rules: list[dict]) -> list[dict]:
+    """`rules` with every relative (speedup) tolerance raised to SPEEDUP_FLOOR where below it; the rule says so."""
+    return [{**rule, "rel": SPEEDUP_FLOOR, "how": rule["how"] + FLOOR_NOTE}
+            if "rel" in rule and rule["rel"] < SPEEDUP_FLOOR else rule for rule in rules]
+
+
+def apply_floor(manifest: dict, reason: str) -> dict:
+    """The committed `manifest` with SPEEDUP_FLOOR applied to its rules and a history entry saying why; its runs
+    and baseline commit are unchanged."""
+    history = manifest.get("history") or [{}]
+    return {**manifest, "tolerances": with_floor(manifest["tolerances"]), "history": [*history, {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "reason": reason,
+        "commit": recorded_commit(manifest), "replaced_commit": recorded_commit(manifest), "runs": []}]}
 
 
 def recorded_commit(manifest: dict | None) -> str | None:
@@ -113,4 +138,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--floor-only"]:
+        path = OUT / "baseline.json"
+        save_manifest(OUT, apply_floor(json.loads(path.read_text()), (
+            f"speedup tolerances raised to at least {100 * SPEEDUP_FLOOR:.1f}% (gpu_baseline.SPEEDUP_FLOOR), no "
+            "new runs: a check in a later device call (session 17, b16b423) failed StreamingLLM's and SnapKV's 8K "
+            "speedups by 0.8% and 0.6% on code paths unchanged since these runs")))
+    else:
+        main()
