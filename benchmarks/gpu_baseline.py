@@ -73,14 +73,14 @@ def derive(baseline: dict, others: list[dict]) -> list[dict]:
 
 
 def with_floor(rules: list[dict]) -> list[dict]:
-    """`rules` with every relative (speedup) tolerance raised to SPEEDUP_FLOOR where below it; the rule says so."""
+    """`rules` with every relative (speedup) tolerance below SPEEDUP_FLOOR raised to it; the rule says so."""
     return [{**rule, "rel": SPEEDUP_FLOOR, "how": rule["how"] + FLOOR_NOTE}
             if "rel" in rule and rule["rel"] < SPEEDUP_FLOOR else rule for rule in rules]
 
 
 def apply_floor(manifest: dict, reason: str) -> dict:
-    """The committed `manifest` with SPEEDUP_FLOOR applied to its rules and a history entry saying why; its runs
-    and baseline commit are unchanged."""
+    """The committed `manifest` with SPEEDUP_FLOOR applied to its rules and a history entry saying why; its
+    runs and baseline commit are unchanged."""
     history = manifest.get("history") or [{}]
     return {**manifest, "tolerances": with_floor(manifest["tolerances"]), "history": [*history, {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "reason": reason,
@@ -141,8 +141,8 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--floor-only"]:
         path = OUT / "baseline.json"
         save_manifest(OUT, apply_floor(json.loads(path.read_text()), (
-            f"speedup tolerances raised to at least {100 * SPEEDUP_FLOOR:.1f}% (gpu_baseline.SPEEDUP_FLOOR), no "
-            "new runs: a check in a later device call (session 17, b16b423) failed StreamingLLM's and SnapKV's 8K "
-            "speedups by 0.8% and 0.6% on code paths unchanged since these runs")))
+            f"speedup tolerances raised to at least {100 * SPEEDUP_FLOOR:.1f}% (gpu_baseline.SPEEDUP_FLOOR), "
+            "no new runs: a check in a later device call (session 17, b16b423) failed StreamingLLM's and "
+            "SnapKV's 8K speedups by 0.8% and 0.6% on code paths unchanged since these runs")))
     else:
         main()
