@@ -253,9 +253,10 @@ def dense_read_launch(batch: int, kv_heads: int, max_seq: int, device: torch.dev
 # stages. Measured on an H200, the two-segment attention alone over all layers graphed (bench_fast_path.py,
 # reports/attention-h200/session16/fast-path-*.log, 2,052 compact rows + 256 tail): qwen3-0.6b B = 7 (56
 # pairs) 0.683 ms at 2 splits and 4 stages, 0.636 at 4 splits and 3 stages; then in whole graphed steps
-# (reports/attention-h200/session17, same call) its fast step 1.595 -> 1.556 ms at 8K. qwen3-4b B = 5 (40
-# pairs) was fastest at its default 3 splits (0.673 ms; 3 stages 0.649 in the kernel alone, not yet tried in
-# whole steps, so not in the table). SFIBENCH_LONG_SPLITS=default turns the table off (A/Bs).
+# (reports/throughput-qwen3-0.6b-h200 at e2dd341 against 28a8103's) SFI's fast step 1.596 -> 1.526 ms at 8K,
+# SnapKV's 1.569 -> 1.508. qwen3-4b B = 5 (40 pairs) was fastest at its default 3 splits (0.673 ms; 3 stages
+# 0.649 in the kernel alone, not yet tried in whole steps, so not in the table). SFIBENCH_LONG_SPLITS=default
+# turns the table off (A/Bs).
 LONG_SPLIT_SHAPES = {56: (4, 3)}
 LONG_SPLITS_ENV = "SFIBENCH_LONG_SPLITS"
 LONG_SPLITS_MEANINGS = {"tuned": "splits and stages from a table where it has the shape (LONG_SPLIT_SHAPES)",
