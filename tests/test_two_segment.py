@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 from test_kernels import DEVICE, NEVER_READ_KEY, NEVER_READ_VALUE, assert_matches, random_qkv
 
 from sfibench.errors import UsageError
+from sfibench.optimized import two_segment
 from sfibench.optimized.decode_attention import (
     KernelConfig,
     _done_counters,
@@ -193,9 +194,13 @@ def test_fast_reads_take_one_loop_and_pdl_only_when_their_splits_are_short(monke
     # ~144 rows per split: one loop, and PDL under its default mode; ~770: neither
     assert one == {"num_splits": 16, "one_loop": True, "short_splits": True, "straddle_one_loop": False}
     assert five == {"num_splits": 3, "one_loop": False, "short_splits": False, "straddle_one_loop": False}
-    # qwen3-0.6b at B = 7 (56 sequence x KV head pairs): splits and stages from the table, unless switched off
+    # qwen3-0.6b at B = 7 (56 sequence x KV head pairs) on 132 SMs (the interpreter's count): splits and stages
+    # from the table, unless switched off; on another SM count the rule's
     seven = fast_read_launch(7, 8, 2308, torch.device("cpu"))
-    assert (seven["num_splits"], seven["num_stages"]) == LONG_SPLIT_SHAPES[56]
+    assert (seven["num_splits"], seven["num_stages"]) == LONG_SPLIT_SHAPES[(132, 56)]
+    with monkeypatch.context() as patch:
+        patch.setattr(two_segment, "sm_count", lambda device: 108)
+        assert "num_stages" not in fast_read_launch(7, 8, 2308, torch.device("cpu"))
     assert seven["num_splits"] != default_num_splits(7, 8, 2308)
     monkeypatch.setenv(LONG_SPLITS_ENV, "default")
     assert fast_read_launch(7, 8, 2308, torch.device("cpu")) == {

@@ -249,15 +249,15 @@ def dense_read_launch(batch: int, kv_heads: int, max_seq: int, device: torch.dev
 
 
 # Long splits (a loop per segment: B > 1 at these lengths) of some shapes launch other than one program per SM
-# with default_config's four stages, keyed by sequences x KV heads (the grid's other two dimensions): splits,
-# stages. Measured on an H200, the two-segment attention alone over all layers graphed (bench_fast_path.py,
+# with default_config's four stages, keyed by (SMs, sequences x KV heads: the grid's other two dimensions):
+# splits, stages. Measured on an H200 (132 SMs), the two-segment attention alone over all layers graphed (bench_fast_path.py,
 # reports/attention-h200/session16/fast-path-*.log, 2,052 compact rows + 256 tail): qwen3-0.6b B = 7 (56
 # pairs) 0.683 ms at 2 splits and 4 stages, 0.636 at 4 splits and 3 stages; then in whole graphed steps
 # (reports/throughput-qwen3-0.6b-h200 at e2dd341 against 28a8103's) SFI's fast step 1.596 -> 1.526 ms at 8K,
 # SnapKV's 1.569 -> 1.508. qwen3-4b B = 5 (40 pairs) was fastest at its default 3 splits (0.673 ms; 3 stages
 # 0.649 in the kernel alone, not yet tried in whole steps, so not in the table). SFIBENCH_LONG_SPLITS=default
 # turns the table off (A/Bs).
-LONG_SPLIT_SHAPES = {56: (4, 3)}
+LONG_SPLIT_SHAPES = {(132, 56): (4, 3)}
 LONG_SPLITS_ENV = "SFIBENCH_LONG_SPLITS"
 LONG_SPLITS_MEANINGS = {"tuned": "splits and stages from a table where it has the shape (LONG_SPLIT_SHAPES)",
                         "default": "one program per SM and default_config's stages everywhere"}
@@ -273,8 +273,9 @@ def fast_read_launch(batch: int, kv_heads: int, rows: int, device: torch.device)
     launch = {"num_splits": splits, "one_loop": short, "short_splits": short,
               "straddle_one_loop": straddle_mode() == "1"}
     tuned = read_switch(LONG_SPLITS_ENV, LONG_SPLITS_MEANINGS, "tuned") == "tuned"
-    if not short and tuned and batch * kv_heads in LONG_SPLIT_SHAPES:
-        launch["num_splits"], launch["num_stages"] = LONG_SPLIT_SHAPES[batch * kv_heads]
+    shape = (sm_count(device), batch * kv_heads)
+    if not short and tuned and shape in LONG_SPLIT_SHAPES:
+        launch["num_splits"], launch["num_stages"] = LONG_SPLIT_SHAPES[shape]
     return launch
 
 
