@@ -24,10 +24,10 @@ from sfibench.optimized.decode_attention import (  # after the env setup, on pur
     default_config,
     default_num_splits,
     dense_decode,
-    merges_at_once,
     sparse_decode,
 )
 from sfibench.optimized.decode_reference import dense_decode_reference, sparse_decode_reference
+from sfibench.optimized.split_merge import merges_at_once
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}

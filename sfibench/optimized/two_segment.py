@@ -37,7 +37,6 @@ from sfibench.optimized.decode_attention import (
     _accumulate,
     _attend_range,
     _check_inputs,
-    _finish_split,
     _launch_split_kernel,
     _load_group_queries,
     _shared_memory,
@@ -47,6 +46,7 @@ from sfibench.optimized.decode_attention import (
     default_num_splits,
     sm_count,
 )
+from sfibench.optimized.split_merge import _finish_split
 from sfibench.switches import read_switch
 
 
