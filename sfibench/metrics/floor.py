@@ -59,10 +59,11 @@ def graph_replay(fn):
     return replay
 
 
-def gemm_chain(model: Decoder, batch: int, device: torch.device):
-    """A callable running `decode_gemms` back to back at `batch` rows, each through the decoder's own kernel
-    (cuBLAS, or gemv.py's when fused), each product's input the leading columns of the one before's output."""
-    gemms = decode_gemms(model)
+def gemm_chain(model: Decoder, batch: int, device: torch.device, gemms: list | None = None):
+    """A callable running `gemms` (default `decode_gemms(model)`) back to back at `batch` rows, each through the
+    decoder's own kernel (cuBLAS, or gemv.py's when fused), each product's input the leading columns of the one
+    before's output."""
+    gemms = decode_gemms(model) if gemms is None else gemms
     source = torch.randn(batch, model.config.hidden_size, device=device, dtype=model.lm_head.weight.dtype)
 
     def chain() -> torch.Tensor:
@@ -85,7 +86,8 @@ def weights_floor_seconds(model: Decoder, batch: int, device: torch.device | str
     if weights.device.type != device.type or device.index not in (None, weights.device.index):
         raise ValueError(f"the model's weights are on {weights.device}, not {device}: load the model on the "
                          "device the floor is measured on")
-    gemms, chain = decode_gemms(model), gemm_chain(model, batch, device)
+    gemms = decode_gemms(model)
+    chain = gemm_chain(model, batch, device, gemms)
     graphed = device.type == "cuda"
     seconds = spread(time_region(graph_replay(chain) if graphed else chain, device, warmup=2, repeats=repeats))
     return {
