@@ -81,7 +81,7 @@ def with_floor(rules: list[dict]) -> list[dict]:
 def apply_floor(manifest: dict, reason: str) -> dict:
     """The committed `manifest` with SPEEDUP_FLOOR applied to its rules and a history entry saying why; its
     runs and baseline commit are unchanged."""
-    history = manifest.get("history") or [{}]
+    history = manifest.get("history", [])
     return {**manifest, "tolerances": with_floor(manifest["tolerances"]), "history": [*history, {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "reason": reason,
         "commit": recorded_commit(manifest), "replaced_commit": recorded_commit(manifest), "runs": []}]}
