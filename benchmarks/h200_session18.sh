@@ -3,7 +3,9 @@
 # q/k norm, RoPE and KV append run: in the attention kernel (SFIBENCH_QKV_IN_ATTENTION=1, optimized/new_token.py,
 # `attention`) against the qkv product's epilogue (=0, optimized/qkv_epilogue.py, `epilogue`), for every optimized
 # method: qwen3-0.6b at 8K and 32K, B = 1 and 7, then qwen3-4b at 32K, B = 1 and 5, each through
-# benchmarks/h200_ab.sh. Everything comes back as one tar.
+# benchmarks/h200_ab.sh. Everything comes back as one tar. It ran at 69fb2e0; moving the work into attention
+# measured no faster at B = 1 and slower in batched slow steps, so it was reverted (reports/attention-h200/session18/):
+# on later trees SFIBENCH_QKV_IN_ATTENTION is unknown and the `attention` variant does not exist.
 set -uo pipefail
 root=$OUT
 mkdir -p "$root/ab-0.6b" "$root/ab-4b"

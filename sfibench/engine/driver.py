@@ -108,10 +108,6 @@ class StepDriver:
         # launch fewer per layer than rotating, then appending).
         attend.append_target = lambda layer: (self.cache.k[layer], self.cache.v[layer], self.cache.key_norms[layer],
                                               ctx.positions)
-        # The optimized methods' kernels can take the raw qkv product and finish q/k and the append themselves
-        # (optimized/new_token.py); not where a sliding layer attends its window here.
-        attend.takes_new_token = getattr(self.method, "finishes_new_token", False) and \
-            all(cfg.is_global(layer) for layer in range(cfg.num_layers))
         return self.model(self.tokens[:, None], ctx.positions[:, None], attend)[:, -1]
 
     def _capture(self, plan: StepPlan, ctx: StepContext) -> _Captured:

@@ -118,22 +118,21 @@ class SelfAttention(nn.Module):
         batch, seq, _ = x.shape
         norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
         append_target = getattr(attend, "append_target", None)
-        if folded_norm is not None or (seq == 1 and append_target is not None):
-            # Decode: the engine names where this layer's new k/v go, and attend gets no k/v to store. Either
-            # the qkv product, whose kernel also normalises, rotates and appends them (qkv_epilogue.py; or a
-            # second kernel), gives q, or, where attention does that work itself (`takes_new_token`: the
-            # optimized path, optimized/new_token.py), attend gets the raw product as a NewToken.
-            weight = self.qkv_proj.weight if folded_norm is None else self.qkv_folded
-            folded = {} if folded_norm is None else {"input_squares": folded_norm[0], "input_eps": folded_norm[1]}
+        if folded_norm is not None:
+            squares, eps = folded_norm
+            with label("sfibench.projections"):
+                q = fused.ops["linear_qk_norm_rope_append"](
+                    x, self.qkv_folded, self.qkv_proj.bias, *norms, cos, sin, self.num_heads, self.num_kv_heads,
+                    *append_target(layer), input_squares=squares, input_eps=eps)
+            out = attend(layer, q, None, None)
+        elif seq == 1 and append_target is not None:
+            # Decode: the engine names where this layer's new k/v go; the qkv product, whose kernel also
+            # normalises, rotates and appends them (qkv_epilogue.py; or a second kernel), gives q, and
+            # attend gets no k/v to store.
             with label("sfibench.projections"):  # a label for `sfibench profile`
-                if getattr(attend, "takes_new_token", False):
-                    qkv = fused.ops["linear"](x, weight, self.qkv_proj.bias, **folded)
-                    q = fused.NewToken(qkv[:, 0], *norms, cos, sin, self.num_heads, self.num_kv_heads,
-                                       *append_target(layer))
-                else:
-                    q = fused.ops["linear_qk_norm_rope_append"](x, weight, self.qkv_proj.bias, *norms, cos, sin,
-                                                                self.num_heads, self.num_kv_heads,
-                                                                *append_target(layer), **folded)
+                q = fused.ops["linear_qk_norm_rope_append"](x, self.qkv_proj.weight, self.qkv_proj.bias, *norms, cos,
+                                                            sin, self.num_heads, self.num_kv_heads,
+                                                            *append_target(layer))
             out = attend(layer, q, None, None)
         else:
             with label("sfibench.projections"):

@@ -13,8 +13,6 @@ add + norm after o_proj and the gated activation after gate_up folded into it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
@@ -84,34 +82,6 @@ def qk_norm_rope_append(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weig
     v = qkv.view(qkv.shape[0], -1, cos.shape[-1])[:, num_heads + num_kv_heads:]
     append_kv(k_cache, v_cache, key_norms, positions, k[:, :, 0], v)
     return q
-
-
-@dataclass(frozen=True)
-class NewToken:
-    """A decode step's raw qkv product with what finishes it, handed to attention in place of q.
-
-    `qk_norm_rope_append`'s arguments: the attention kernels of the optimized path take this and normalise,
-    rotate and append inside the attention launch (optimized/new_token.py); `finish` is that work done first
-    the usual way, for anything that wants q itself. `qkv` is `[B, (H_q + 2 H_kv) * D]`."""
-
-    qkv: torch.Tensor
-    q_weight: torch.Tensor | None
-    k_weight: torch.Tensor | None
-    eps: float
-    cos: torch.Tensor
-    sin: torch.Tensor
-    num_heads: int
-    num_kv_heads: int
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    key_norms: torch.Tensor
-    positions: torch.Tensor
-
-    def finish(self) -> torch.Tensor:
-        """q `[B, H_q, 1, D]`, with k and v appended to the cache (ops["qk_norm_rope_append"])."""
-        return ops["qk_norm_rope_append"](self.qkv[:, None], self.q_weight, self.k_weight, self.eps, self.cos,
-                                          self.sin, self.num_heads, self.num_kv_heads, self.k_cache, self.v_cache,
-                                          self.key_norms, self.positions)
 
 
 def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

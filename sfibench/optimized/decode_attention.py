@@ -37,8 +37,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from sfibench.models.fused import NewToken
-from sfibench.optimized import new_token, pdl
+from sfibench.optimized import pdl
 from sfibench.optimized.split_merge import _combine_splits_kernel, _finish_split, merges_at_once
 
 
@@ -220,8 +219,6 @@ def _split_range(n_keys, split, num_splits, BLOCK_N: tl.constexpr):
 def _decode_split_kernel(
     q_ptr, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr,
     stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od, num_splits, qk_scale_log2,
-    cos_ptr, sin_ptr, q_weight_ptr, k_weight_ptr, norms_ptr, positions_ptr, stride_cos, stride_sin,
-    stride_nb, stride_nh, stride_ns, stride_pos, norm_eps,
     k_ptr, v_ptr, bound_ptr, pos_ptr,
     stride_kb, stride_kh, stride_ks, stride_kd,
     stride_vb, stride_vh, stride_vs, stride_vd,
@@ -229,7 +226,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, SPARSE: tl.constexpr, PDL: tl.constexpr,
-    INDEX_BEFORE_WAIT: tl.constexpr, NEW_TOKEN: tl.constexpr, HAS_NORM: tl.constexpr,
+    INDEX_BEFORE_WAIT: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
@@ -239,32 +236,20 @@ def _decode_split_kernel(
         pdl.wait_for_inputs(PDL)
     # Read on the device so a replayed CUDA graph sees the current length; clamped so a bad length
     # can never read outside the cache.
-    n_keys = tl.minimum(tl.load(bound_ptr + seq * stride_bound_b + kv_head * stride_bound_h).to(tl.int32), n_slots)
-    start, end = _split_range(n_keys, split, num_splits, BLOCK_N)
+    n_keys = tl.load(bound_ptr + seq * stride_bound_b + kv_head * stride_bound_h).to(tl.int32)
+    start, end = _split_range(tl.minimum(n_keys, n_slots), split, num_splits, BLOCK_N)
     if INDEX_BEFORE_WAIT:
         pdl.wait_for_inputs(PDL)  # q and the newest cache slot are the kernel before's output
 
-    k_head = k_ptr + seq * stride_kb + kv_head * stride_kh
-    v_head = v_ptr + seq * stride_vb + kv_head * stride_vh
-    if NEW_TOKEN:  # q is the raw qkv product: finish q here, and the new k/v in the split that reads their slot
-        q = new_token.finish_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, cos_ptr, sin_ptr,
-                                     stride_cos, stride_sin, q_weight_ptr, norm_eps, GROUP, BLOCK_G, HEAD_DIM,
-                                     HAS_NORM, DOT_IN_FP32)
-        if new_token.appends(split, start, end, n_keys):
-            new_token.append_new_key_value(
-                q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, cos_ptr, sin_ptr, stride_cos, stride_sin,
-                k_weight_ptr, norm_eps, k_head, v_head, stride_ks, stride_kd, stride_vs, stride_vd, norms_ptr,
-                stride_nb, stride_nh, stride_ns, positions_ptr, stride_pos, n_slots, GROUP * tl.num_programs(1),
-                HEAD_DIM, HAS_NORM)
-    else:
-        q = _load_group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, GROUP, BLOCK_G, HEAD_DIM,
-                                DOT_IN_FP32)
+    q = _load_group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, GROUP, BLOCK_G, HEAD_DIM,
+                            DOT_IN_FP32)
     # Scores live in the log2 domain (scale folded with log2(e)) so the softmax uses exp2.
     running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
     acc, running_max, running_sum = _attend_range(
-        q, acc, running_max, running_sum, k_head, v_head, pos_ptr + seq * stride_pb + kv_head * stride_ph, start, end,
+        q, acc, running_max, running_sum, k_ptr + seq * stride_kb + kv_head * stride_kh,
+        v_ptr + seq * stride_vb + kv_head * stride_vh, pos_ptr + seq * stride_pb + kv_head * stride_ph, start, end,
         stride_ks, stride_kd, stride_vs, stride_vd, stride_pn, qk_scale_log2, out_ptr, 0, 0, 0,
         GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=SPARSE, WRITE_LOGITS=False,
         DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
@@ -310,8 +295,7 @@ def _check_inputs(q, k, v, num_splits, device_tensors):
 
 
 def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, *kernel_args,
-                        index_before_wait: bool = False, short_splits: bool = False, token: NewToken | None = None,
-                        **constexprs):
+                        index_before_wait: bool = False, short_splits: bool = False, **constexprs):
     """Launch `kernel` on the (split, KV head, sequence) grid and merge its partials into `out`.
 
     Every split kernel takes the same leading arguments (queries, output, partials, counters, their
@@ -321,8 +305,6 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     buffers) before waiting for the kernel before it: a caller passes it only where that kernel does not
     write them (at decode: the kernel that appends the step's k/v). `short_splits`: the caller expects each
     split to read only a few hundred rows (a fast step), which decides whether PDL applies (pdl.MODES).
-    With a `token` (new_token.py), `q` is its query heads (new_token.split_query) and the kernel finishes them
-    and appends the new k/v itself.
     """
     batch, q_heads, head_dim = q.shape
     config = config or default_config(head_dim, q.dtype, _shared_memory(q.device))
@@ -341,10 +323,9 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     merge_at_once = merges_at_once(group, num_splits, head_dim)
     merge_in_kernel = merge_at_once if config.merge_in_kernel is None else config.merge_in_kernel
     launch = pdl.launch_options(q.device, "short_attention" if short_splits else "attention")
-    token_args, token_constexprs = new_token.launch_arguments(token, q)
     kernel[(num_splits, kv_heads, batch)](
         q, out, part_acc, part_max, part_sum, done, *q.stride(), *out.stride(), num_splits,
-        math.log2(math.e) / math.sqrt(head_dim), *token_args, *kernel_args,
+        math.log2(math.e) / math.sqrt(head_dim), *kernel_args,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
         BLOCK_N=config.block_n, BLOCK_S=block_s, MERGE_IN_KERNEL=merge_in_kernel,
         MERGE_G=triton.next_power_of_2(group), MERGE_AT_ONCE=merge_at_once,
@@ -352,7 +333,7 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or _INTERPRETED else "tf32",
         DOT_IN_FP32=_INTERPRETED and q.dtype == torch.bfloat16,
         INDEX_BEFORE_WAIT=index_before_wait, num_warps=config.num_warps, num_stages=config.num_stages,
-        **launch, **token_constexprs, **constexprs,
+        **launch, **constexprs,
     )
     if not merge_in_kernel:
         _combine_splits_kernel[(q_heads, batch)](part_acc, part_max, part_sum, out, *out.stride(), num_splits,
@@ -360,33 +341,28 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     return out
 
 
-def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, config, out, index_before_wait=False,
-            token=None):
+def _decode(q, k, v, bounds, bound_strides, positions, n_slots, num_splits, config, out, index_before_wait=False):
     """Shared launcher of dense and sparse decode; `positions` None means dense (slot i is the i-th key)."""
     _check_inputs(q, k, v, num_splits, {"lengths/counts": bounds})
-    if token is not None:
-        new_token.check_new_token(token, k)
     return _launch_split_kernel(
         _decode_split_kernel, q, out, k.shape[1], n_slots, num_splits, config,
         k, v, bounds, bounds if positions is None else positions, *k.stride(), *v.stride(), *bound_strides,
         *((0, 0, 0) if positions is None else positions.stride()), n_slots, SPARSE=positions is not None,
-        index_before_wait=index_before_wait, token=token)
+        index_before_wait=index_before_wait)
 
 
-def dense_decode(q: torch.Tensor | NewToken, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
+def dense_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                  num_splits: int | None = None, *, config: KernelConfig | None = None,
                  out: torch.Tensor | None = None, index_before_wait: bool = False) -> torch.Tensor:
     """q `[B, H_q, D]` over slots [0, lengths[b]) of k/v `[B, H_kv, S, D]` (any strides); -> `[B, H_q, D]`.
 
     `lengths` is a `[B]` integer tensor on q's device, read by the kernel (never synchronised);
-    `index_before_wait`: see _launch_split_kernel. q may be the step's NewToken (new_token.py): the kernel
-    finishes q and writes the new k/v to slot positions[b], which must be lengths[b] - 1.
+    `index_before_wait`: see _launch_split_kernel.
     """
-    token, q = new_token.split_query(q)
     if lengths.shape != (q.shape[0],):
         raise ValueError(f"lengths must be [B] = [{q.shape[0]}], got {tuple(lengths.shape)}")
     return _decode(q, k, v, lengths, (lengths.stride(0), 0), None, k.shape[2], num_splits, config, out,
-                   index_before_wait, token)
+                   index_before_wait)
 
 
 def sparse_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,

@@ -15,8 +15,6 @@ from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.prefill import Prefilled
 from sfibench.methods import AttentionMethod, register
-from sfibench.models.fused import NewToken
-from sfibench.optimized import new_token
 from sfibench.optimized.decode_attention import dense_decode
 
 
@@ -39,13 +37,9 @@ class TritonFullKV(AttentionMethod):
         # (36 more kernels a step on qwen3-4b, which only the baseline would pay).
         ctx.tokens_read.copy_(ctx.kv_lengths[None, :, None].expand_as(ctx.tokens_read))
 
-    @property
-    def finishes_new_token(self) -> bool:  # the engine may hand attend the raw qkv product (new_token.py)
-        return new_token.in_attention()
-
-    def attend(self, q: torch.Tensor | NewToken, cache: KVCache, ctx: StepContext, plan) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan) -> torch.Tensor:
         # Lengths are read on the device: the default plan (nothing host-side) serves every step. The kernel
-        # just before this one (the step's qkv product) does not write them: they may be read before a PDL wait.
-        out = dense_decode(new_token.kernel_query(q), cache.k[ctx.layer], cache.v[ctx.layer], ctx.kv_lengths,
+        # just before this one (the step's k/v append) does not write them: they may be read before a PDL wait.
+        out = dense_decode(q[:, :, 0], cache.k[ctx.layer], cache.v[ctx.layer], ctx.kv_lengths,
                            index_before_wait=True)
         return out[:, :, None]

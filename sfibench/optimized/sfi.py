@@ -23,8 +23,6 @@ import torch
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.methods import StepPlan, register
-from sfibench.models.fused import NewToken
-from sfibench.optimized import new_token
 from sfibench.optimized.compact_kernels import gather_compact
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.selector_kernels import fused_select
@@ -89,15 +87,10 @@ class OptimizedSFI(SFIMethod):
         take_published(sel.published, self.dense_rows, sel.compact_counts, sel.tail_start, ctx.kv_lengths,
                        sel.live, self.row_buffer, ctx.tokens_read)
 
-    @property
-    def finishes_new_token(self) -> bool:  # the engine may hand attend the raw qkv product (new_token.py)
-        return new_token.in_attention()
-
-    def attend(self, q: torch.Tensor | NewToken, cache: KVCache, ctx: StepContext,
-               plan: OptimizedSFIPlan) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan: OptimizedSFIPlan) -> torch.Tensor:
         layer, sel = ctx.layer, self.sel
         out = two_segment_decode(
-            new_token.kernel_query(q), sel.compact_k[:, layer], sel.compact_v[:, layer], sel.compact_counts[:, layer],
+            q[:, :, 0], sel.compact_k[:, layer], sel.compact_v[:, layer], sel.compact_counts[:, layer],
             cache.k[layer], cache.v[layer], sel.tail_start[:, layer], ctx.kv_lengths, self.row_buffer[layer],
             index_before_wait=True,  # written before the step or published by the side stream, never by the append
             **(self.dense_launch if plan.dense else self.fast_launch),

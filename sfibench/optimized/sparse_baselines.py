@@ -17,8 +17,6 @@ from sfibench.baselines.streaming_llm import StreamingLLM
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.methods import register
-from sfibench.models.fused import NewToken
-from sfibench.optimized import new_token
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.two_segment import fast_read_launch, two_segment_decode
 
@@ -31,13 +29,9 @@ class _TwoSegment:
         only changes speed), the rule the SFI fast step uses."""
         self.launch = fast_read_launch(cache.batch, self.model_config.num_kv_heads, self.cfg.budget, cache.k.device)
 
-    @property
-    def finishes_new_token(self) -> bool:  # the engine may hand attend the raw qkv product (new_token.py)
-        return new_token.in_attention()
-
-    def attend(self, q: torch.Tensor | NewToken, cache: KVCache, ctx: StepContext, plan) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan) -> torch.Tensor:
         layer = ctx.layer
-        out = two_segment_decode(new_token.kernel_query(q), *self.compact(cache, layer), self.counts[:, layer],
+        out = two_segment_decode(q[:, :, 0], *self.compact(cache, layer), self.counts[:, layer],
                                  cache.k[layer], cache.v[layer], self.tail, ctx.kv_lengths, self.row_buffer,
                                  index_before_wait=True, **self.launch)  # indices are written in begin_step
         return out[:, :, None]

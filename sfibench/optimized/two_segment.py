@@ -31,8 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sfibench.models.fused import NewToken
-from sfibench.optimized import new_token, pdl
+from sfibench.optimized import pdl
 from sfibench.optimized.decode_attention import (
     KernelConfig,
     _accumulate,
@@ -55,8 +54,6 @@ from sfibench.switches import read_switch
 def _two_segment_split_kernel(
     q_ptr, out_ptr, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr,
     stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od, num_splits, qk_scale_log2,
-    cos_ptr, sin_ptr, q_weight_ptr, k_weight_ptr, norms_ptr, positions_ptr, stride_cos, stride_sin,
-    stride_nb, stride_nh, stride_ns, stride_pos, norm_eps,
     compact_k_ptr, compact_v_ptr, count_ptr, k_ptr, v_ptr, tail_start_ptr, length_ptr, buffer_ptr,
     evidence_ptr, evidence_rows_ptr,
     stride_ckp, stride_ckb, stride_ckh, stride_ckn, stride_ckd,
@@ -71,7 +68,6 @@ def _two_segment_split_kernel(
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr,
     ONE_LOOP: tl.constexpr, STRADDLE_ONE_LOOP: tl.constexpr, PDL: tl.constexpr, INDEX_BEFORE_WAIT: tl.constexpr,
-    NEW_TOKEN: tl.constexpr, HAS_NORM: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
@@ -101,21 +97,8 @@ def _two_segment_split_kernel(
     if INDEX_BEFORE_WAIT:
         pdl.wait_for_inputs(PDL)  # q and the newest cache slot are the kernel before's output
 
-    k_head = k_ptr + seq * stride_kb + kv_head * stride_kh
-    v_head = v_ptr + seq * stride_vb + kv_head * stride_vh
-    if NEW_TOKEN:  # q is the raw qkv product: finish q here, and the new k/v in the split that reads their slot
-        q = new_token.finish_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, cos_ptr, sin_ptr,
-                                     stride_cos, stride_sin, q_weight_ptr, norm_eps, GROUP, BLOCK_G, HEAD_DIM,
-                                     HAS_NORM, DOT_IN_FP32)
-        if new_token.appends(split, start, end, count + tail_len):  # the last union index: the newest slot
-            new_token.append_new_key_value(
-                q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, cos_ptr, sin_ptr, stride_cos, stride_sin,
-                k_weight_ptr, norm_eps, k_head, v_head, stride_ks, stride_kd, stride_vs, stride_vd, norms_ptr,
-                stride_nb, stride_nh, stride_ns, positions_ptr, stride_pos, n_slots, GROUP * tl.num_programs(1),
-                HEAD_DIM, HAS_NORM)
-    else:
-        q = _load_group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, GROUP, BLOCK_G, HEAD_DIM,
-                                DOT_IN_FP32)
+    q = _load_group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, GROUP, BLOCK_G, HEAD_DIM,
+                            DOT_IN_FP32)
     running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
@@ -128,6 +111,8 @@ def _two_segment_split_kernel(
 
     compact_k_head = compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh
     compact_v_head = compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh
+    k_head = k_ptr + seq * stride_kb + kv_head * stride_kh
+    v_head = v_ptr + seq * stride_vb + kv_head * stride_vh
     evidence_head = evidence_ptr + seq * stride_eb + kv_head * GROUP * stride_eh
     # One loop over both segments: every split with ONE_LOOP; with STRADDLE_ONE_LOOP only the split that
     # straddles them (see STRADDLE_ENV), whose per-segment loops below are then empty (`first` = end).
@@ -307,7 +292,7 @@ def _check_index(name: str, tensor: torch.Tensor, shape: tuple) -> None:
         raise ValueError(f"{name} must be an integer tensor, got {tensor.dtype}")
 
 
-def two_segment_decode(q: torch.Tensor | NewToken, compact_k: torch.Tensor, compact_v: torch.Tensor,
+def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torch.Tensor,
                        compact_counts: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tail_start: torch.Tensor,
                        lengths: torch.Tensor, row_buffer: torch.Tensor, evidence: torch.Tensor | None = None,
                        evidence_rows: torch.Tensor | None = None, num_splits: int | None = None, *,
@@ -328,10 +313,7 @@ def two_segment_decode(q: torch.Tensor | NewToken, compact_k: torch.Tensor, comp
     `straddle_one_loop` in the split straddling them (STRADDLE_ENV). Same result either way. `num_stages`
     replaces default_config's (without `config`).
     `index_before_wait`, `short_splits`: see decode_attention._launch_split_kernel.
-    q may be the step's NewToken (new_token.py): the kernel finishes q and writes the new k/v to cache slot
-    positions[b], which must be lengths[b] - 1 (the last slot the row reads).
     """
-    token, q = new_token.split_query(q)
     batch, q_heads, head_dim = q.shape
     kv_heads, n_slots = k.shape[1], k.shape[2]
     if compact_k.dim() != 5 or compact_k.shape != compact_v.shape or compact_k.shape[1:3] != k.shape[:2] \
@@ -362,8 +344,6 @@ def two_segment_decode(q: torch.Tensor | NewToken, compact_k: torch.Tensor, comp
     _check_inputs(q, k, v, num_splits, {
         "compact_k/v": compact_k, "compact_counts": compact_counts, "tail_start": tail_start, "lengths": lengths,
         "row_buffer": row_buffer, "evidence": evidence, "evidence_rows": evidence_rows})
-    if token is not None:
-        new_token.check_new_token(token, k)
     if num_stages is not None and config is None:
         base = default_config(head_dim, q.dtype, _shared_memory(q.device))
         config = KernelConfig(base.block_n, base.num_warps, num_stages, base.merge_in_kernel)
@@ -380,4 +360,4 @@ def two_segment_decode(q: torch.Tensor | NewToken, compact_k: torch.Tensor, comp
         n_buffers, n_compact, n_slots, n_evidence,
         BLOCK_P=max(2, triton.next_power_of_2(n_buffers)), EVIDENCE=write_evidence, ONE_LOOP=one_loop,
         STRADDLE_ONE_LOOP=straddle_one_loop and not one_loop,
-        index_before_wait=index_before_wait, short_splits=short_splits, token=token)
+        index_before_wait=index_before_wait, short_splits=short_splits)

@@ -249,9 +249,7 @@ def markdown(results: dict) -> str:
         + (f"; programmatic dependent launch of the Triton decode kernels: {res['pdl']}" if res.get("pdl") else "")
         + (f"; one loop in the two-segment split that straddles compact rows and tail: {res['straddle_one_loop']}"
            if res.get("straddle_one_loop") else "")
-        + (f"; long fast-read splits (B > 1): {res['long_splits']}" if res.get("long_splits") else "")
-        + (f"; the optimized methods' q/k norm, RoPE and KV append: {res['new_token']}" if res.get("new_token")
-           else "") + ".",
+        + (f"; long fast-read splits (B > 1): {res['long_splits']}" if res.get("long_splits") else "") + ".",
         f"- Prefill: {', '.join(sorted({r['prefill'] for r in rows}))} (synthetic = random K/V written straight into "
         "the cache; speed does not depend on cache contents).",
         f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads right after a "

@@ -46,12 +46,6 @@ def _long_splits_state() -> str:
     return two_segment.describe_long_splits()
 
 
-def _new_token_state() -> str:
-    from sfibench.optimized import new_token  # Triton: imported only when a report is written
-
-    return new_token.describe()
-
-
 def _decode_gemv(model) -> str:
     """Which kernels ran the decode products (fusion on: gemv.py's, the qkv one with its epilogue, and
     whether the input norms were folded into the qkv products)."""
@@ -139,7 +133,6 @@ def run_throughput(model: str, device: str, dtype: str, contexts: list[int | str
             "pdl": _pdl_state(),
             "straddle_one_loop": _straddle_state() if session.device.type == "cuda" else None,
             "long_splits": _long_splits_state() if session.device.type == "cuda" else None,
-            "new_token": _new_token_state() if session.device.type == "cuda" else None,
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if dense_kernels else [],
         }
         write_results(run_dir, "throughput", cfg, results)
