@@ -170,6 +170,33 @@ def test_position_table_gathers_what_rope_cos_sin_computes(dtype):
             table(inv_freq.to(DEVICE), amplitude, torch.tensor([[4096]], device=DEVICE), dtype, 4096)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,seq,hidden,head_dim", [(3, 1, 64, 16), (1, 1, 1024, 128), (2, 3, 40, 8)])
+def test_decode_inputs_matches_reference(batch, seq, hidden, head_dim, dtype):
+    """The step's first launch gives the embeddings, their float32 sums of squares and the RoPE rows the
+    torch reference gives (first and last ids and positions included); an id or position outside its table
+    gives zeros rather than reading past it."""
+    gen = torch.Generator().manual_seed(hidden)
+    vocab, length = 50, 300
+    embedding = torch.randn(vocab, hidden, generator=gen).to(device=DEVICE, dtype=dtype)
+    inv_freq, amplitude = inverse_frequencies(head_dim, 1e4, None)
+    table = PositionTable().table(inv_freq.to(DEVICE), amplitude, dtype, length)
+    tokens = torch.randint(0, vocab, (batch, seq), generator=gen)
+    positions = torch.randint(0, length, (batch, seq), generator=gen)
+    tokens[0, 0], positions[0, 0], tokens[-1, -1], positions[-1, -1] = 0, 0, vocab - 1, length - 1
+    tokens, positions = tokens.to(DEVICE), positions.to(DEVICE)
+    got = layer_kernels.decode_inputs(tokens, positions, embedding, table)
+    expected = fused.decode_inputs(tokens, positions, embedding, table)
+    for have, want in zip(got, expected):
+        assert have.shape == want.shape and have.dtype == want.dtype
+    torch.testing.assert_close(got[1], expected[1], rtol=1e-5, atol=1e-5)  # a sum in another order
+    for have, want in zip(got[:1] + got[2:], expected[:1] + expected[2:]):
+        assert torch.equal(have, want)  # copies: exact
+    tokens[0, 0], positions[0, 0] = vocab, length
+    x, squares, cos, sin = layer_kernels.decode_inputs(tokens, positions, embedding, table)
+    assert not x[0, 0].any() and float(squares[0, 0]) == 0.0 and not cos[0, 0].any() and not sin[0, 0].any()
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 def test_decoder_with_triton_layer_kernels_matches_torch(monkeypatch, name):
     model = load_model(name, device=DEVICE).model
@@ -235,6 +262,7 @@ def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernel
             monkeypatch.setitem(fused.ops, op, getattr(gemv, op))
         monkeypatch.setitem(fused.ops, "qk_norm_rope_append", layer_kernels.qk_norm_rope_append)
         monkeypatch.setitem(fused.ops, "linear_qk_norm_rope_append", qkv_epilogue.linear_qk_norm_rope_append)
+        monkeypatch.setitem(fused.ops, "decode_inputs", layer_kernels.decode_inputs)
     monkeypatch.setitem(fused.ops, "linear_add_rms_norm", _Recording(fused.ops["linear_add_rms_norm"],
                                                                      normed_products))
     _, got = decode(model, tokens, append=True)

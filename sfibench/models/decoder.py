@@ -298,20 +298,29 @@ class Decoder(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,
                 last_only: bool = False) -> torch.Tensor:
         """tokens and positions `[B, T]` -> logits `[B, T, V]` (or `[B, 1, V]` with last_only)."""
-        x = self.embed(tokens)
-        tables = self.rope_tables(positions, x.dtype)
         layers = self.model.layers
         if getattr(self, "folded_input_norms", False) and tokens.shape[1] == 1 \
                 and getattr(attend, "append_target", None) is not None:
-            residual, squares = x, x.float().pow(2).sum(-1).reshape(1, -1)  # the first layer's partials
+            residual, squares, cos, sin = self.decode_inputs(tokens, positions)  # squares: the first layer's partials
             for index, layer in enumerate(layers):
-                residual, squares = layer.forward_folded(residual, squares, *tables[index], index, attend)
+                residual, squares = layer.forward_folded(residual, squares, cos, sin, index, attend)
             return self.head(self.model.norm(residual))
+        x = self.embed(tokens)
+        tables = self.rope_tables(positions, x.dtype)
         residual, normed = x, layers[0].input_layernorm(x)
         for index, layer in enumerate(layers):
             next_norm = layers[index + 1].input_layernorm if index + 1 < len(layers) else self.model.norm
             residual, normed = layer(residual, normed, *tables[index], index, attend, next_norm)
         return self.head(normed[:, -1:] if last_only else normed)
+
+    def decode_inputs(self, tokens: torch.Tensor, positions: torch.Tensor):
+        """A folded decode step's inputs (fused.decode_inputs): embeddings, their sums of squares, and the cos/sin
+        every layer shares, gathered from the position table (which holds rope_cos_sin's values). The folded
+        decoder is the Llama family's (can_fold_input_norms): one embedding and one RoPE table for all layers.
+        Fused, one launch where the embedding, the three ops of the squares and the gather were five."""
+        weight = self.model.embed_tokens.weight
+        table = self.position_tables.table(self.inv_freq, self.rope_amplitude, weight.dtype, self.config.max_context)
+        return fused.ops["decode_inputs"](tokens, positions, weight, table)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(tokens)

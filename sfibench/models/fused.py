@@ -84,6 +84,16 @@ def qk_norm_rope_append(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weig
     return q
 
 
+def decode_inputs(tokens: torch.Tensor, positions: torch.Tensor, embedding: torch.Tensor, table: torch.Tensor):
+    """A folded decode step's first inputs: the embeddings `[B, T, H]` of `tokens [B, T]`, their rows' float32
+    sums of squares `[1, B T]` (the first layer's folded input norm, Decoder.fold_input_norms) and cos, sin
+    `[B, T, D]` gathered from a rope.PositionTable `table [N, 2, D]` at `positions [B, T]`. Fused, one launch
+    (optimized/layer_kernels.decode_inputs) where this is five."""
+    x = F.embedding(tokens, embedding)
+    pair = table[positions]
+    return x, x.float().pow(2).sum(-1).reshape(1, -1), pair[..., 0, :], pair[..., 1, :]
+
+
 def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                                q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
                                cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
@@ -135,7 +145,8 @@ def gate_up_activation(x: torch.Tensor, weight: torch.Tensor, activation: str, *
 EAGER = {"rms_norm": rms_norm, "add_rms_norm": add_rms_norm, "qk_norm_rope": qk_norm_rope, "silu_mul": silu_mul,
          "gelu_tanh_mul": gelu_tanh_mul, "append_kv": append_kv, "qk_norm_rope_append": qk_norm_rope_append,
          "linear": linear, "linear_add_rms_norm": linear_add_rms_norm, "gate_up_activation": gate_up_activation,
-         "linear_qk_norm_rope_append": linear_qk_norm_rope_append, "linear_add_squares": linear_add_squares}
+         "linear_qk_norm_rope_append": linear_qk_norm_rope_append, "linear_add_squares": linear_add_squares,
+         "decode_inputs": decode_inputs}
 # The RoPE table (rope.rope_cos_sin) is not compiled: compiled cos/sin of float32 angles up to the context
 # length were never checked against eager on a GPU. On a GPU the decoder gathers it from rope.PositionTable
 # instead (the same launch count, eager values).
@@ -165,6 +176,7 @@ def enable_fusion(enabled: bool = True) -> None:
     ops["qk_norm_rope"] = layer_kernels.qk_norm_rope
     ops["append_kv"] = layer_kernels.append_kv
     ops["qk_norm_rope_append"] = layer_kernels.qk_norm_rope_append
+    ops["decode_inputs"] = layer_kernels.decode_inputs
     ops["linear"] = gemv.linear  # each falls back to the reference above (compiled ops) outside decode shapes
     ops["linear_add_rms_norm"] = gemv.linear_add_rms_norm
     ops["gate_up_activation"] = gemv.gate_up_activation

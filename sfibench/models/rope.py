@@ -84,11 +84,15 @@ class PositionTable:
 
     def __call__(self, inv_freq: torch.Tensor, amplitude: float, positions: torch.Tensor, dtype: torch.dtype,
                  length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pair = self.table(inv_freq, amplitude, dtype, length)[positions]  # [B, T, 2, D]; a position >= length
+        return pair[..., 0, :], pair[..., 1, :]  # fails loudly (index out of range)
+
+    def table(self, inv_freq: torch.Tensor, amplitude: float, dtype: torch.dtype, length: int) -> torch.Tensor:
+        """cos/sin of positions [0, length) as `[length, 2, D]`, on inv_freq's device, built on first use."""
         key = (str(inv_freq.device), inv_freq.data_ptr(), amplitude, dtype, length)
         table = self.tables.get(key)
         if table is None:
-            every = torch.arange(length, device=positions.device)[None]
+            every = torch.arange(length, device=inv_freq.device)[None]
             cos, sin = rope_cos_sin(inv_freq, amplitude, every, dtype)
             table = self.tables[key] = torch.stack([cos[0], sin[0]], dim=1)
-        pair = table[positions]  # [B, T, 2, D]; a position >= length fails loudly (index out of range)
-        return pair[..., 0, :], pair[..., 1, :]
+        return table

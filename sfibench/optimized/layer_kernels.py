@@ -214,3 +214,50 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Ten
         *k.stride(), *v.stride(), positions.stride(0), *k_cache.stride(), *v_cache.stride(), *key_norms.stride(),
         k_cache.shape[2], HEAD_DIM=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), num_warps=1,
     )
+
+
+@triton.jit
+def _decode_inputs_kernel(tokens_ptr, positions_ptr, embedding_ptr, table_ptr, x_ptr, squares_ptr, pair_ptr,
+                          stride_t, stride_p, stride_e, stride_table, stride_x, stride_pair, vocab, n_positions,
+                          HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, PAIR: tl.constexpr, BLOCK_PAIR: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    token = tl.load(tokens_ptr + row * stride_t).to(tl.int64)
+    position = tl.load(positions_ptr + row * stride_p).to(tl.int64)
+    # An id or position outside the tables reads nothing and gives zeros: a wrong answer, never a stray read.
+    token_ok = (token >= 0) & (token < vocab)
+    position_ok = (position >= 0) & (position < n_positions)
+    offs = tl.arange(0, BLOCK_H)
+    in_row = offs < HIDDEN
+    x = tl.load(embedding_ptr + token * stride_e + offs, mask=offs < tl.where(token_ok, HIDDEN, 0), other=0.0)
+    tl.store(x_ptr + row * stride_x + offs, x, mask=in_row)
+    x32 = x.to(tl.float32)
+    tl.store(squares_ptr + row, tl.sum(x32 * x32, 0))
+    offs_pair = tl.arange(0, BLOCK_PAIR)  # cos then sin: one contiguous [2, D] row of the table
+    in_pair = offs_pair < PAIR
+    pair = tl.load(table_ptr + position * stride_table + offs_pair, mask=offs_pair < tl.where(position_ok, PAIR, 0),
+                   other=0.0)
+    tl.store(pair_ptr + row * stride_pair + offs_pair, pair, mask=in_pair)
+
+
+def decode_inputs(tokens: torch.Tensor, positions: torch.Tensor, embedding: torch.Tensor, table: torch.Tensor):
+    """fused.decode_inputs in one launch, one program per token: the embedding row, its float32 sum of squares
+    and the RoPE table's [2, D] row (`tokens`, `positions` `[B, T]`; table `[N, 2, D]` contiguous per row).
+    Returns x `[B, T, H]`, squares `[1, B T]`, cos and sin `[B, T, D]` (views of one `[B, T, 2, D]` buffer)."""
+    batch, seq = tokens.shape
+    vocab, hidden = embedding.shape
+    if positions.shape != tokens.shape or table.dim() != 3 or table.shape[1] != 2:
+        raise ValueError(f"decode_inputs takes tokens and positions of one shape [B, T] and a table [N, 2, D]; got "
+                         f"{tuple(tokens.shape)}, {tuple(positions.shape)}, {tuple(table.shape)}")
+    if embedding.stride(1) != 1 or table.stride(2) != 1 or table.stride(1) != table.shape[2]:
+        raise ValueError("decode_inputs needs contiguous embedding rows and [2, D] table rows")
+    rows = batch * seq
+    flat_tokens, flat_positions = tokens.reshape(rows), positions.reshape(rows)
+    x = torch.empty(batch, seq, hidden, device=embedding.device, dtype=embedding.dtype)
+    squares = torch.empty(1, rows, device=embedding.device, dtype=torch.float32)
+    pair = torch.empty(batch, seq, 2, table.shape[2], device=table.device, dtype=table.dtype)
+    _decode_inputs_kernel[(rows,)](
+        flat_tokens, flat_positions, embedding, table, x, squares, pair, flat_tokens.stride(0),
+        flat_positions.stride(0), embedding.stride(0), table.stride(0), hidden, 2 * table.shape[2], vocab,
+        table.shape[0], HIDDEN=hidden, BLOCK_H=triton.next_power_of_2(hidden), PAIR=2 * table.shape[2],
+        BLOCK_PAIR=triton.next_power_of_2(2 * table.shape[2]), num_warps=4)
+    return x, squares, pair[..., 0, :], pair[..., 1, :]

@@ -18,6 +18,7 @@ from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.methods import register
 from sfibench.optimized.full_kv import require_triton_device
+from sfibench.optimized.tail_state_kernel import begin_tail_step
 from sfibench.optimized.two_segment import fast_read_launch, two_segment_decode
 
 
@@ -36,10 +37,10 @@ class _TwoSegment:
                                  index_before_wait=True, **self.launch)  # indices are written in begin_step
         return out[:, :, None]
 
-    def count_reads(self, ctx: StepContext) -> None:
-        """Tokens read by every (layer, row, KV head): compact rows + the tail."""
-        tail = (ctx.kv_lengths - self.tail[0]).clamp(min=0)
-        ctx.tokens_read.copy_(self.counts[0] + tail[None, :, None])
+    def begin_step(self, ctx: StepContext, plan) -> None:
+        # The fixed rows and tail start of each row (StreamingLLM's move with the length, SnapKV's do not) and
+        # the tokens every (layer, row, KV head) reads, in one launch.
+        begin_tail_step(ctx.kv_lengths, self.counts, self.tail, ctx.tokens_read, self.moving_segments)
 
 
 @register("streaming_llm", "optimized")
@@ -56,12 +57,10 @@ class OptimizedStreamingLLM(_TwoSegment, StreamingLLM):
         sinks = slice(0, self.cfg.n_sink)  # a view: the sinks already sit contiguous in the cache
         return cache.k[layer, :, :, sinks][None], cache.v[layer, :, :, sinks][None]
 
-    def begin_step(self, ctx: StepContext, plan) -> None:
-        sinks = ctx.kv_lengths.clamp(max=self.cfg.n_sink)
-        self.counts.copy_(sinks[None, None, :, None].expand_as(self.counts))
-        window = self.cfg.budget - self.cfg.n_sink
-        self.tail.copy_(torch.maximum(ctx.kv_lengths - window, sinks)[None])
-        self.count_reads(ctx)
+    @property
+    def moving_segments(self) -> tuple[int, int]:
+        """(n_sink, window): the sinks are the first min(L, n_sink) slots, the window the last `window` after them."""
+        return self.cfg.n_sink, self.cfg.budget - self.cfg.n_sink
 
 
 @register("snapkv", "optimized")
@@ -88,5 +87,4 @@ class OptimizedSnapKV(_TwoSegment, SnapKV):
     def compact(self, cache: KVCache, layer: int):
         return self.compact_k[:, layer], self.compact_v[:, layer]
 
-    def begin_step(self, ctx: StepContext, plan) -> None:
-        self.count_reads(ctx)
+    moving_segments = None  # the kept prompt rows and the tail's start are fixed after prefill
