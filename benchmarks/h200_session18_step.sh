@@ -9,6 +9,8 @@
 #   (c) short splits hinting their K/V into L2 before the PDL wait (kv_prefetch.py): `no-prefetch` turns it off
 #       (SFIBENCH_KV_PREFETCH=0), `early` also releases the attention at the qkv kernel's start
 #       (SFIBENCH_QKV_EARLY_RELEASE=1; B = 1 only, where the hint applies).
+# It ran at 2ba6307: (a) and (b) were kept; (c) made B = 1 steps slower (reports/attention-h200/session18) and
+# was removed, so on later trees the `no-prefetch` and `early` runs set switches that no longer exist.
 # First the CUDA tests of the new kernels. Shapes: qwen3-0.6b 8K/32K B=1,7 (every optimized method), qwen3-4b 32K
 # B=1,5 (Full-KV, SFI, StreamingLLM).
 set -uo pipefail

@@ -125,23 +125,3 @@ def test_it_is_on_by_default_can_be_turned_off_and_a_bad_switch_is_refused(monke
     finally:
         fused.enable_fusion(False)
     assert fused.ops["linear_qk_norm_rope_append"] is fused.linear_qk_norm_rope_append
-
-
-@pytest.mark.parametrize("early", ["0", "1"])
-def test_where_the_next_kernel_is_released_changes_no_result(monkeypatch, early):
-    """SFIBENCH_QKV_EARLY_RELEASE only moves the PDL release (a no-op without PDL): the same q and caches
-    either way; a bad value is refused."""
-    x, w, b, norms, cos, sin, caches, positions = _inputs(2, 4, 2, 32, 48, 20, torch.float32, True, True, seed=5)
-    config = gemv.GemvConfig(block_n=16, block_k=16)
-    results = []
-    for value in ("0", early):
-        monkeypatch.setenv(qkv_epilogue.EARLY_RELEASE_ENV, value)
-        got_caches = [c.clone() for c in caches]
-        q = qkv_epilogue.linear_qk_norm_rope_append(x, w, b, *norms, cos, sin, 4, 2, *got_caches, positions,
-                                                    config=config)
-        results.append([q, *got_caches])
-    for first, second in zip(*results):
-        assert torch.equal(first, second)
-    monkeypatch.setenv(qkv_epilogue.EARLY_RELEASE_ENV, "yes")
-    with pytest.raises(UsageError, match="SFIBENCH_QKV_EARLY_RELEASE='yes'"):
-        qkv_epilogue.early_release()

@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
 from test_kernels import DEVICE, NEVER_READ_KEY, NEVER_READ_VALUE, assert_matches, random_qkv
 
 from sfibench.errors import UsageError
-from sfibench.optimized import kv_prefetch, two_segment
+from sfibench.optimized import two_segment
 from sfibench.optimized.decode_attention import (
     KernelConfig,
     _done_counters,
@@ -296,29 +296,3 @@ def test_long_context_bf16_on_gpu_and_under_cuda_graph_replay():
         if trial % 5 in (0, 1):
             assert_matches(out, two_segment_decode_reference(**inputs)[0], torch.bfloat16)
 
-
-def test_the_kv_prefetch_is_off_without_cuda_has_the_lines_of_a_row_and_refuses_a_bad_switch(monkeypatch):
-    assert kv_prefetch.line_constants(128, 2) == {"ROW_LINES": 2, "LINE_ELEMENTS": 64}  # bf16, D = 128: 256 B rows
-    assert kv_prefetch.line_constants(32, 2) == {"ROW_LINES": 1, "LINE_ELEMENTS": 64}  # a row shorter than a line
-    assert kv_prefetch.line_constants(128, 4) == {"ROW_LINES": 4, "LINE_ELEMENTS": 32}
-    monkeypatch.setenv(kv_prefetch.ENV, "1")
-    assert not kv_prefetch.enabled(torch.device("cpu"))  # the interpreter runs no PTX
-    monkeypatch.setenv(kv_prefetch.ENV, "yes")
-    with pytest.raises(UsageError, match="SFIBENCH_KV_PREFETCH='yes'"):
-        kv_prefetch.enabled(torch.device("cpu"))
-
-
-@pytest.mark.skipif(DEVICE != "cuda", reason="the L2 hint is inline PTX: CUDA only (the interpreter compiles it out)")
-@pytest.mark.parametrize("one_loop", [True, False])
-def test_the_kv_prefetch_changes_no_result(monkeypatch, one_loop):
-    """A short-split launch with PDL hints its rows into L2 before the wait; the output is bit-identical to the
-    same launch without the hint, dense and compact rows alike."""
-    inputs = two_segment_inputs(2, 2, 128, 64, 400, torch.bfloat16, 7, [(0, 300, 400), (DENSE, 0, 250), (1, 100, 230)])
-    outputs = []
-    for value in ("0", "1"):
-        monkeypatch.setenv(kv_prefetch.ENV, value)
-        outputs.append(two_segment_decode(**inputs, num_splits=8, one_loop=one_loop, short_splits=True,
-                                          index_before_wait=True))
-    assert torch.equal(outputs[0], outputs[1])
-    reference, _ = two_segment_decode_reference(**inputs)
-    assert_matches(outputs[1], reference, torch.bfloat16)

@@ -33,16 +33,6 @@ from sfibench.switches import read_switch
 ENV = "SFIBENCH_QKV_EPILOGUE"
 
 
-EARLY_RELEASE_ENV = "SFIBENCH_QKV_EARLY_RELEASE"
-EARLY_RELEASE_MEANINGS = {"0": "after its product, before the epilogue", "1": "at its start, so that the attention "
-                          "programs can launch and hint their K/V into L2 (kv_prefetch.py) for longer"}
-
-
-def early_release() -> bool:
-    """Where the qkv kernel lets the next kernel launch under PDL (SFIBENCH_QKV_EARLY_RELEASE, default 0)."""
-    return read_switch(EARLY_RELEASE_ENV, EARLY_RELEASE_MEANINGS, "0") == "1"
-
-
 def enabled() -> bool:
     """Whether fused decoding uses this kernel (the default, SFIBENCH_QKV_EPILOGUE=1) rather than gemv's
     product + the q/k kernel (SFIBENCH_QKV_EPILOGUE=0)."""
@@ -128,18 +118,15 @@ def _qkv_append_kernel(x_ptr, w_ptr, bias_ptr, qkv_ptr, counter_ptr, cos_ptr, si
                        NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HAS_NORM: tl.constexpr,
                        HAS_BIAS: tl.constexpr, RMS_INPUT: tl.constexpr, HEAD_DIM: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, PDL: tl.constexpr, EARLY_RELEASE: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
-    if EARLY_RELEASE:  # the next kernel may launch now; it still waits for this one before reading its output
-        pdl.release_dependents(PDL)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_m < rows
     col_ok = offs_n < n_out
     acc, _ = gemv._product_tile(x_ptr, w_ptr, n_out, n_in, stride_x, stride_w, offs_m, offs_n, row_ok, col_ok,
                                 False, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, PDL)
-    if not EARLY_RELEASE:
-        pdl.release_dependents(PDL)
+    pdl.release_dependents(PDL)
     if RMS_INPUT:  # the folded input norm (gemv.input_inv_rms)
         acc = acc * gemv.input_inv_rms(squares_ptr, n_partials, rows, n_in, input_eps, BLOCK_M)[:, None]
     if HAS_BIAS:
@@ -209,7 +196,7 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HAS_NORM=has_norm, HAS_BIAS=bias is not None,
         RMS_INPUT=input_squares is not None,
         HEAD_DIM=head_dim, BLOCK_M=gemv.MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", EARLY_RELEASE=early_release(),
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device, "products"),
     )
     return q

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sfibench.optimized import kv_prefetch, pdl
+from sfibench.optimized import pdl
 from sfibench.optimized.decode_attention import (
     KernelConfig,
     _accumulate,
@@ -68,7 +68,6 @@ def _two_segment_split_kernel(
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr,
     ONE_LOOP: tl.constexpr, STRADDLE_ONE_LOOP: tl.constexpr, PDL: tl.constexpr, INDEX_BEFORE_WAIT: tl.constexpr,
-    PREFETCH: tl.constexpr, ROW_LINES: tl.constexpr, LINE_ELEMENTS: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
@@ -96,11 +95,6 @@ def _two_segment_split_kernel(
     tail_len = tl.maximum(n_cache - tail_start, 0)
     start, end = _split_range(count + tail_len, split, num_splits, BLOCK_N)
     if INDEX_BEFORE_WAIT:
-        if PREFETCH:  # this split's K/V lines into L2 while the kernel before finishes (kv_prefetch.py)
-            _hint_split(compact_k_ptr, compact_v_ptr, k_ptr, v_ptr, buffer, seq, kv_head, start, end, count,
-                        tail_start, stride_ckp, stride_ckb, stride_ckh, stride_ckn, stride_cvp, stride_cvb,
-                        stride_cvh, stride_cvn, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                        ROW_LINES, LINE_ELEMENTS)
         pdl.wait_for_inputs(PDL)  # q and the newest cache slot are the kernel before's output
 
     q = _load_group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, stride_qd, GROUP, BLOCK_G, HEAD_DIM,
@@ -157,26 +151,6 @@ def _two_segment_split_kernel(
     _finish_split(acc, running_max, running_sum, part_acc_ptr, part_max_ptr, part_sum_ptr, done_ptr, out_ptr,
                   stride_ob, stride_oh, stride_od, seq, kv_head, split, num_splits,
                   GROUP, BLOCK_G, HEAD_DIM, BLOCK_S, MERGE_IN_KERNEL, MERGE_G, MERGE_AT_ONCE)
-
-
-@triton.jit
-def _hint_split(compact_k_ptr, compact_v_ptr, k_ptr, v_ptr, buffer, seq, kv_head, start, end, count, tail_start,
-                stride_ckp, stride_ckb, stride_ckh, stride_ckn, stride_cvp, stride_cvb, stride_cvh, stride_cvn,
-                stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs,
-                ROW_LINES: tl.constexpr, LINE_ELEMENTS: tl.constexpr):
-    """Hint the K/V rows of union indices [start, end) into L2: compact rows [start, min(end, count)), then
-    cache slots from index max(start, count) on (index i >= count is slot i - count + tail_start)."""
-    compact_end = tl.minimum(end, count)
-    compact_k = compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh
-    compact_v = compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh
-    kv_prefetch.hint_rows(compact_k, stride_ckn, start, compact_end, ROW_LINES, LINE_ELEMENTS)
-    kv_prefetch.hint_rows(compact_v, stride_cvn, start, compact_end, ROW_LINES, LINE_ELEMENTS)
-    first_slot = tl.maximum(start, count) - count + tail_start
-    end_slot = end - count + tail_start
-    kv_prefetch.hint_rows(k_ptr + seq * stride_kb + kv_head * stride_kh, stride_ks, first_slot, end_slot, ROW_LINES,
-                          LINE_ELEMENTS)
-    kv_prefetch.hint_rows(v_ptr + seq * stride_vb + kv_head * stride_vh, stride_vs, first_slot, end_slot, ROW_LINES,
-                          LINE_ELEMENTS)
 
 
 @triton.jit
@@ -281,8 +255,9 @@ def dense_read_launch(batch: int, kv_heads: int, max_seq: int, device: torch.dev
 # pairs) 0.683 ms at 2 splits and 4 stages, 0.636 at 4 splits and 3 stages; then in whole graphed steps
 # (reports/throughput-qwen3-0.6b-h200 at e2dd341 against 28a8103's) SFI's fast step 1.596 -> 1.526 ms at 8K,
 # SnapKV's 1.569 -> 1.508. qwen3-4b B = 5 (40 pairs) was fastest at its default 3 splits (0.673 ms), and 3 stages
-# took it to 0.649 in the kernel alone; session 18 tries that shape in whole steps (reports/attention-h200/session18).
-# SFIBENCH_LONG_SPLITS=default turns the table off (A/Bs).
+# took it to 0.649 in the kernel alone; in whole graphed steps at 32K (reports/attention-h200/session18, one call)
+# SFI's fast step 3.279 -> 3.265 ms, StreamingLLM's unchanged (3.295 -> 3.294). SFIBENCH_LONG_SPLITS=default
+# turns the table off (A/Bs).
 LONG_SPLIT_SHAPES = {(132, 56): (4, 3), (132, 40): (3, 3)}
 LONG_SPLITS_ENV = "SFIBENCH_LONG_SPLITS"
 LONG_SPLITS_MEANINGS = {"tuned": "splits and stages from a table where it has the shape (LONG_SPLIT_SHAPES)",
@@ -378,11 +353,6 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
         # stages need 237 KB of shared memory, more than an H200 block has (227 KB); three fit.
         base = default_config(head_dim, q.dtype, _shared_memory(q.device))
         config = KernelConfig(base.block_n, base.num_warps, min(base.num_stages, 3), base.merge_in_kernel)
-    # The L2 hint before the PDL wait (kv_prefetch.py): only where the kernel reads its indices before a wait
-    # that really waits (a short-split launch with PDL), and every K/V row is contiguous (the line arithmetic).
-    prefetch = short_splits and index_before_wait and kv_prefetch.enabled(q.device) \
-        and pdl.enabled(q.device, "short_attention") \
-        and all(t.stride(-1) == 1 for t in (compact_k, compact_v, k, v))
     return _launch_split_kernel(
         _two_segment_split_kernel, q, out, kv_heads, n_compact + n_slots, num_splits, config,
         compact_k, compact_v, compact_counts, k, v, tail_start, lengths, row_buffer, evidence, evidence_rows,
@@ -390,6 +360,5 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
         *tail_start.stride(), lengths.stride(0), row_buffer.stride(0), *evidence_strides,
         n_buffers, n_compact, n_slots, n_evidence,
         BLOCK_P=max(2, triton.next_power_of_2(n_buffers)), EVIDENCE=write_evidence, ONE_LOOP=one_loop,
-        STRADDLE_ONE_LOOP=straddle_one_loop and not one_loop, PREFETCH=prefetch,
-        **kv_prefetch.line_constants(head_dim, q.element_size()),
+        STRADDLE_ONE_LOOP=straddle_one_loop and not one_loop,
         index_before_wait=index_before_wait, short_splits=short_splits)
