@@ -1,9 +1,9 @@
 """An optimized StreamingLLM or SnapKV step's first launch (optimized/tail_state_kernel.py) against its torch
 reference.
 
-Lengths mix rows shorter than the sinks, rows whose window reaches back into the sinks and long rows; SnapKV's
-tails lie before, at and past the current length. Outputs the kernel writes start poisoned, so a value it fails
-to write shows; the inputs it only reads must come back unchanged.
+Lengths mix rows shorter than the sinks, rows whose window reaches back into the sinks and long rows;
+SnapKV's tails lie before, at and past the current length. Outputs the kernel writes start poisoned, so a
+value it fails to write shows; the inputs it only reads must come back unchanged.
 """
 
 from __future__ import annotations
@@ -51,4 +51,5 @@ def test_begin_tail_step_refuses_shapes_it_cannot_index():
     with pytest.raises(ValueError, match="counts \\[1, L, B, H_kv\\]"):
         begin_tail_step(kv_lengths, counts, tail, tokens_read[:, :2], None)
     with pytest.raises(ValueError, match="contiguous"):
-        begin_tail_step(kv_lengths, counts, tail, tokens_read.transpose(0, 1).contiguous().transpose(0, 1), None)
+        strided = tokens_read.transpose(0, 1).contiguous().transpose(0, 1)  # the same shape, not contiguous
+        begin_tail_step(kv_lengths, counts, tail, strided, None)

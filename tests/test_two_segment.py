@@ -195,8 +195,8 @@ def test_fast_reads_take_one_loop_and_pdl_only_when_their_splits_are_short(monke
     # the table's launch
     assert one == {"num_splits": 16, "one_loop": True, "short_splits": True, "straddle_one_loop": False}
     splits, stages = LONG_SPLIT_SHAPES[(132, 40)]
-    assert five == {"num_splits": splits, "one_loop": False, "short_splits": False, "straddle_one_loop": False,
-                    "num_stages": stages}
+    assert five == {"num_splits": splits, "one_loop": False, "short_splits": False,
+                    "straddle_one_loop": False, "num_stages": stages}
     # qwen3-0.6b at B = 7 (56 sequence x KV head pairs) on 132 SMs (the interpreter's count): splits and stages
     # from the table, unless switched off; on another SM count the rule's
     seven = fast_read_launch(7, 8, 2308, torch.device("cpu"))

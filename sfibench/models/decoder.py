@@ -301,7 +301,8 @@ class Decoder(nn.Module):
         layers = self.model.layers
         if getattr(self, "folded_input_norms", False) and tokens.shape[1] == 1 \
                 and getattr(attend, "append_target", None) is not None:
-            residual, squares, cos, sin = self.decode_inputs(tokens, positions)  # squares: the first layer's partials
+            # squares: the partial sums of squares the first layer's folded input norm scales by
+            residual, squares, cos, sin = self.decode_inputs(tokens, positions)
             for index, layer in enumerate(layers):
                 residual, squares = layer.forward_folded(residual, squares, cos, sin, index, attend)
             return self.head(self.model.norm(residual))
@@ -314,12 +315,14 @@ class Decoder(nn.Module):
         return self.head(normed[:, -1:] if last_only else normed)
 
     def decode_inputs(self, tokens: torch.Tensor, positions: torch.Tensor):
-        """A folded decode step's inputs (fused.decode_inputs): embeddings, their sums of squares, and the cos/sin
-        every layer shares, gathered from the position table (which holds rope_cos_sin's values). The folded
-        decoder is the Llama family's (can_fold_input_norms): one embedding and one RoPE table for all layers.
-        Fused, one launch where the embedding, the three ops of the squares and the gather were five."""
+        """A folded decode step's inputs (fused.decode_inputs): embeddings, their sums of squares, and the
+        cos/sin every layer shares, gathered from the position table (which holds rope_cos_sin's values). The
+        folded decoder is the Llama family's (can_fold_input_norms): one embedding and one RoPE table for all
+        layers. Fused, one launch where the embedding, the three ops of the squares and the gather were
+        five."""
         weight = self.model.embed_tokens.weight
-        table = self.position_tables.table(self.inv_freq, self.rope_amplitude, weight.dtype, self.config.max_context)
+        table = self.position_tables.table(self.inv_freq, self.rope_amplitude, weight.dtype,
+                                           self.config.max_context)
         return fused.ops["decode_inputs"](tokens, positions, weight, table)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -84,7 +84,8 @@ def qk_norm_rope_append(qkv: torch.Tensor, q_weight: torch.Tensor | None, k_weig
     return q
 
 
-def decode_inputs(tokens: torch.Tensor, positions: torch.Tensor, embedding: torch.Tensor, table: torch.Tensor):
+def decode_inputs(tokens: torch.Tensor, positions: torch.Tensor, embedding: torch.Tensor,
+                  table: torch.Tensor):
     """A folded decode step's first inputs: the embeddings `[B, T, H]` of `tokens [B, T]`, their rows' float32
     sums of squares `[1, B T]` (the first layer's folded input norm, Decoder.fold_input_norms) and cos, sin
     `[B, T, D]` gathered from a rope.PositionTable `table [N, 2, D]` at `positions [B, T]`. Fused, one launch

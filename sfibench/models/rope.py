@@ -87,7 +87,8 @@ class PositionTable:
         pair = self.table(inv_freq, amplitude, dtype, length)[positions]  # [B, T, 2, D]; a position >= length
         return pair[..., 0, :], pair[..., 1, :]  # fails loudly (index out of range)
 
-    def table(self, inv_freq: torch.Tensor, amplitude: float, dtype: torch.dtype, length: int) -> torch.Tensor:
+    def table(self, inv_freq: torch.Tensor, amplitude: float, dtype: torch.dtype,
+              length: int) -> torch.Tensor:
         """cos/sin of positions [0, length) as `[length, 2, D]`, on inv_freq's device, built on first use."""
         key = (str(inv_freq.device), inv_freq.data_ptr(), amplitude, dtype, length)
         table = self.tables.get(key)

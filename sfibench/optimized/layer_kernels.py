@@ -10,6 +10,9 @@ and a norm) with one: a program per (sequence, KV head) copies the new key and v
 `positions[b]` and stores the key's float32 L2 norm. At decode `qk_norm_rope_append` does both in one
 launch: the key heads' programs write the rotated key straight into the cache slot (with its norm) and
 extra programs copy the value heads, so the step has one launch per layer fewer and no k in between.
+`decode_inputs` is a folded decode step's first launch: each token's embedding row, its float32 sum of
+squares (the first layer's folded input norm) and its RoPE cos/sin row from rope.PositionTable, where
+torch takes five launches.
 
 The q/k kernel launches with programmatic dependent launch where the GPU has it (pdl.py). All read
 positions and weights from device memory and size their grids from static shapes only, so
@@ -218,8 +221,9 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Ten
 
 @triton.jit
 def _decode_inputs_kernel(tokens_ptr, positions_ptr, embedding_ptr, table_ptr, x_ptr, squares_ptr, pair_ptr,
-                          stride_t, stride_p, stride_e, stride_table, stride_x, stride_pair, vocab, n_positions,
-                          HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, PAIR: tl.constexpr, BLOCK_PAIR: tl.constexpr):
+                          stride_t, stride_p, stride_e, stride_table, stride_x, stride_pair, vocab,
+                          n_positions, HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, PAIR: tl.constexpr,
+                          BLOCK_PAIR: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     token = tl.load(tokens_ptr + row * stride_t).to(tl.int64)
     position = tl.load(positions_ptr + row * stride_p).to(tl.int64)
@@ -234,20 +238,23 @@ def _decode_inputs_kernel(tokens_ptr, positions_ptr, embedding_ptr, table_ptr, x
     tl.store(squares_ptr + row, tl.sum(x32 * x32, 0))
     offs_pair = tl.arange(0, BLOCK_PAIR)  # cos then sin: one contiguous [2, D] row of the table
     in_pair = offs_pair < PAIR
-    pair = tl.load(table_ptr + position * stride_table + offs_pair, mask=offs_pair < tl.where(position_ok, PAIR, 0),
-                   other=0.0)
+    pair = tl.load(table_ptr + position * stride_table + offs_pair,
+                   mask=offs_pair < tl.where(position_ok, PAIR, 0), other=0.0)
     tl.store(pair_ptr + row * stride_pair + offs_pair, pair, mask=in_pair)
 
 
-def decode_inputs(tokens: torch.Tensor, positions: torch.Tensor, embedding: torch.Tensor, table: torch.Tensor):
+def decode_inputs(tokens: torch.Tensor, positions: torch.Tensor, embedding: torch.Tensor,
+                  table: torch.Tensor):
     """fused.decode_inputs in one launch, one program per token: the embedding row, its float32 sum of squares
     and the RoPE table's [2, D] row (`tokens`, `positions` `[B, T]`; table `[N, 2, D]` contiguous per row).
-    Returns x `[B, T, H]`, squares `[1, B T]`, cos and sin `[B, T, D]` (views of one `[B, T, 2, D]` buffer)."""
+    Returns x `[B, T, H]`, squares `[1, B T]`, cos and sin `[B, T, D]` (views of one `[B, T, 2, D]`
+    buffer)."""
     batch, seq = tokens.shape
     vocab, hidden = embedding.shape
     if positions.shape != tokens.shape or table.dim() != 3 or table.shape[1] != 2:
-        raise ValueError(f"decode_inputs takes tokens and positions of one shape [B, T] and a table [N, 2, D]; got "
-                         f"{tuple(tokens.shape)}, {tuple(positions.shape)}, {tuple(table.shape)}")
+        raise ValueError(f"decode_inputs takes tokens and positions of one shape [B, T] and a table "
+                         f"[N, 2, D]; got {tuple(tokens.shape)}, {tuple(positions.shape)}, "
+                         f"{tuple(table.shape)}")
     if embedding.stride(1) != 1 or table.stride(2) != 1 or table.stride(1) != table.shape[2]:
         raise ValueError("decode_inputs needs contiguous embedding rows and [2, D] table rows")
     rows = batch * seq

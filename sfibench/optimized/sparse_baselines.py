@@ -59,7 +59,8 @@ class OptimizedStreamingLLM(_TwoSegment, StreamingLLM):
 
     @property
     def moving_segments(self) -> tuple[int, int]:
-        """(n_sink, window): the sinks are the first min(L, n_sink) slots, the window the last `window` after them."""
+        """(n_sink, window): the sinks are the first min(L, n_sink) slots, the window the last `window` slots
+        after them."""
         return self.cfg.n_sink, self.cfg.budget - self.cfg.n_sink
 
 

@@ -53,18 +53,18 @@ def _begin_tail_step_kernel(kv_lengths, counts, tail, tokens_read, rows, n_sink,
     tl.store(tokens_read + index * KV_HEADS + heads, read.to(tokens_read.dtype.element_ty), mask=in_use)
 
 
-def begin_tail_step(kv_lengths: torch.Tensor, counts: torch.Tensor, tail: torch.Tensor, tokens_read: torch.Tensor,
-                    sinks: tuple[int, int] | None) -> None:
+def begin_tail_step(kv_lengths: torch.Tensor, counts: torch.Tensor, tail: torch.Tensor,
+                    tokens_read: torch.Tensor, sinks: tuple[int, int] | None) -> None:
     """begin_tail_step_reference in one launch (same arguments, same results)."""
     _, layers, rows, kv_heads = counts.shape
     if counts.shape[0] != 1 or tail.shape != (1, rows) or tokens_read.shape != (layers, rows, kv_heads) \
             or kv_lengths.shape != (rows,):
-        raise ValueError(f"begin_tail_step takes counts [1, L, B, H_kv], tail [1, B], tokens_read [L, B, H_kv] and "
-                         f"kv_lengths [B]; got {tuple(counts.shape)}, {tuple(tail.shape)}, "
+        raise ValueError(f"begin_tail_step takes counts [1, L, B, H_kv], tail [1, B], tokens_read "
+                         f"[L, B, H_kv] and kv_lengths [B]; got {tuple(counts.shape)}, {tuple(tail.shape)}, "
                          f"{tuple(tokens_read.shape)}, {tuple(kv_lengths.shape)}")
     if not all(tensor.is_contiguous() for tensor in (kv_lengths, counts, tail, tokens_read)):
         raise ValueError("begin_tail_step indexes its tensors as contiguous; pass contiguous ones")
     n_sink, window = sinks if sinks is not None else (0, 0)
     _begin_tail_step_kernel[(layers * rows,)](
-        kv_lengths, counts, tail, tokens_read, rows, n_sink, window, SINKS=sinks is not None, KV_HEADS=kv_heads,
-        BLOCK_H=triton.next_power_of_2(kv_heads), num_warps=1)
+        kv_lengths, counts, tail, tokens_read, rows, n_sink, window, SINKS=sinks is not None,
+        KV_HEADS=kv_heads, BLOCK_H=triton.next_power_of_2(kv_heads), num_warps=1)

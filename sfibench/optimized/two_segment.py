@@ -254,10 +254,10 @@ def dense_read_launch(batch: int, kv_heads: int, max_seq: int, device: torch.dev
 # reports/attention-h200/session16/fast-path-*.log, 2,052 compact rows + 256 tail): qwen3-0.6b B = 7 (56
 # pairs) 0.683 ms at 2 splits and 4 stages, 0.636 at 4 splits and 3 stages; then in whole graphed steps
 # (reports/throughput-qwen3-0.6b-h200 at e2dd341 against 28a8103's) SFI's fast step 1.596 -> 1.526 ms at 8K,
-# SnapKV's 1.569 -> 1.508. qwen3-4b B = 5 (40 pairs) was fastest at its default 3 splits (0.673 ms), and 3 stages
-# took it to 0.649 in the kernel alone; in whole graphed steps at 32K (reports/attention-h200/session18, one call)
-# SFI's fast step 3.279 -> 3.265 ms, StreamingLLM's unchanged (3.295 -> 3.294). SFIBENCH_LONG_SPLITS=default
-# turns the table off (A/Bs).
+# SnapKV's 1.569 -> 1.508. qwen3-4b B = 5 (40 pairs) was fastest at its default 3 splits (0.673 ms), and
+# 3 stages took it to 0.649 in the kernel alone; in whole graphed steps at 32K (one call,
+# reports/attention-h200/session18) SFI's fast step 3.279 -> 3.265 ms, StreamingLLM's unchanged (3.295 ->
+# 3.294). SFIBENCH_LONG_SPLITS=default turns the table off (A/Bs).
 LONG_SPLIT_SHAPES = {(132, 56): (4, 3), (132, 40): (3, 3)}
 LONG_SPLITS_ENV = "SFIBENCH_LONG_SPLITS"
 LONG_SPLITS_MEANINGS = {"tuned": "splits and stages from a table where it has the shape (LONG_SPLIT_SHAPES)",
