@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Session 18's last call (~7 min): the 0.6B throughput report at the tree with the fused step prologue
-# (benchmarks/h200_report_run.sh 0.6b, no profile: too little device time left), then, in 60 s, the GPU
-# regression gate against reports/ci-h200 (qwen3-0.6b, B = 1; the export must include reports/ci-h200).
+# Session 18's last call (~5 min, all the device time left): qwen3-0.6b's optimized methods at the tree with the
+# fused step prologue, every context and batch of the README report (8K, 32K, 128K; B = 1 and the largest),
+# into reports/throughput-qwen3-0.6b-h200-optimized (the full report, both paths, needs ~6 min more than was left).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-root=$OUT
-mkdir -p "$root/report"
-OUT=$root/report bash benchmarks/h200_report_run.sh 0.6b 330 330
 started=$SECONDS
-timeout 60 python -m sfibench check --baseline reports/ci-h200 > "$root/gpu-check.log" 2>&1
-echo "check rc=$? after $((SECONDS - started)) s"; tail -4 "$root/gpu-check.log"
+cat DEVICE_COMMIT
+run=$OUT/throughput-qwen3-0.6b-h200-optimized
+timeout "${1:-270}" python -m sfibench throughput --model qwen3-0.6b --ctx 8k,32k,130944 --batch 1,max \
+    --methods full_kv/optimized,sfi,streaming_llm,snapkv --paths optimized --steps 96 --out "$run" \
+    > "$OUT/run.log" 2>&1
+echo "throughput rc=$? after $((SECONDS - started)) s"
+cp "$OUT/run.log" "$run/run.log" 2>/dev/null
+grep -v "^ *$" "$OUT/run.log" | head -30
