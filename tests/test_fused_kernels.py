@@ -197,6 +197,16 @@ def test_decode_inputs_matches_reference(batch, seq, hidden, head_dim, dtype):
     assert not x[0, 0].any() and float(squares[0, 0]) == 0.0 and not cos[0, 0].any() and not sin[0, 0].any()
 
 
+def test_decode_inputs_refuses_shapes_it_cannot_index():
+    embedding = torch.randn(10, 16, device=DEVICE)
+    table = PositionTable().table(inverse_frequencies(8, 1e4, None)[0].to(DEVICE), 1.0, torch.float32, 32)
+    tokens = torch.zeros(2, 1, dtype=torch.long, device=DEVICE)
+    with pytest.raises(ValueError, match="one shape \\[B, T\\]"):
+        layer_kernels.decode_inputs(tokens, tokens[:1], embedding, table)
+    with pytest.raises(ValueError, match="contiguous embedding rows"):
+        layer_kernels.decode_inputs(tokens, tokens, embedding.t().contiguous().t(), table)
+
+
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
 def test_decoder_with_triton_layer_kernels_matches_torch(monkeypatch, name):
     model = load_model(name, device=DEVICE).model

@@ -295,4 +295,3 @@ def test_long_context_bf16_on_gpu_and_under_cuda_graph_replay():
         graph.replay()
         if trial % 5 in (0, 1):
             assert_matches(out, two_segment_decode_reference(**inputs)[0], torch.bfloat16)
-

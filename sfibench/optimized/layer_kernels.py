@@ -221,9 +221,9 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Ten
 
 @triton.jit
 def _decode_inputs_kernel(tokens_ptr, positions_ptr, embedding_ptr, table_ptr, x_ptr, squares_ptr, pair_ptr,
-                          stride_t, stride_p, stride_e, stride_table, stride_x, stride_pair, vocab,
-                          n_positions, HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, PAIR: tl.constexpr,
-                          BLOCK_PAIR: tl.constexpr):
+                          stride_t, stride_p, stride_e, stride_table, vocab, n_positions,
+                          HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, PAIR: tl.constexpr, BLOCK_PAIR: tl.constexpr):
+    # x `[rows, HIDDEN]` and pair `[rows, PAIR]` are this launcher's own contiguous outputs
     row = tl.program_id(0).to(tl.int64)
     token = tl.load(tokens_ptr + row * stride_t).to(tl.int64)
     position = tl.load(positions_ptr + row * stride_p).to(tl.int64)
@@ -233,14 +233,14 @@ def _decode_inputs_kernel(tokens_ptr, positions_ptr, embedding_ptr, table_ptr, x
     offs = tl.arange(0, BLOCK_H)
     in_row = offs < HIDDEN
     x = tl.load(embedding_ptr + token * stride_e + offs, mask=offs < tl.where(token_ok, HIDDEN, 0), other=0.0)
-    tl.store(x_ptr + row * stride_x + offs, x, mask=in_row)
+    tl.store(x_ptr + row * HIDDEN + offs, x, mask=in_row)
     x32 = x.to(tl.float32)
     tl.store(squares_ptr + row, tl.sum(x32 * x32, 0))
     offs_pair = tl.arange(0, BLOCK_PAIR)  # cos then sin: one contiguous [2, D] row of the table
     in_pair = offs_pair < PAIR
     pair = tl.load(table_ptr + position * stride_table + offs_pair,
                    mask=offs_pair < tl.where(position_ok, PAIR, 0), other=0.0)
-    tl.store(pair_ptr + row * stride_pair + offs_pair, pair, mask=in_pair)
+    tl.store(pair_ptr + row * PAIR + offs_pair, pair, mask=in_pair)
 
 
 def decode_inputs(tokens: torch.Tensor, positions: torch.Tensor, embedding: torch.Tensor,
@@ -264,7 +264,6 @@ def decode_inputs(tokens: torch.Tensor, positions: torch.Tensor, embedding: torc
     pair = torch.empty(batch, seq, 2, table.shape[2], device=table.device, dtype=table.dtype)
     _decode_inputs_kernel[(rows,)](
         flat_tokens, flat_positions, embedding, table, x, squares, pair, flat_tokens.stride(0),
-        flat_positions.stride(0), embedding.stride(0), table.stride(0), hidden, 2 * table.shape[2], vocab,
-        table.shape[0], HIDDEN=hidden, BLOCK_H=triton.next_power_of_2(hidden), PAIR=2 * table.shape[2],
+        flat_positions.stride(0), embedding.stride(0), table.stride(0), vocab, table.shape[0], HIDDEN=hidden, BLOCK_H=triton.next_power_of_2(hidden), PAIR=2 * table.shape[2],
         BLOCK_PAIR=triton.next_power_of_2(2 * table.shape[2]), num_warps=4)
     return x, squares, pair[..., 0, :], pair[..., 1, :]
