@@ -222,7 +222,8 @@ def append_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Ten
 @triton.jit
 def _decode_inputs_kernel(tokens_ptr, positions_ptr, embedding_ptr, table_ptr, x_ptr, squares_ptr, pair_ptr,
                           stride_t, stride_p, stride_e, stride_table, vocab, n_positions,
-                          HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, PAIR: tl.constexpr, BLOCK_PAIR: tl.constexpr):
+                          HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr, PAIR: tl.constexpr,
+                          BLOCK_PAIR: tl.constexpr):
     # x `[rows, HIDDEN]` and pair `[rows, PAIR]` are this launcher's own contiguous outputs
     row = tl.program_id(0).to(tl.int64)
     token = tl.load(tokens_ptr + row * stride_t).to(tl.int64)
@@ -264,6 +265,7 @@ def decode_inputs(tokens: torch.Tensor, positions: torch.Tensor, embedding: torc
     pair = torch.empty(batch, seq, 2, table.shape[2], device=table.device, dtype=table.dtype)
     _decode_inputs_kernel[(rows,)](
         flat_tokens, flat_positions, embedding, table, x, squares, pair, flat_tokens.stride(0),
-        flat_positions.stride(0), embedding.stride(0), table.stride(0), vocab, table.shape[0], HIDDEN=hidden, BLOCK_H=triton.next_power_of_2(hidden), PAIR=2 * table.shape[2],
+        flat_positions.stride(0), embedding.stride(0), table.stride(0), vocab, table.shape[0], HIDDEN=hidden,
+        BLOCK_H=triton.next_power_of_2(hidden), PAIR=2 * table.shape[2],
         BLOCK_PAIR=triton.next_power_of_2(2 * table.shape[2]), num_warps=4)
     return x, squares, pair[..., 0, :], pair[..., 1, :]
