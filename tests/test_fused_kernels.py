@@ -10,6 +10,7 @@ up as a mismatch.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -156,18 +157,33 @@ def test_position_table_gathers_what_rope_cos_sin_computes(dtype):
     inv_freq, amplitude = inverse_frequencies(64, 1e6, {"rope_type": "yarn", "factor": 4.0,
                                                         "original_max_position_embeddings": 1024})
     positions = torch.tensor([[0, 1, 4095], [17, 2048, 3000]], device=DEVICE)
+    inv_freq = inv_freq.to(DEVICE)  # once: on a GPU each .to() is a new tensor, which gets a table of its own
     table = PositionTable()
-    got = table(inv_freq.to(DEVICE), amplitude, positions, dtype, 4096)
-    expected = rope_cos_sin(inv_freq.to(DEVICE), amplitude, positions, dtype)
+    got = table(inv_freq, amplitude, positions, dtype, 4096)
+    expected = rope_cos_sin(inv_freq, amplitude, positions, dtype)
     for have, want in zip(got, expected):
         assert have.shape == want.shape and have.stride(-1) == 1
         assert torch.equal(have, want)
     assert len(table.tables) == 1  # built once, reused
-    table(inv_freq.to(DEVICE), amplitude, positions[:, :1], dtype, 4096)
+    table(inv_freq, amplitude, positions[:, :1], dtype, 4096)
     assert len(table.tables) == 1
     if DEVICE == "cpu":  # on CUDA an out-of-range gather is a device-side assert, which ends the process's CUDA
         with pytest.raises(IndexError):
-            table(inv_freq.to(DEVICE), amplitude, torch.tensor([[4096]], device=DEVICE), dtype, 4096)
+            table(inv_freq, amplitude, torch.tensor([[4096]], device=DEVICE), dtype, 4096)
+
+
+def test_position_table_keeps_the_frequencies_its_tables_were_built_from():
+    """Tables are found by the frequency tensor's address; a cached entry holds that tensor, so once the
+    caller drops its frequencies no other tensor can take their address and be handed their table."""
+    table = PositionTable()
+    inv_freq = inverse_frequencies(16, 1e4, None)[0].to(DEVICE)
+    address, watch = inv_freq.data_ptr(), weakref.ref(inv_freq)
+    first = table.table(inv_freq, 1.0, torch.float32, 64)
+    del inv_freq
+    assert watch() is not None and watch().data_ptr() == address  # still alive: the address stays taken
+    other = inverse_frequencies(16, 1e2, None)[0].to(DEVICE)
+    assert other.data_ptr() != address
+    assert not torch.equal(table.table(other, 1.0, torch.float32, 64), first)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

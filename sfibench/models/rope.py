@@ -77,10 +77,12 @@ class PositionTable:
     A decode step's RoPE table is eight small element-wise launches (multiply, concatenate, cos, sin,
     scale, casts); gathered from this table it is one, with the same values (the same element-wise ops
     on the same inputs, done once for all positions). Tables are kept per (frequencies, amplitude,
-    dtype, device): a layer's (cos, sin) are views into `[length, 2, D]`."""
+    dtype, device): a layer's (cos, sin) are views into `[length, 2, D]`. The frequencies are known by
+    their address (reading their values would synchronise a GPU every step), so each entry holds its
+    frequency tensor: while it is cached, no other tensor can be given that address."""
 
     def __init__(self):
-        self.tables: dict[tuple, torch.Tensor] = {}
+        self.tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # key -> (inv_freq, table)
 
     def __call__(self, inv_freq: torch.Tensor, amplitude: float, positions: torch.Tensor, dtype: torch.dtype,
                  length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,9 +93,8 @@ class PositionTable:
               length: int) -> torch.Tensor:
         """cos/sin of positions [0, length) as `[length, 2, D]`, on inv_freq's device, built on first use."""
         key = (str(inv_freq.device), inv_freq.data_ptr(), amplitude, dtype, length)
-        table = self.tables.get(key)
-        if table is None:
+        if key not in self.tables:
             every = torch.arange(length, device=inv_freq.device)[None]
             cos, sin = rope_cos_sin(inv_freq, amplitude, every, dtype)
-            table = self.tables[key] = torch.stack([cos[0], sin[0]], dim=1)
-        return table
+            self.tables[key] = (inv_freq, torch.stack([cos[0], sin[0]], dim=1))
+        return self.tables[key][1]
