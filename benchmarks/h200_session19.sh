@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 19's first device call (~9 min): the kernels changed since their last CUDA run (decode_inputs' kernel
 # after 462219f's indexing change, the tail-state kernel, the two-segment kernel) tested on CUDA, then the
-# README's qwen3-0.6b throughput report at this tree (benchmarks/h200_report_run.sh, no profile), then the GPU
-# regression gate against reports/ci-h200. Each part has its own time limit; the logs come back beside the
-# report's tar. `bash benchmarks/h200_session19.sh` from an export whose DEVICE_COMMIT names the tree.
+# README's qwen3-0.6b throughput report at this tree (benchmarks/h200_report_run.sh; its profile at 128K too
+# when the report leaves time, as it did), then the GPU regression gate against reports/ci-h200. Each part has
+# its own time limit; the logs come back beside the report's tar. `bash benchmarks/h200_session19.sh` from an export whose DEVICE_COMMIT names the tree.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 root=$OUT
