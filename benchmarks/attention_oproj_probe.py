@@ -14,10 +14,12 @@ barrier reads L2.
 Both chains are a qwen3-0.6b layer's launches without its norms (28 layers, each with its own weights and
 cache, bf16): qkv product -> attention -> o_proj (+ residual, sums of squares) -> gate_up + SiLU -> down
 (+ residual), all through the project's kernels with PDL as the decoder launches them, against the same with
-the middle two fused. Each graph is replayed and timed (CUDA events; median of repeats). Before timing, the
-fused chain's residual stream is checked against the unfused one.
+the middle two fused; and, for scale, the separate chain reading 20 rows per KV head (the attention launches'
+fixed cost) and with no attention launch at all (o_proj multiplies q). Each graph is replayed and timed (CUDA
+events; median of repeats). Each chain's residual stream is compared with the separate one's (the fused one
+must match it to bf16 rounding; the last two compute something else and say by how much).
 
-    python benchmarks/attention_oproj_probe.py --out probe.json [--rows 2308] [--prefetch]
+    python benchmarks/attention_oproj_probe.py --out probe.json [--rows 2308]
 """
 
 from __future__ import annotations
@@ -190,32 +192,38 @@ def main(argv: list[str] | None = None) -> int:
                "sync": torch.zeros(2, device=device, dtype=torch.int32)}
     source = (torch.randn(1, HIDDEN, device=device) * 0.5).to(torch.bfloat16)
 
-    def chain(fused: bool, prefetch: bool = False) -> torch.Tensor:
+    short_tail = torch.tensor([[slots - 20]], device=device, dtype=torch.int32)
+
+    def chain(attention: str, prefetch: bool = False) -> torch.Tensor:
+        """attention: "separate" (the project's launches), "fused" (attend_project), "20 rows" (the
+        separate launches reading 20 rows: their fixed cost) or "none" (o_proj multiplies q: no launch)."""
         residual = source
         for layer in layers:
             qkv = gemv.linear(residual, layer["qkv"])
             q = qkv[:, :q_heads * HEAD_DIM].view(1, q_heads, HEAD_DIM)
-            if fused:
+            if attention == "fused":
                 residual, _ = attend_project(q, layer["k"][0], layer["v"][0], tail, length, layer["o"],
                                              residual, scratch, prefetch)
             else:
-                heads = two_segment_decode(q, compact, compact, counts, layer["k"], layer["v"], tail, length,
-                                           row_buffer, index_before_wait=True, **launch)
-                residual, _ = gemv.linear_add_squares(heads.view(1, -1), layer["o"], residual)
+                heads = q if attention == "none" else two_segment_decode(
+                    q, compact, compact, counts, layer["k"], layer["v"], short_tail if attention == "20 rows"
+                    else tail, length, row_buffer, index_before_wait=True, **launch)
+                residual, _ = gemv.linear_add_squares(heads.reshape(1, -1), layer["o"], residual)
             hidden = gemv.gate_up_activation(residual, layer["gate_up"], "silu_mul")
             residual, _ = gemv.linear_add_squares(hidden, layer["down"], residual)
         return residual
 
-    expected = chain(False)
+    expected = chain("separate")
     rows = []
-    for name, fused, prefetch in [("separate", False, False), ("fused", True, False),
-                                  ("fused+prefetch", True, True)]:
-        got = chain(fused, prefetch)
+    for name, attention, prefetch in [("separate", "separate", False), ("fused", "fused", False),
+                                      ("fused+prefetch", "fused", True),
+                                      ("separate, 20 rows", "20 rows", False), ("no attention", "none", False)]:
+        got = chain(attention, prefetch)
         error = float((got.float() - expected.float()).abs().max())
         scale = float(expected.float().abs().max())
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            chain(fused, prefetch)
+            chain(attention, prefetch)
         medians = []
         for _ in range(args.repeats):
             times = []
