@@ -215,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
 
     expected = chain("separate")
     rows = []
-    for name, attention, prefetch in [("separate", "separate", False), ("fused", "fused", False),
-                                      ("fused+prefetch", "fused", True),
-                                      ("separate, 20 rows", "20 rows", False), ("no attention", "none", False)]:
+    variants = [("separate", "separate", False), ("fused", "fused", False), ("fused+prefetch", "fused", True),
+                ("separate, 20 rows", "20 rows", False), ("no attention", "none", False)]
+    for name, attention, prefetch in variants:
         got = chain(attention, prefetch)
         error = float((got.float() - expected.float()).abs().max())
         scale = float(expected.float().abs().max())
