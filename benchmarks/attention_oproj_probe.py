@@ -8,8 +8,9 @@ of 16 splits x 8 KV heads = 128 programs (one per SM, all resident) that runs th
 the two-segment kernel does (the same @triton.jit helpers, the same in-kernel merge), waits at a grid-wide
 barrier (an atomic counter; it needs every program resident, hence GPU only and B = 1 only), and then has
 each program compute 8 of o_proj's 1,024 output columns plus the residual add (gemv.linear_add_squares).
-`--prefetch` also hints each program's o_proj rows into L2 before the attention, so the product after the
-barrier reads L2.
+A second fused variant also hints each program's o_proj rows into L2 before the attention, so the product
+after the barrier reads L2. (Session 19 ran it: the fused kernel tied the separate launches or lost by 0.006 ms;
+reports/attention-h200/session19/README.md.)
 
 Both chains are a qwen3-0.6b layer's launches without its norms (28 layers, each with its own weights and
 cache, bf16): qkv product -> attention -> o_proj (+ residual, sums of squares) -> gate_up + SiLU -> down
