@@ -9,8 +9,8 @@ the two-segment kernel does (the same @triton.jit helpers, the same in-kernel me
 barrier (an atomic counter; it needs every program resident, hence GPU only and B = 1 only), and then has
 each program compute 8 of o_proj's 1,024 output columns plus the residual add (gemv.linear_add_squares).
 A second fused variant also hints each program's o_proj rows into L2 before the attention, so the product
-after the barrier reads L2. (Session 19 ran it: the fused kernel tied the separate launches or lost by 0.006 ms;
-reports/attention-h200/session19/README.md.)
+after the barrier reads L2. (Session 19 ran it: the fused kernel tied the separate launches or lost by
+0.006 ms; reports/attention-h200/session19/README.md.)
 
 Both chains are a qwen3-0.6b layer's launches without its norms (28 layers, each with its own weights and
 cache, bf16): qkv product -> attention -> o_proj (+ residual, sums of squares) -> gate_up + SiLU -> down
@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from sfibench.optimized import gemv, pdl
+from sfibench.optimized.bench_fast_path import _time_ms as time_ms
 from sfibench.optimized.decode_attention import (
     _attend_range,
     _load_group_queries,
@@ -225,17 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             chain(attention, prefetch)
-        medians = []
-        for _ in range(args.repeats):
-            times = []
-            for _ in range(20):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            medians.append(statistics.median(times))
+        medians = time_ms(graph.replay, repeats=args.repeats, calls=20)  # per repeat: median of 20 replays
         rows.append({"variant": name, "ms_per_step": statistics.median(medians), "ms_min": min(medians),
                      "ms_max": max(medians), "max_abs_diff_vs_separate": error, "residual_scale": scale})
         print(f"{name}: {rows[-1]['ms_per_step']:.4f} ms ({min(medians):.4f}-{max(medians):.4f}), "
