@@ -21,8 +21,8 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
 cat DEVICE_COMMIT 2>/dev/null
-tests=${TESTS:-tests/test_gemv.py tests/test_fused_kernels.py tests/test_graphs.py tests/test_floor.py \
-    tests/test_two_segment.py tests/test_kernels.py tests/test_qkv_epilogue.py}
+tests=${TESTS:-tests/test_gemv.py tests/test_layer_kernels.py tests/test_fused_kernels.py tests/test_graphs.py \
+    tests/test_floor.py tests/test_two_segment.py tests/test_kernels.py tests/test_qkv_epilogue.py}
 # shellcheck disable=SC2086  (a list of files)
 timeout "${TESTS_LIMIT:-240}" python -m pytest -q $tests > "$OUT/tests.log" 2>&1
 rc=$?; tail -3 "$OUT/tests.log"
