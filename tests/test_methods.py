@@ -131,3 +131,36 @@ def test_bad_method_settings_are_refused(tiny_models):
     with pytest.raises(ValueError, match="sink"):
         create_method(MethodSpec(name="streaming_llm", streaming=StreamingLLMConfig(budget=4)), loaded.config,
                       loaded.tokenizer)
+
+
+def test_sfi_copies_its_step_masks_only_when_they_change_and_the_device_always_holds_them(tiny_models, monkeypatch):
+    from sfibench.sfi import method as sfi_method
+
+    loaded = tiny_models["tiny-qwen3"]
+    spec = small_spec("sfi", "reference")
+    spec.sfi.layer_groups = 2  # successive slow steps refresh different layers: the masks change between them
+    sfi = create_method(spec, loaded.config, loaded.tokenizer)
+    copies, checked = [], []
+    original_pinned, original_plan = sfi_method.pinned, sfi.plan
+
+    def counting_pinned(tensor):
+        copies.append(tensor.clone())
+        return original_pinned(tensor)
+
+    def checking_plan(ctx):
+        plan = original_plan(ctx)
+        assert torch.equal(sfi.refresh_rows.cpu(), sfi.refresh_host)
+        assert torch.equal(sfi.dense_rows.cpu(), sfi.dense_host)
+        checked.append(bool(sfi.refresh_host.any()))
+        return plan
+
+    monkeypatch.setattr(sfi_method, "pinned", counting_pinned)
+    monkeypatch.setattr(sfi, "plan", checking_plan)
+    prompts = prompts_for(loaded, 3)
+    for _ in range(2):  # a second batch on the same method: start() zeroes the buffers and forgets what was sent
+        cache = KVCache(loaded.config, 3, max(map(len, prompts)) + 40, "cpu", torch.float32)
+        generate(loaded.model, cache, sfi, prefill(loaded.model, cache, prompts, chunk=32), 40,
+                 Sampler(SamplingConfig(), "cpu"))
+    steps = len(checked)
+    assert steps == 2 * 39 and sum(checked) >= 4  # slow steps happened, so the masks did change
+    assert 4 <= len(copies) < steps  # two masks a step would be 2 * steps copies

@@ -139,6 +139,23 @@ def test_two_segment_matches_reference_and_writes_evidence_only_where_asked(
             assert_matches(out[dense_rows], dense.double(), dtype)
 
 
+@pytest.mark.parametrize("num_splits", [2, 3, 5, 8])
+def test_compact_rows_padded_to_whole_tiles_in_the_index_space_read_every_row_once(num_splits):
+    # With a loop per segment the split ranges cover the compact rows rounded up to whole tiles, then the
+    # tail. Counts one below, at and above a tile edge, with split edges falling inside that padding, in it
+    # exactly, or past it: every compact row and tail slot is read once and padding is read by no one.
+    block = 16
+    rows = [(0, 60, 100), (1, 99, 100), (0, 20, 57), (1, 5, 5), (0, 33, 90)]  # tails of 40, 1, 37, 0, 57 slots
+    inputs = two_segment_inputs(2, 2, 64, 40, 100, torch.float32, 7, rows, poison=False)
+    counts = torch.tensor([[1, 15], [16, 17], [33, 0], [31, 32], [40, 3]])  # [B, H_kv], each row's buffer
+    for b, (buffer, _, _) in enumerate(rows):
+        inputs["compact_counts"][buffer, b] = counts[b].to(inputs["compact_counts"])
+    config = KernelConfig(block_n=block, num_warps=4, num_stages=2)
+    out = two_segment_decode(**inputs, num_splits=num_splits, config=config)
+    reference, _ = two_segment_decode_reference(**inputs)
+    assert_matches(out, reference, torch.float32)
+
+
 def test_rows_with_nothing_to_read_give_zeros_and_evidence_rows_may_be_int():
     rows = [(0, 50, 50), (1, 64, 80)]
     inputs = two_segment_inputs(2, 2, 64, 16, 80, torch.float32, 7, rows, n_buffers=2)

@@ -12,8 +12,9 @@ The index space of a (sequence, KV head) is the compact rows followed by the tai
 split count come from static shapes, the counts and lengths are read on the device, and the same
 tile, merge and launch code is used. So one CUDA graph serves every step however the lengths grow.
 A split walks its part of that index space either as two loops (compact rows, then tail slots, each
-through the dense tile code) or, when splits are short, as one loop whose tiles load from both
-segments at once (`one_loop`; fast_read_launch picks it from a measurement).
+through the dense tile code; the compact rows are then padded to whole tiles in the index space) or,
+when splits are short, as one loop whose tiles load from both segments at once (`one_loop`;
+fast_read_launch picks it from a measurement).
 
 The compact buffer is double-buffered (`P` = 2): a refresh writes the idle copy on a side stream while
 steps keep reading the published one, and publishing is a device write to `row_buffer`. A negative
@@ -93,7 +94,15 @@ def _two_segment_split_kernel(
     tail_start = tl.where(is_dense, 0, tl.maximum(tail_start, 0))
     n_cache = tl.minimum(tl.load(length_ptr + seq * stride_length).to(tl.int32), n_slots)
     tail_len = tl.maximum(n_cache - tail_start, 0)
-    start, end = _split_range(count + tail_len, split, num_splits, BLOCK_N)
+    # With a loop per segment, the index space pads the compact rows to whole tiles, so the tail's tiles
+    # start on a tile boundary: the split holding the last compact rows then reads no more tiles than any
+    # other, where unpadded it would read one more (a partial tile at each segment's end). One loop has tiles
+    # that straddle both segments and needs no padding.
+    if ONE_LOOP | STRADDLE_ONE_LOOP:
+        compact_span = count
+    else:
+        compact_span = tl.cdiv(count, BLOCK_N) * BLOCK_N
+    start, end = _split_range(compact_span + tail_len, split, num_splits, BLOCK_N)
     if INDEX_BEFORE_WAIT:
         pdl.wait_for_inputs(PDL)  # q and the newest cache slot are the kernel before's output
 
@@ -107,7 +116,7 @@ def _two_segment_split_kernel(
         evidence_end = tl.where(writes, n_evidence, 0)  # no slot is below 0: nothing written
     else:
         evidence_end = 0
-    to_slot = tail_start - count  # union index i >= count is cache slot i + to_slot
+    to_slot = tail_start - compact_span  # union index i >= compact_span is cache slot i + to_slot
 
     compact_k_head = compact_k_ptr + buffer * stride_ckp + seq * stride_ckb + kv_head * stride_ckh
     compact_v_head = compact_v_ptr + buffer * stride_cvp + seq * stride_cvb + kv_head * stride_cvh
@@ -131,8 +140,9 @@ def _two_segment_split_kernel(
             DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
     if not ONE_LOOP:
         # A loop per segment over what is left, [first, end): compact rows are indices [first, min(end,
-        # count)); index i >= count is cache slot i - count + tail_start. Iterating over slots runs the tail
-        # through the dense tile code unchanged, and the slot is where its evidence goes.
+        # count)); index i >= compact_span is cache slot i - compact_span + tail_start (indices in between
+        # are padding, read by no one). Iterating over slots runs the tail through the dense tile code
+        # unchanged, and the slot is where its evidence goes.
         first = start
         if STRADDLE_ONE_LOOP:
             first = tl.where(one_loop_end > start, end, start)
@@ -142,7 +152,7 @@ def _two_segment_split_kernel(
             BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, SPARSE=False, WRITE_LOGITS=False,
             DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
         acc, running_max, running_sum = _attend_range(
-            q, acc, running_max, running_sum, k_head, v_head, q_ptr, tl.maximum(first, count) + to_slot,
+            q, acc, running_max, running_sum, k_head, v_head, q_ptr, tl.maximum(first, compact_span) + to_slot,
             end + to_slot, stride_ks, stride_kd, stride_vs, stride_vd, 0, qk_scale_log2, evidence_head, stride_eh,
             stride_es, evidence_end, GROUP=GROUP, BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N,
             SPARSE=False, WRITE_LOGITS=EVIDENCE, DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)

@@ -64,6 +64,7 @@ class SFIMethod(AttentionMethod):
             self.sel.reset()  # in place: captured CUDA graphs keep reading these tensors
         self.state("refresh_rows", shape, torch.bool, device)  # this step's (layer, row) refreshes
         self.state("dense_rows", shape, torch.bool, device)  # ... and which read their whole history
+        self.masks_sent = {}  # the host masks last copied into refresh_rows / dense_rows (see plan)
         self.slow_steps_taken = torch.zeros(batch, dtype=torch.long)  # picks the layer group to refresh
         self.scheduler = SlowStepScheduler(self.cfg.trigger, self.is_ender, self.is_blank, batch, self.token_bytes)
         self.bootstrap(cache, prefilled)
@@ -105,11 +106,21 @@ class SFIMethod(AttentionMethod):
         dense = refresh | (self.global_rows & (ctx.step <= self.cfg.bridge_steps))
         self.refresh_host, self.dense_host = refresh, dense
         ctx.bridge = (dense & ~refresh).any(dim=0) & ~slow  # read densely without refreshing: a bridge step
-        # Through pinned memory: a copy from pageable memory would wait for the stream to drain, so the
-        # host could never queue the next step ahead of the GPU.
-        self.refresh_rows.copy_(pinned(refresh), non_blocking=True)
-        self.dense_rows.copy_(pinned(dense), non_blocking=True)
+        self.send_mask("refresh_rows", refresh)
+        self.send_mask("dense_rows", dense)
         return self.path_plan(ctx)
+
+    def send_mask(self, name: str, mask: torch.Tensor) -> None:
+        """Copy a host mask into the device buffer `name`, unless it holds that mask already: on most steps
+        (fast ones) both masks are all False, and each copy is a host-to-device transfer in the step's stream.
+
+        The copy goes through pinned memory: from pageable memory it would wait for the stream to drain, so
+        the host could never queue the next step ahead of the GPU."""
+        sent = self.masks_sent.get(name)
+        if sent is not None and torch.equal(sent, mask):
+            return
+        getattr(self, name).copy_(pinned(mask), non_blocking=True)
+        self.masks_sent[name] = mask
 
     def path_plan(self, ctx: StepContext) -> StepPlan:
         raise NotImplementedError
