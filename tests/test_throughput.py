@@ -19,7 +19,7 @@ from sfibench.options import parse_tokens
 from sfibench.reporting.throughput_report import latency_energy_rows
 from sfibench.runners.throughput import resolve_methods
 from sfibench.runners.throughput_measure import ThroughputConfig, measure_all, prepare_cache
-from sfibench.workloads.replay import ReplayTokenizer, load_replay, take
+from sfibench.workloads.replay import ReplayTokenizer, load_replay, take, take_rows
 
 runner = CliRunner()
 
@@ -115,6 +115,32 @@ def test_a_timed_pass_that_captured_a_graph_is_run_again(monkeypatch):
     assert CapturesInFirstTimedPass.starts == 4  # warm-up, the discarded pass, two kept ones
     assert row["graphs"]["timed_passes_redone"] == 1
     assert row["tokens_per_s_spread"]["n"] == 2 and row["ms_per_step"]["dense"]["n"] == 12 * 2
+
+
+def test_each_step_is_fed_a_contiguous_row_of_its_own_tokens(monkeypatch):
+    """A column of the [B, N] stream is a strided view: on a GPU its copy goes through fresh pageable memory,
+    which drains the stream every step (workloads/replay.step_inputs). The driver must get contiguous rows,
+    and the tokens of that step."""
+    from sfibench.runners import throughput_measure
+
+    fed = []
+
+    class Recording(throughput_measure.StepDriver):
+        def step(self, tokens):
+            fed.append((tokens.is_contiguous(), tokens.clone()))
+            return super().step(tokens)
+
+    monkeypatch.setattr(throughput_measure, "StepDriver", Recording)
+    session = Session.open("tiny-qwen3", "cpu")
+    cfg = ThroughputConfig(model="tiny-qwen3", contexts=[600], batches=[3], methods=[("full_kv", "reference")],
+                           steps=5, repeats=1, graphs=False)
+    measure_all(session, cfg)
+    stream, _ = load_replay(session.loaded.config.vocab_size, session.loaded.tokenizer)
+    expected = take_rows(stream, 600, 3, 6)
+    assert len(fed) == 2 * 5  # a warm-up pass and a timed one
+    for index, (contiguous, tokens) in enumerate(fed):
+        assert contiguous
+        assert torch.equal(tokens, expected[:, index % 5])
 
 
 def test_refresh_bytes_follow_layer_groups():

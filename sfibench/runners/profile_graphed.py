@@ -30,7 +30,7 @@ from sfibench.metrics.floor import graph_replay, weights_floor_seconds
 from sfibench.metrics.timing import StepTimer, time_region
 from sfibench.optimized import pdl
 from sfibench.sfi.geometry import candidate_range
-from sfibench.workloads.replay import load_replay, take_rows
+from sfibench.workloads.replay import load_replay, step_inputs, take_rows
 
 REST = "the rest (norms, RoPE, append, SwiGLU, gaps)"
 
@@ -44,14 +44,15 @@ def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int
     prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
     method = create_method(spec, cfg, tokenizer)
     driver = StepDriver(model, cache, method, use_graphs=True)
-    inputs = take_rows(stream, context, batch, steps + 1).pin_memory()
+    inputs = take_rows(stream, context, batch, steps + 1)
+    per_step = step_inputs(inputs, device)
     kinds, timer = [], StepTimer(device)
     for timed in (False, True):  # the first pass captures the graphs
         driver.start(prefilled)
         method.observe(inputs[:, 0])
         for index in range(steps):
             with timer.step():
-                result = driver.step(inputs[:, index].to(device, non_blocking=True))
+                result = driver.step(per_step[index].to(device, non_blocking=True))
             kind = batch_step_kind(method, result.ctx)
             method.observe(inputs[:, index + 1])
             if timed:

@@ -35,7 +35,7 @@ from sfibench.metrics.memory import MemoryEstimateError, check_fits, estimate_me
 from sfibench.metrics.nvml import NvmlSampler, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer
-from sfibench.workloads.replay import load_replay, take_rows
+from sfibench.workloads.replay import load_replay, step_inputs, take_rows
 
 MAX_REDONE = 3  # timed passes run again because they had to capture a graph (measure)
 EVIDENCE_ROWS = 64  # last prompt queries kept at prefill (SnapKV's window; SFI uses 16 of them)
@@ -151,6 +151,7 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
     # first met there: the asynchronous SFI's plans depend on when its side stream publishes) measured a
     # capture, not decoding: it is run again, at most MAX_REDONE times in all.
     repeat, redone, sampling = 0, 0, False
+    per_step = step_inputs(inputs, device)
     while len(passes) < cfg.repeats:
         timed = repeat > 0
         repeat += 1
@@ -163,7 +164,7 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
         captured_before = runner.capture_seconds
         pass_kinds, pass_reads, pass_replays, pass_refreshes = [], {}, 0, 0
         for index in range(1, cfg.steps + 1):
-            tokens = inputs[:, index - 1].to(device, non_blocking=True)
+            tokens = per_step[index - 1].to(device, non_blocking=True)
             with timer.step():
                 result = runner.step(tokens)
             ctx, replayed = result.ctx, result.replayed
@@ -282,7 +283,6 @@ def measure_all(session: Session, cfg: ThroughputConfig, progress=None) -> list[
             prefilled, synthetic, prefill_seconds = prepare_cache(session, cfg, context, batch, stream, seed=0)
             # every sequence replays its own stretch of text, starting where its prompt would end
             inputs = take_rows(stream, context, batch, cfg.steps + 1)
-            inputs = inputs.pin_memory() if session.device.type == "cuda" else inputs
             for spec in method_specs(cfg, context):
                 row = measure(session, prefilled, spec, cfg, inputs, tokenizer, context)
                 row["prefill"] = "synthetic" if synthetic else "real"

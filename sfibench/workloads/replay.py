@@ -60,6 +60,18 @@ def take_rows(stream: torch.Tensor, start: int, batch: int, count: int) -> torch
     return torch.stack([take(stream, start + ROW_OFFSET * row, count) for row in range(batch)])
 
 
+def step_inputs(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`rows [batch, count]` as `[count, batch]`, contiguous, in pinned memory on a CUDA device: step i's
+    tokens, `step_inputs(...)[i]`, then go to the GPU without stalling the host.
+
+    A column `rows[:, i]` would not: it is a strided view, which a copy to the GPU first gathers into fresh
+    pageable memory, and a copy from pageable memory waits for the stream to drain (sfi/transfer.py). Every
+    decode step at batch > 1 then started on an idle GPU, and a step timed from the host's side included
+    the host's planning of it."""
+    steps = rows.t().contiguous()
+    return steps.pin_memory() if device.type == "cuda" else steps
+
+
 def _rebuild() -> None:  # pragma: no cover - maintenance script
     from sfibench.models.loading import load_model
     from sfibench.sfi.triggers import token_byte_table
