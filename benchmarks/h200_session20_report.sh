@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Session 20's second call (~8 min): an A/B of the per-step token copy (BASE, an export of 61c5a5d, fed each
+# Session 20's second call (~9 min): an A/B of the per-step token copy (BASE, an export of 61c5a5d, fed each
 # step a strided column of the [B, N] token stream, whose copy to the GPU drains the stream; this tree feeds a
 # contiguous pinned row, workloads/replay.step_inputs) on qwen3-0.6b at 8K, B = 7, optimized path, then the
-# README's qwen3-0.6b report and profile at this tree (benchmarks/h200_report_run.sh).
+# README's qwen3-0.6b and qwen3-4b reports at this tree (benchmarks/h200_report_run.sh), without their profiles
+# (of B = 1 at 128K: the device time left this session did not cover them).
 # `BASE=../.devbase bash benchmarks/h200_session20_report.sh` from this tree's export.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -26,4 +27,8 @@ for r in json.load(open(sys.argv[1]))["results"]["rows"]:
 PY
     mv "$OUT/ab-copy-$side.log" "$OUT/ab-copy-$side/run.log"
 done
-cd "$here" && PYTHONPATH=$here bash benchmarks/h200_report_run.sh 0.6b 330 $((560 - (SECONDS - started)))
+cd "$here" && PYTHONPATH=$here bash benchmarks/h200_report_run.sh 0.6b 240 0
+echo "0.6b report done after $((SECONDS - started)) s"
+left=$((580 - (SECONDS - started))); [ "$left" -gt 320 ] && left=320
+cd "$here" && PYTHONPATH=$here bash benchmarks/h200_report_run.sh 4b "$left" 0
+echo "4b report done after $((SECONDS - started)) s"
