@@ -66,7 +66,7 @@ def step_inputs(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
 
     A column `rows[:, i]` would not: it is a strided view, which a copy to the GPU first gathers into fresh
     pageable memory, and a copy from pageable memory waits for the stream to drain (sfi/transfer.py). Every
-    decode step at batch > 1 then started on an idle GPU, and a step timed from the host's side included
+    decode step at batch > 1 then started on an idle GPU, and its timed interval (CUDA events) included
     the host's planning of it."""
     steps = rows.t().contiguous()
     return steps.pin_memory() if device.type == "cuda" else steps
