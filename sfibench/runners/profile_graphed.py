@@ -44,17 +44,16 @@ def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int
     prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
     method = create_method(spec, cfg, tokenizer)
     driver = StepDriver(model, cache, method, use_graphs=True)
-    inputs = take_rows(stream, context, batch, steps + 1)
-    per_step = step_inputs(inputs, device)
+    inputs = step_inputs(take_rows(stream, context, batch, steps + 1), device)  # step i's tokens: row i
     kinds, timer = [], StepTimer(device)
     for timed in (False, True):  # the first pass captures the graphs
         driver.start(prefilled)
-        method.observe(inputs[:, 0])
+        method.observe(inputs[0])
         for index in range(steps):
             with timer.step():
-                result = driver.step(per_step[index].to(device, non_blocking=True))
+                result = driver.step(inputs[index].to(device, non_blocking=True))
             kind = batch_step_kind(method, result.ctx)
-            method.observe(inputs[:, index + 1])
+            method.observe(inputs[index + 1])
             if timed:
                 kinds.append(kind)
         if not timed:

@@ -139,7 +139,8 @@ def _synchronize(device: torch.device) -> None:
 
 def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: ThroughputConfig,
             inputs: torch.Tensor, tokenizer, context: int) -> dict:
-    """Decode `cfg.steps` teacher-forced steps per pass; one warm pass, then `cfg.repeats` timed ones."""
+    """Decode `cfg.steps` teacher-forced steps per pass; one warm pass, then `cfg.repeats` timed ones.
+    `inputs [cfg.steps + 1, B]`: step i's tokens are row i (replay.step_inputs)."""
     model, cache, device = session.loaded.model, session.cache, session.device
     method = create_method(spec, session.loaded.config, tokenizer)
     runner = StepDriver(model, cache, method, cfg.graphs, cfg.length_bucket)
@@ -151,7 +152,6 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
     # first met there: the asynchronous SFI's plans depend on when its side stream publishes) measured a
     # capture, not decoding: it is run again, at most MAX_REDONE times in all.
     repeat, redone, sampling = 0, 0, False
-    per_step = step_inputs(inputs, device)
     while len(passes) < cfg.repeats:
         timed = repeat > 0
         repeat += 1
@@ -159,17 +159,17 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
             sampler.start()
             sampling = True
         runner.start(prefilled)
-        method.observe(inputs[:, 0])
+        method.observe(inputs[0])
         timer = StepTimer(device)
         captured_before = runner.capture_seconds
         pass_kinds, pass_reads, pass_replays, pass_refreshes = [], {}, 0, 0
         for index in range(1, cfg.steps + 1):
-            tokens = per_step[index - 1].to(device, non_blocking=True)
+            tokens = inputs[index - 1].to(device, non_blocking=True)
             with timer.step():
                 result = runner.step(tokens)
             ctx, replayed = result.ctx, result.replayed
             kind = batch_step_kind(method, ctx)
-            method.observe(inputs[:, index])
+            method.observe(inputs[index])
             pass_kinds.append(kind)
             pass_replays += replayed
             pass_refreshes += int(ctx.slow.sum())
@@ -282,7 +282,7 @@ def measure_all(session: Session, cfg: ThroughputConfig, progress=None) -> list[
         for batch in dict.fromkeys(batches):
             prefilled, synthetic, prefill_seconds = prepare_cache(session, cfg, context, batch, stream, seed=0)
             # every sequence replays its own stretch of text, starting where its prompt would end
-            inputs = take_rows(stream, context, batch, cfg.steps + 1)
+            inputs = step_inputs(take_rows(stream, context, batch, cfg.steps + 1), session.device)
             for spec in method_specs(cfg, context):
                 row = measure(session, prefilled, spec, cfg, inputs, tokenizer, context)
                 row["prefill"] = "synthetic" if synthetic else "real"
