@@ -37,7 +37,7 @@ from sfibench.reporting.results import provenance
 from sfibench.runners.throughput_measure import ThroughputConfig, method_specs, prepare_cache
 from sfibench.workloads.replay import load_replay, step_inputs, take_rows
 
-STEPS, PASSES, REPLAYS = int(os.environ.get("PROBE_STEPS", 96)), 3, 50
+STEPS, PASSES, REPLAYS = int(os.environ.get("PROBE_STEPS", "96")), 3, 50
 DEVICE = os.environ.get("PROBE_DEVICE", "cuda")
 METHODS = [("sfi", "optimized"), ("snapkv", "optimized"), ("streaming_llm", "optimized")]
 
