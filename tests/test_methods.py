@@ -164,3 +164,25 @@ def test_sfi_copies_its_step_masks_only_when_they_change_and_the_device_always_h
     steps = len(checked)
     assert steps == 2 * 39 and sum(checked) >= 4  # slow steps happened, so the masks did change
     assert 4 <= len(copies) < steps  # two masks a step would be 2 * steps copies
+
+
+def test_optimized_sfi_fills_its_compact_segments_to_the_kernel_tile(tiny_models):
+    """The optimized SFI's refreshes end each compact segment on a tile edge of the two-segment kernel's loop
+    over it (SelectionState._rebuild_compact), or move the whole window when it is shorter than that."""
+    from sfibench.optimized.decode_attention import default_config
+
+    loaded = tiny_models["tiny-qwen3"]
+    _, sfi = run(loaded, prompts_for(loaded, 2), small_spec("sfi", "optimized"), n=20)
+    tile = default_config(loaded.config.head_dim, torch.float32).block_n
+    sel = sfi.sel
+    assert sel.align == tile > 1 and sel.compact_k.shape[4] % tile == 0
+    live = sel.published.clamp(min=0)  # every row has refreshed by now
+    assert bool((sel.published >= 0).all())
+    layers, rows = torch.meshgrid(torch.arange(live.shape[0]), torch.arange(live.shape[1]), indexing="ij")
+    counts = sel.compact_counts[live, layers, rows]  # [L, B, H_kv]
+    tail_start = sel.tail_start[live, layers, rows]
+    anchor = sel.anchor[live, layers, rows]
+    whole_tiles = counts % tile == 0
+    whole_window = (tail_start >= anchor)[..., None] & (counts > 4 + sel.counts[live, layers, rows])
+    assert bool((whole_tiles | whole_window).all())
+    assert bool((tail_start > anchor).any())  # window rows did move into the compact segment

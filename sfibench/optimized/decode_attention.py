@@ -49,6 +49,11 @@ class KernelConfig:
     merge_in_kernel: bool | None = None  # None: in the kernel when merges_at_once
 
 
+def tile_rows(head_dim: int, itemsize: int) -> int:
+    """Keys per tile (BLOCK_N): 16 KB of K per tile, 16 to 128 rows."""
+    return max(16, min(128, 16384 // (head_dim * itemsize)))
+
+
 def default_config(head_dim: int, dtype: torch.dtype, shared_memory: int = 227 * 1024) -> KernelConfig:
     """Static choice per shape: no runtime autotuning, since a CUDA-graph capture must not benchmark.
 
@@ -59,7 +64,7 @@ def default_config(head_dim: int, dtype: torch.dtype, shared_memory: int = 227 *
     at B = 1, 5, 8 and 8K-128K. GPUs with less shared memory per block (`shared_memory`, bytes) get two.
     Eight warps only at D = 256, where the [16, D] accumulator doubles.
     """
-    block_n = max(16, min(128, 16384 // (head_dim * dtype.itemsize)))
+    block_n = tile_rows(head_dim, dtype.itemsize)
     stage_bytes = 2 * block_n * head_dim * dtype.itemsize
     stages = 4 if shared_memory >= 4 * stage_bytes + 16 * 1024 else 2
     return KernelConfig(block_n=block_n, num_warps=8 if head_dim >= 256 else 4, num_stages=stages)

@@ -24,6 +24,7 @@ from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.methods import StepPlan, register
 from sfibench.optimized.compact_kernels import gather_compact
+from sfibench.optimized.decode_attention import tile_rows
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.selector_kernels import fused_select
 from sfibench.optimized.step_state_kernel import take_published
@@ -48,6 +49,8 @@ class OptimizedSFI(SFIMethod):
         device, mc = cache.k.device, self.model_config
         require_triton_device(device)
         layers, batch = mc.num_layers, cache.batch
+        # Compact segments end on a tile edge of the kernel's loop over them (SelectionState._rebuild_compact)
+        self.compact_align = tile_rows(mc.head_dim, cache.k.element_size())
         self.state("row_buffer", (layers, batch), torch.int32, device)  # compact buffer per row, -1 = dense
         # A step with a dense row splits for that row's long read; a step of fast rows reads a few thousand
         # rows each (at most the memory right after a refresh plus t_max steps of growth): its split count

@@ -12,7 +12,8 @@ The index space of a (sequence, KV head) is the compact rows followed by the tai
 split count come from static shapes, the counts and lengths are read on the device, and the same
 tile, merge and launch code is used. So one CUDA graph serves every step however the lengths grow.
 A split walks its part of that index space either as two loops (compact rows, then tail slots, each
-through the dense tile code; the compact rows are then padded to whole tiles in the index space) or,
+through the dense tile code; the compact rows are then padded to whole tiles in the index space, and SFI
+fills its compact segments to whole tiles with the window's first rows, so no tile is spent on padding) or,
 when splits are short, as one loop whose tiles load from both segments at once (`one_loop`;
 fast_read_launch picks it from a measurement).
 

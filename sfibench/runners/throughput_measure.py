@@ -76,11 +76,16 @@ def method_specs(cfg: ThroughputConfig, context: int) -> list[MethodSpec]:
 def method_state_bytes(cfg: ThroughputConfig, dims, dtype_bytes: int) -> tuple[int, int]:
     """(bytes per sequence and token, bytes per sequence) of the methods' own state, for the memory check.
 
-    The optimized SFI keeps a float32 evidence row per query head and slot, and two compact K/V buffers."""
+    The optimized SFI keeps a float32 evidence row per query head and slot, and two compact K/V buffers
+    (sinks + k_head rows, up to a whole tile: SelectionState._rebuild_compact)."""
     if ("sfi", "optimized") not in cfg.methods:
         return 0, 0
+    from sfibench.optimized.decode_attention import tile_rows  # Triton, which the optimized SFI needs anyway
+
     evidence = dims.num_layers * dims.num_heads * 4
-    compact = 2 * dims.num_layers * dims.num_kv_heads * (cfg.sfi.n_sink + cfg.sfi.k_head) * dims.head_dim * 2 * dtype_bytes
+    tile = tile_rows(dims.head_dim, dtype_bytes)
+    rows = -(-(cfg.sfi.n_sink + cfg.sfi.k_head) // tile) * tile
+    compact = 2 * dims.num_layers * dims.num_kv_heads * rows * dims.head_dim * 2 * dtype_bytes
     return evidence, compact
 
 

@@ -33,6 +33,7 @@ class SFIMethod(AttentionMethod):
     name = "sfi"
     has_slow_steps = True
     compact = None  # the optimized path keeps compact copies of the selected K/V, gathered by this function
+    compact_align = 1  # ... whose rows it fills up to a multiple of this (SelectionState._rebuild_compact)
     select = staticmethod(select)  # the Selector; the optimized path swaps in its Triton version
 
     def __init__(self, spec, model_config, tokenizer):
@@ -59,7 +60,8 @@ class SFIMethod(AttentionMethod):
         shape = (mc.num_layers, batch)
         if self.sel is None or self.sel.live.shape != shape or self.sel.positions.device != device:
             compact = (mc.head_dim, cache.k.dtype, self.compact) if self.compact else (None, None, None)
-            self.sel = SelectionState(self.cfg, mc.num_layers, batch, mc.num_kv_heads, device, *compact)
+            self.sel = SelectionState(self.cfg, mc.num_layers, batch, mc.num_kv_heads, device, *compact,
+                                      align=self.compact_align)
         else:
             self.sel.reset()  # in place: captured CUDA graphs keep reading these tensors
         self.state("refresh_rows", shape, torch.bool, device)  # this step's (layer, row) refreshes

@@ -27,9 +27,11 @@ POLICIES = ("next_step", "when_ready")
 
 class SelectionState:
     def __init__(self, cfg: SFIConfig, layers: int, batch: int, kv_heads: int, device,
-                 compact_dim: int | None = None, compact_dtype: torch.dtype | None = None, gather=None):
+                 compact_dim: int | None = None, compact_dtype: torch.dtype | None = None, gather=None,
+                 align: int = 1):
         self.cfg = cfg
         self.gather = gather or gather_compact  # the optimized path passes its Triton gather
+        self.align = align  # compact segments end on a multiple of this many rows (see _rebuild_compact)
         buffers = (2, layers, batch)
         self.positions = torch.zeros(*buffers, kv_heads, cfg.k_head, dtype=torch.long, device=device)
         self.counts = torch.zeros(*buffers, kv_heads, dtype=torch.long, device=device)  # selected, sinks excluded
@@ -43,7 +45,7 @@ class SelectionState:
         self.tail_start_host = torch.zeros(layers, batch, dtype=torch.long)
         self.compact_k = self.compact_v = self.compact_counts = self.tail_start = None
         if compact_dim is not None:
-            rows = cfg.n_sink + cfg.k_head
+            rows = -(-(cfg.n_sink + cfg.k_head) // align) * align
             shape = (*buffers, kv_heads, rows, compact_dim)
             self.compact_k = torch.zeros(shape, dtype=compact_dtype, device=device)
             self.compact_v = torch.zeros(shape, dtype=compact_dtype, device=device)
@@ -87,7 +89,7 @@ class SelectionState:
             self.anchor[buffer, :, row].index_fill_(0, target, anchor)
             self.sinks[buffer, :, row].index_fill_(0, target, sinks)
             if self.compact_k is not None:
-                self._rebuild_compact(buffer, target, row, part, sinks, anchor, cache)
+                self._rebuild_compact(buffer, target, row, part, sinks, anchor, length, cache)
         return buffers
 
     @staticmethod
@@ -101,14 +103,21 @@ class SelectionState:
             yield buffer, chosen, device_index([layers[i] for i in chosen], device)
 
     def _rebuild_compact(self, buffer: int, target: torch.Tensor, row: int, picks: torch.Tensor, sinks: int,
-                         anchor: int, cache) -> None:
+                         anchor: int, length: int, cache) -> None:
         """Copy the K/V rows of sinks + picks `[n, H_kv, K]` of layers `target` into compact buffer `buffer`.
 
         The optimized fast step then reads them as one contiguous segment (coalesced loads, no index
-        list), and the recent window in place from the cache."""
-        self.gather(cache.k, cache.v, self.compact_k, self.compact_v, buffer, target, row, sinks, picks)
-        self.compact_counts[buffer, :, row].index_fill_(0, target, sinks + picks.shape[-1])
-        self.tail_start[buffer, :, row].index_fill_(0, target, max(anchor, sinks))
+        list), and the recent window in place from the cache. The segment is filled up to a multiple of
+        `align` rows with the window's first rows, which then are read from here rather than in place:
+        the same rows, but the kernel's loop over compact rows ends on a whole tile (two_segment.py), so
+        no tile is spent on a few compact rows and another on the window's first few."""
+        window = max(anchor, sinks)
+        filled = sinks + picks.shape[-1]
+        moved = min(-filled % self.align, max(length - window, 0))
+        self.gather(cache.k, cache.v, self.compact_k, self.compact_v, buffer, target, row, sinks, picks,
+                    window, moved)
+        self.compact_counts[buffer, :, row].index_fill_(0, target, filled + moved)
+        self.tail_start[buffer, :, row].index_fill_(0, target, window + moved)
 
     def publish(self, layers: list[int], row: int, buffers: list[int]) -> None:
         """Make the written buffers the ones the next step reads (a device write, in stream order)."""
@@ -119,15 +128,17 @@ class SelectionState:
 
 def gather_compact(k_cache: torch.Tensor, v_cache: torch.Tensor, compact_k: torch.Tensor,
                    compact_v: torch.Tensor, buffer: int, layers: torch.Tensor, row: int, sinks: int,
-                   picks: torch.Tensor) -> None:
-    """Write the K/V of positions [0, sinks) + picks[i, h] of (layers[i], row, KV head h) from the cache
-    `[L, B, H_kv, S, D]` to rows [0, sinks + K) of `compact_* [2, L, B, H_kv, R, D]` at `buffer`.
+                   picks: torch.Tensor, window_start: int = 0, window_rows: int = 0) -> None:
+    """Write the K/V of positions [0, sinks) + picks[i, h] + [window_start, window_start + window_rows) of
+    (layers[i], row, KV head h) from the cache `[L, B, H_kv, S, D]` to rows [0, sinks + K + window_rows) of
+    `compact_* [2, L, B, H_kv, R, D]` at `buffer`.
 
     The reference; optimized/compact_kernels.gather_compact does it in one launch, without the copy in
     between that indexing makes here."""
     count, heads = picks.shape[0], picks.shape[1]
     sink_positions = torch.arange(sinks, device=picks.device).expand(count, heads, sinks)
-    rows = torch.cat([sink_positions, picks], dim=-1)  # [n, H_kv, sinks + K]
+    window = torch.arange(window_start, window_start + window_rows, device=picks.device)
+    rows = torch.cat([sink_positions, picks, window.expand(count, heads, window_rows)], dim=-1)
     # Row numbers into the cache flattened to [layers * B * H_kv * S, D]: indexing k_cache[layers]
     # directly would first copy every listed layer's whole K.
     _, batch, _, slots, dim = k_cache.shape
