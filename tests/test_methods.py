@@ -186,3 +186,31 @@ def test_optimized_sfi_fills_its_compact_segments_to_the_kernel_tile(tiny_models
     whole_window = (tail_start >= anchor)[..., None] & (counts > 4 + sel.counts[live, layers, rows])
     assert bool((whole_tiles | whole_window).all())
     assert bool((tail_start > anchor).any())  # window rows did move into the compact segment
+
+
+@pytest.mark.parametrize("window,budget", [(8, 36), (40, 140)])
+def test_optimized_snapkv_moves_the_tails_first_rows_into_its_compact_segment(tiny_models, window, budget):
+    """Optimized SnapKV, as SFI's refresh: the kept rows are followed in the compact buffer by the tail's
+    first rows up to the kernel's tile edge (the whole observation window where it is shorter), and the
+    tail in place starts after them. The compact rows are the cache's rows at those positions."""
+    from sfibench.optimized.decode_attention import tile_rows
+
+    loaded = tiny_models["tiny-qwen3"]
+    spec = small_spec("snapkv", "optimized")
+    spec.snapkv = SnapKVConfig(budget=budget, window=window)
+    prompts = prompts_for(loaded, 2)
+    cache = KVCache(loaded.config, 2, max(map(len, prompts)) + 4, "cpu", torch.float32)
+    snapkv = create_method(spec, loaded.config, loaded.tokenizer)
+    snapkv.start(cache, prefill(loaded.model, cache, prompts, chunk=32, evidence_rows=64))
+    keep = budget - window
+    moved = min(-keep % tile_rows(loaded.config.head_dim, 4), window)
+    assert 0 < moved and (moved < window) == (budget == 140)  # 100 kept rows + 28 = 128
+    assert torch.equal(snapkv.counts[0], torch.full_like(snapkv.counts[0], keep + moved))
+    assert torch.equal(snapkv.tail[0], (snapkv.tail_start + moved).int())
+    for row in range(2):
+        first = int(snapkv.tail_start[row])
+        for layer in range(loaded.config.num_layers):
+            for head in range(loaded.config.num_kv_heads):
+                positions = torch.cat([snapkv.kept[layer, row, head], torch.arange(first, first + moved)])
+                for compact, rows in ((snapkv.compact_k, cache.k), (snapkv.compact_v, cache.v)):
+                    assert torch.equal(compact[0, layer, row, head], rows[layer, row, head, positions])

@@ -4,8 +4,8 @@ Both read "a fixed set + a contiguous tail", the shape the optimized SFI fast st
 through the same Triton kernel and every speed comparison is between equally optimized methods.
 StreamingLLM's fixed set is the sinks, which already lie contiguous at the start of the cache (the
 kernel reads them in place through a view), and its tail the sliding window. SnapKV's fixed set is
-the kept prompt tokens, copied once after prefill into a compact buffer, and its tail everything
-from the end of the prompt's compressed prefix.
+the kept prompt tokens, copied once after prefill into a compact buffer (with the tail's first rows up
+to a tile edge, as SFI's refresh fills its own), and its tail everything after them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from sfibench.baselines.streaming_llm import StreamingLLM
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.methods import register
+from sfibench.optimized.decode_attention import tile_rows
 from sfibench.optimized.full_kv import require_triton_device
 from sfibench.optimized.tail_state_kernel import begin_tail_step
 from sfibench.optimized.two_segment import fast_read_launch, two_segment_decode
@@ -71,15 +72,22 @@ class OptimizedSnapKV(_TwoSegment, SnapKV):
         self.choose_splits(cache)
         super().start(cache, prefilled)  # chooses self.kept, self.kept_count and self.tail_start
         mc, device, keep = self.model_config, cache.k.device, self.kept.shape[-1]
-        shape = (1, mc.num_layers, cache.batch, mc.num_kv_heads, keep, mc.head_dim)
+        # As SFI's refresh does (SelectionState._rebuild_compact): the kept rows are followed by the tail's
+        # first rows up to a tile edge, and the tail is read after them: the same rows, no padded tile. A
+        # compressed row's tail holds at least the observation window when this runs.
+        moved = min(-keep % tile_rows(mc.head_dim, cache.k.element_size()), self.cfg.window)
+        compressed = (self.kept_count > 0).long() * moved  # [B]: rows that kept the whole prompt move nothing
+        window = self.tail_start[None, :, None, None] + torch.arange(moved, device=device)  # [1, B, 1, moved]
+        positions = torch.cat([self.kept, window.expand(mc.num_layers, -1, mc.num_kv_heads, -1)], dim=-1)
+        shape = (1, mc.num_layers, cache.batch, mc.num_kv_heads, keep + moved, mc.head_dim)
         self.state("compact_k", shape, cache.k.dtype, device)
         self.state("compact_v", shape, cache.k.dtype, device)
-        index = self.kept[..., None].expand(-1, -1, -1, -1, mc.head_dim)  # [L, B, H_kv, keep, D]
-        self.compact_k[0] = cache.k.gather(3, index)
+        index = positions.clamp(max=cache.max_seq - 1)[..., None].expand(-1, -1, -1, -1, mc.head_dim)
+        self.compact_k[0] = cache.k.gather(3, index)  # [L, B, H_kv, keep + moved, D]
         self.compact_v[0] = cache.v.gather(3, index)
         self.state("counts", (1, mc.num_layers, cache.batch, mc.num_kv_heads), torch.int32, device)
-        self.counts.copy_(self.kept_count[None, None, :, None].expand_as(self.counts))
-        self.state("tail", (1, cache.batch), torch.int32, device).copy_(self.tail_start[None])
+        self.counts.copy_((self.kept_count + compressed)[None, None, :, None].expand_as(self.counts))
+        self.state("tail", (1, cache.batch), torch.int32, device).copy_((self.tail_start + compressed)[None])
         self.state("row_buffer", (cache.batch,), torch.int32, device)
 
     def plan(self, ctx: StepContext):
