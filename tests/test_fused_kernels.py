@@ -109,13 +109,14 @@ def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernel
     `post_attention` its post-attention norm into gate_up: the torch references of the folded ops, then every
     decode op through its Triton kernel, give the logits the unfolded decoder gives; down_proj's add +
     sums-of-squares launch replaces the add + norm kernel, and folding both, o_proj's replaces its add +
-    norm."""
+    norm. The final norm is folded into the LM head either way."""
     model = load_model(name, device=DEVICE).model
     tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     _, expected = decode(model, tokens, append=True)
     model.fold_input_norms(post_attention=post_attention)
-    calls, normed_products = [], []
+    calls, normed_products, norms = [], [], []
     monkeypatch.setitem(fused.ops, "add_rms_norm", _Recording(fused.ops["add_rms_norm"], calls))
+    monkeypatch.setitem(fused.ops, "rms_norm", _Recording(fused.ops["rms_norm"], norms))
     if kernels:
         monkeypatch.setattr(gemv, "_sm_count", lambda device: 1)  # tiny widths would go to cuBLAS on a GPU
         for op in ("linear", "linear_add_rms_norm", "gate_up_activation", "linear_add_squares"):
@@ -128,6 +129,7 @@ def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernel
     _, got = decode(model, tokens, append=True)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert not calls  # no layer ran the separate add + norm
+    assert not norms  # nor the final norm: the last down_proj and the LM head carry it
     steps = 12  # of one token each
     assert len(normed_products) == (0 if post_attention else steps * model.config.num_layers)
 

@@ -112,6 +112,38 @@ def test_a_folded_input_norm_matches_the_norm_then_the_product(rows, n_out, n_in
                     input_eps=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_float32_output_holds_the_product_rounded_as_f_linear_rounds_it(dtype):
+    """The LM head's logits: stored as float32 by the kernel, they are F.linear's values (in x's dtype)
+    converted, bit for bit, so no conversion kernel has to follow."""
+    g = torch.Generator().manual_seed(43)
+    x, w = _random(g, 3, 96, dtype=dtype), _random(g, 70, 96, scale=0.2, dtype=dtype)
+    want = gemv.linear(x, w, config=SMALL)
+    got = gemv.linear(x, w, config=SMALL, out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got, want.float())
+    assert torch.equal(fused.linear(x, w, out_dtype=torch.float32), F.linear(x, w).float())
+
+
+@pytest.mark.parametrize("dtype", _dtypes())
+def test_add_squares_with_an_output_gain_scales_the_stream_but_not_its_squares(dtype):
+    """The last layer's down_proj before a folded final norm: it writes g * (x W^T + residual), and the
+    squares of the unscaled sum, which the LM head's 1 / rms needs."""
+    g = torch.Generator().manual_seed(47)
+    rows, n_out, n_in = 3, 70, 200
+    x, w = _random(g, rows, n_in, dtype=dtype), _random(g, n_out, n_in, scale=n_in ** -0.5, dtype=dtype)
+    residual = _random(g, rows, n_out, dtype=dtype)
+    gain = (1 + 0.3 * torch.randn(n_out, generator=g)).to(DEVICE, dtype)
+    plain, plain_squares = gemv.linear_add_squares(x, w, residual, config=SMALL)
+    scaled, squares = gemv.linear_add_squares(x, w, residual, config=SMALL, output_gain=gain)
+    assert torch.equal(squares, plain_squares)
+    torch.testing.assert_close(scaled, gain * plain, **_tolerance(dtype))
+    want, want_squares = fused.linear_add_squares(x, w, residual, output_gain=gain)
+    torch.testing.assert_close(scaled, want, **_tolerance(dtype))
+    torch.testing.assert_close(squares.sum(0), want_squares[0], **_tolerance(dtype))
+    with pytest.raises(ValueError, match="output_gain"):
+        gemv.linear_add_squares(x, w, residual, config=SMALL, output_gain=gain[:-1])
+
+
 @pytest.mark.parametrize("activation", ["silu_mul", "gelu_tanh_mul"])
 @pytest.mark.parametrize("dtype", _dtypes())
 def test_a_folded_post_attention_norm_matches_the_norm_then_the_gated_product(activation, dtype):

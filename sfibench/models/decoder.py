@@ -189,13 +189,14 @@ class DecoderLayer(nn.Module):
             mlp_out = fused.ops["linear"](self.mlp.activated(normed), self.mlp.down_proj.weight)
             return fused.ops["add_rms_norm"](mlp_out, residual, next_norm.weight, next_norm.eps)
 
-    def forward_folded(self, residual, squares, cos, sin, layer: int, attend: Attend):
+    def forward_folded(self, residual, squares, cos, sin, layer: int, attend: Attend, output_gain=None):
         """A decode step with the input norm folded into the qkv product (Decoder.fold_input_norms):
         `squares` holds partial sums of squares of `residual`'s rows, from which the qkv kernel scales its
         product; down_proj adds the residual and writes the next layer's partials. No norm kernel of its
         own: with the qkv epilogue a layer is 4 launches plus attention. With the post-attention norm folded
         too, o_proj writes partials the same way and gate_up scales by them (no program of o_proj waits
-        for the others to normalise whole rows). Returns (the stream after this layer, its partials)."""
+        for the others to normalise whole rows). Returns (the stream after this layer, its partials); with
+        `output_gain` (the last layer, the final norm's weight) the stream times that gain."""
         heads = self.self_attn.attend_heads(residual, cos, sin, layer, attend,
                                             folded_norm=(squares, self.input_layernorm.eps))
         norm, mlp = self.post_attention_layernorm, self.mlp
@@ -213,7 +214,8 @@ class DecoderLayer(nn.Module):
             else:
                 activated = fused.ops["gate_up_activation"](residual, gate_up_folded, mlp.activation,
                                                             input_squares=squares, input_eps=norm.eps)
-            return fused.ops["linear_add_squares"](activated, mlp.down_proj.weight, residual)
+            return fused.ops["linear_add_squares"](activated, mlp.down_proj.weight, residual,
+                                                   output_gain=output_gain)
 
 
 class Backbone(nn.Module):
@@ -281,6 +283,8 @@ class Decoder(nn.Module):
         `post_attention`: the post-attention norm likewise, into a copy of gate_up (`gate_up_folded`), the
         sums of squares from o_proj's epilogue: o_proj's add + norm epilogue had its last program normalise
         whole rows while the others waited. The copies cost memory: qkv and gate_up once more per layer.
+        The final norm is folded as well, without a copy of the LM head (vocabulary x hidden): the last
+        down_proj writes the stream times the norm's weight (linear_add_squares' `output_gain`).
         """
         if not self.can_fold_input_norms:
             raise ValueError(f"{type(self).__name__} has its own layer structure: the input-norm fold is "
@@ -303,9 +307,13 @@ class Decoder(nn.Module):
                 and getattr(attend, "append_target", None) is not None:
             # squares: the partial sums of squares the first layer's folded input norm scales by
             residual, squares, cos, sin = self.decode_inputs(tokens, positions)
+            final = self.model.norm
             for index, layer in enumerate(layers):
-                residual, squares = layer.forward_folded(residual, squares, cos, sin, index, attend)
-            return self.head(self.model.norm(residual))
+                gain = final.weight if index == len(layers) - 1 else None
+                residual, squares = layer.forward_folded(residual, squares, cos, sin, index, attend, gain)
+            # The final norm is folded too, with its weight applied by the last down_proj: the LM head gets
+            # g * x and x's sums of squares, and scales its product by 1 / rms(x).
+            return self.head(residual, input_squares=squares, input_eps=final.eps)
         x = self.embed(tokens)
         tables = self.rope_tables(positions, x.dtype)
         residual, normed = x, layers[0].input_layernorm(x)
@@ -339,6 +347,7 @@ class Decoder(nn.Module):
             return self.position_tables(inv_freq, amplitude, positions, dtype, self.config.max_context)
         return rope_cos_sin(inv_freq, amplitude, positions, dtype)
 
-    def head(self, normed: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden states -> float32 logits."""
-        return fused.ops["linear"](normed, self.lm_head.weight).float()
+    def head(self, normed: torch.Tensor, **folded_norm) -> torch.Tensor:
+        """Final-normed hidden states -> float32 logits (the product in the model's dtype, stored as float32
+        by the product itself). `folded_norm`: input_squares and input_eps of a folded final norm."""
+        return fused.ops["linear"](normed, self.lm_head.weight, out_dtype=torch.float32, **folded_norm)

@@ -110,24 +110,34 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-           input_squares: torch.Tensor | None = None, input_eps: float = 0.0) -> torch.Tensor:
+           input_squares: torch.Tensor | None = None, input_eps: float = 0.0,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """A projection: F.linear. Fused, decode-sized ones run optimized/gemv.py's kernel.
 
     With `input_squares` the input norm is folded in (Decoder.fold_input_norms): x is the raw residual
     stream, `weight` already carries the norm's weight, and the product in float32 is scaled by each
-    row's 1 / rms, computed from the partial sums of squares `[partials, rows]` the kernel before wrote."""
+    row's 1 / rms, computed from the partial sums of squares `[partials, rows]` the kernel before wrote.
+    `out_dtype`: the result (in x's dtype, as F.linear's) converted to it."""
     if input_squares is None:
-        return F.linear(x, weight, bias)
-    inv_rms = torch.rsqrt(input_squares.sum(0) / x.shape[-1] + input_eps).view(*x.shape[:-1], 1)
-    y = F.linear(x.float(), weight.float()) * inv_rms
-    return (y if bias is None else y + bias.float()).to(x.dtype)
+        y = F.linear(x, weight, bias)
+    else:
+        inv_rms = torch.rsqrt(input_squares.sum(0) / x.shape[-1] + input_eps).view(*x.shape[:-1], 1)
+        y = F.linear(x.float(), weight.float()) * inv_rms
+        y = (y if bias is None else y + bias.float()).to(x.dtype)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
-def linear_add_squares(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor):
+def linear_add_squares(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
+                       output_gain: torch.Tensor | None = None):
     """down_proj with the residual add, when the next input norm is folded into the next product: (the new
-    residual stream, its rows' sums of squares as one partial `[1, rows]`). Fused, one launch."""
+    residual stream, its rows' sums of squares as one partial `[1, rows]`). Fused, one launch.
+
+    `output_gain` (the last layer's, with the final norm folded into the LM head, whose vocabulary-wide
+    weight is not worth a copy with the gain in it as qkv's is): the stream comes back multiplied by the
+    norm's weight, and the squares stay the stream's."""
     summed = F.linear(x, weight) + residual
-    return summed, summed.float().pow(2).sum(-1).reshape(1, -1)
+    squares = summed.float().pow(2).sum(-1).reshape(1, -1)
+    return (summed if output_gain is None else output_gain * summed), squares
 
 
 def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,

@@ -158,10 +158,11 @@ def input_inv_rms(squares_ptr, n_partials, rows, n_in, eps, BLOCK_M: tl.constexp
 def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, normed_ptr, done_ptr,
                  squares_ptr, n_partials, rows, n_out, n_in, stride_x, stride_w, stride_y, stride_r, stride_n,
                  eps, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, RMS_INPUT: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
+                 OUTPUT_GAIN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 PDL: tl.constexpr):
     pid = tl.program_id(0)
-    dtype = y_ptr.dtype.element_ty
+    dtype = x_ptr.dtype.element_ty  # the model's: every rounding below is F.linear's and the ops' after it
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_m < rows
@@ -191,7 +192,13 @@ def _gemv_kernel(x_ptr, w_ptr, bias_ptr, y_ptr, residual_ptr, norm_weight_ptr, n
     if EPILOGUE == 1 or EPILOGUE == 4:  # y is the new residual stream: the product plus the old one
         y = (y + tl.load(residual_ptr + offs_m[:, None] * stride_r + offs_n[None, :], mask=out_mask,
                          other=0.0)).to(dtype)
-    tl.store(y_ptr + offs_m[:, None] * stride_y + offs_n[None, :], y, mask=out_mask)
+    stored = y
+    if OUTPUT_GAIN:  # the stream times a norm's weight, for a folded norm after it (linear_add_squares)
+        gain = tl.load(norm_weight_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)
+        stored = (y.to(tl.float32) * gain[None, :]).to(dtype)
+    # A float32 output (the LM head's logits) holds the model-dtype values F.linear(...).float() would
+    tl.store(y_ptr + offs_m[:, None] * stride_y + offs_n[None, :], stored.to(y_ptr.dtype.element_ty),
+             mask=out_mask)
     if EPILOGUE == 4:
         # Each program's share of every row's sum of squares, for the next product's folded norm: no
         # program waits for another, the next kernel adds the shares up.
@@ -265,7 +272,7 @@ def fit_shared_memory(config: GemvConfig, n_in: int, weight_tiles: int, itemsize
 
 def _launch(x2, weight, bias, y, epilogue: str, config: GemvConfig, n_out: int,
             residual=None, norm_weight=None, normed=None, eps: float = 0.0, squares=None,
-            input_squares=None) -> None:
+            input_squares=None, output_gain=None) -> None:
     rows, n_in = x2.shape
     if x2.stride(-1) != 1 or weight.stride(-1) != 1:
         raise ValueError("x and weight need a contiguous last dimension")
@@ -275,12 +282,13 @@ def _launch(x2, weight, bias, y, epilogue: str, config: GemvConfig, n_out: int,
     launch = pdl.launch_options(x2.device, "products")
     _gemv_kernel[(triton.cdiv(n_out, config.block_n),)](
         x2, weight, bias if bias is not None else unused, y, residual if residual is not None else unused,
-        norm_weight if norm_weight is not None else unused, normed if normed is not None else unused,
+        next(w for w in (norm_weight, output_gain, unused) if w is not None),  # a norm's weight, or the gain
+        normed if normed is not None else unused,
         _done_counter(x2.device), *_squares_args(squares, input_squares, y),
         rows, n_out, n_in, x2.stride(0), weight.stride(0), y.stride(0),
         residual.stride(0) if residual is not None else 0, normed.stride(0) if normed is not None else 0, eps,
         EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, RMS_INPUT=input_squares is not None,
-        BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n,
+        OUTPUT_GAIN=output_gain is not None, BLOCK_M=MAX_ROWS, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         BLOCK_NORM=min(1024, triton.next_power_of_2(n_out)),
         DOT_PRECISION="ieee" if x2.dtype == torch.float32 else "tf32",
@@ -313,41 +321,49 @@ def _rows(x: torch.Tensor, width: int, weight: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            config: GemvConfig | None = None, *, input_squares: torch.Tensor | None = None,
-           input_eps: float = 0.0) -> torch.Tensor:
+           input_eps: float = 0.0, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) for x `[..., K]`; at decode shapes (decode_config) one Triton launch.
     With `input_squares` (partial sums of squares of x's rows, `[partials, rows]`) x is an un-normalised
-    residual stream and the product is scaled by its 1 / rms (fused.linear's folded input norm)."""
+    residual stream and the product is scaled by its 1 / rms (fused.linear's folded input norm).
+    `out_dtype`: the product, rounded to x's dtype as F.linear's is, then stored as this type (the LM
+    head's float32 logits, without a conversion kernel after it)."""
     n_out, n_in = weight.shape
     x2 = _rows(x, n_in, weight)
     if input_squares is not None:
         check_input_squares(input_squares, x2.shape[0])
     config = config or decode_config(x2.shape[0], n_out, n_in, x.device)
     if config is None:
-        if input_squares is None:  # the common fallback (prefill, cuBLAS-sized products): no import per call
+        if input_squares is None and out_dtype is None:  # the common fallback (prefill, cuBLAS-sized ones)
             return F.linear(x, weight, bias)
         from sfibench.models import fused  # fused imports this module at load time
 
-        return fused.linear(x, weight, bias, input_squares=input_squares, input_eps=input_eps)
-    y = torch.empty(x2.shape[0], n_out, device=x.device, dtype=x.dtype)
+        return fused.linear(x, weight, bias, input_squares=input_squares, input_eps=input_eps,
+                            out_dtype=out_dtype)
+    y = torch.empty(x2.shape[0], n_out, device=x.device, dtype=out_dtype or x.dtype)
     _launch(x2, weight, bias, y, "none", config, n_out, eps=input_eps, input_squares=input_squares)
     return y.view(*x.shape[:-1], n_out)
 
 
 def linear_add_squares(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
-                       config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """fused.linear_add_squares: (F.linear(x, weight) + residual, its rows' partial sums of squares)."""
+                       config: GemvConfig | None = None, *,
+                       output_gain: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """fused.linear_add_squares: (F.linear(x, weight) + residual, its rows' partial sums of squares); with
+    `output_gain` the first is that sum times the gain (the squares stay the sum's)."""
     from sfibench.models import fused
 
     n_out, n_in = weight.shape
     x2 = _rows(x, n_in, weight)
     config = config or decode_config(x2.shape[0], n_out, n_in, x.device)
     if config is None or residual.shape != (*x.shape[:-1], n_out) or residual.stride(-1) != 1:
-        return fused.linear_add_squares(x, weight, residual)
+        return fused.linear_add_squares(x, weight, residual, output_gain=output_gain)
+    if output_gain is not None and output_gain.shape != (n_out,):
+        raise ValueError(f"output_gain must be [N] = [{n_out}], got {tuple(output_gain.shape)}")
     residual2 = residual.reshape(-1, n_out)
     summed = torch.empty_like(residual2)
     programs = triton.cdiv(n_out, config.block_n)
     squares = torch.empty(programs, x2.shape[0], device=x.device, dtype=torch.float32)
-    _launch(x2, weight, None, summed, "add_squares", config, n_out, residual2, squares=squares)
+    _launch(x2, weight, None, summed, "add_squares", config, n_out, residual2, squares=squares,
+            output_gain=output_gain)
     return summed.view(residual.shape), squares
 
 
