@@ -2,12 +2,12 @@
 
 After the Selector picks K positions per (layer, KV head), the optimized fast step wants those tokens'
 K/V (after the sinks, and followed by the recent window's first rows up to a tile edge) contiguous in a
-compact buffer. The PyTorch reference (sfi/state.gather_compact)
-gathers the rows into a temporary with `index_select` and then scatters the temporary into the buffer
-with an indexed assignment: four passes over ~340 MB at 128K on Qwen3-4B (36 layers x 8 KV heads x
-~2,300 rows x 128 x K and V), and the indexed assignment runs far below copy bandwidth (the whole
-publish + rebuild took 1.4 ms on the H200). Here one program per (layer, KV head, block of rows) reads
-each row once from the cache and writes it once into the buffer: the bytes a gather must move.
+compact buffer. The PyTorch reference (sfi/state.gather_compact) gathers the rows into a temporary with
+`index_select` and then scatters the temporary into the buffer with an indexed assignment: four passes
+over ~340 MB at 128K on Qwen3-4B (36 layers x 8 KV heads x ~2,300 rows x 128 x K and V), and the indexed
+assignment runs far below copy bandwidth (the whole publish + rebuild took 1.4 ms on the H200). Here one
+program per (layer, KV head, block of rows) reads each row once from the cache and writes it once into
+the buffer: the bytes a gather must move.
 
 The grid depends on the refresh's host integers (sink count, picks per head); the refresh is not
 captured in a graph, so that is fine.
@@ -25,7 +25,8 @@ BLOCK_ROWS = 64  # compact rows per program: 64 x 128 x 2 bytes = 16 KB of K and
 
 @triton.jit
 def _gather_compact_kernel(k_cache, v_cache, compact_k, compact_v, layers_ptr, picks_ptr, sinks, picked,
-                           window_start, window_rows, stride_cl, stride_ch, stride_cs, stride_pl, stride_ph, stride_pr,
+                           window_start, window_rows,
+                           stride_cl, stride_ch, stride_cs, stride_pl, stride_ph, stride_pr,
                            stride_kn, stride_kh, stride_kk,
                            HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr):
     index = tl.program_id(0)
