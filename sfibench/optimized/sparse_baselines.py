@@ -82,6 +82,7 @@ class OptimizedSnapKV(_TwoSegment, SnapKV):
         shape = (1, mc.num_layers, cache.batch, mc.num_kv_heads, keep + moved, mc.head_dim)
         self.state("compact_k", shape, cache.k.dtype, device)
         self.state("compact_v", shape, cache.k.dtype, device)
+        # (a row that kept its whole prompt reads no compact rows; its `window` may run past a short cache)
         index = positions.clamp(max=cache.max_seq - 1)[..., None].expand(-1, -1, -1, -1, mc.head_dim)
         self.compact_k[0] = cache.k.gather(3, index)  # [L, B, H_kv, keep + moved, D]
         self.compact_v[0] = cache.v.gather(3, index)

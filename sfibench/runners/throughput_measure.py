@@ -35,6 +35,7 @@ from sfibench.metrics.memory import MemoryEstimateError, check_fits, estimate_me
 from sfibench.metrics.nvml import NvmlSampler, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer
+from sfibench.sfi.state import compact_rows
 from sfibench.workloads.replay import load_replay, step_inputs, take_rows
 
 MAX_REDONE = 3  # timed passes run again because they had to capture a graph (measure)
@@ -83,8 +84,7 @@ def method_state_bytes(cfg: ThroughputConfig, dims, dtype_bytes: int) -> tuple[i
     from sfibench.optimized.decode_attention import tile_rows  # Triton, which the optimized SFI needs anyway
 
     evidence = dims.num_layers * dims.num_heads * 4
-    tile = tile_rows(dims.head_dim, dtype_bytes)
-    rows = -(-(cfg.sfi.n_sink + cfg.sfi.k_head) // tile) * tile
+    rows = compact_rows(cfg.sfi, tile_rows(dims.head_dim, dtype_bytes))
     compact = 2 * dims.num_layers * dims.num_kv_heads * rows * dims.head_dim * 2 * dtype_bytes
     return evidence, compact
 

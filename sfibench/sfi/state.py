@@ -45,8 +45,7 @@ class SelectionState:
         self.tail_start_host = torch.zeros(layers, batch, dtype=torch.long)
         self.compact_k = self.compact_v = self.compact_counts = self.tail_start = None
         if compact_dim is not None:
-            rows = -(-(cfg.n_sink + cfg.k_head) // align) * align
-            shape = (*buffers, kv_heads, rows, compact_dim)
+            shape = (*buffers, kv_heads, compact_rows(cfg, align), compact_dim)
             self.compact_k = torch.zeros(shape, dtype=compact_dtype, device=device)
             self.compact_v = torch.zeros(shape, dtype=compact_dtype, device=device)
             self.compact_counts = torch.zeros(*buffers, kv_heads, dtype=torch.int32, device=device)
@@ -124,6 +123,12 @@ class SelectionState:
         self.published_host[layers, row] = torch.tensor(buffers)
         for buffer, _, target in self._groups(layers, buffers, self.published.device):
             self.published[:, row].index_fill_(0, target, buffer)
+
+
+def compact_rows(cfg: SFIConfig, align: int) -> int:
+    """Rows of a compact buffer: sinks + k_head, rounded up to a multiple of `align` (_rebuild_compact
+    fills the last tile with the window's first rows)."""
+    return -(-(cfg.n_sink + cfg.k_head) // align) * align
 
 
 def gather_compact(k_cache: torch.Tensor, v_cache: torch.Tensor, compact_k: torch.Tensor,
