@@ -1,0 +1,173 @@
+"""How close to its floor can a launch-bound step get? A graphed step split into what its attention costs.
+
+    python benchmarks/launch_floor_probe.py MODEL CONTEXT BUDGETS OUT.json
+    e.g. python benchmarks/launch_floor_probe.py qwen3-0.6b 8192 64,512,1152,2308 probe.json
+
+At B = 1 on a small model a decode step is a chain of ~146 short kernels, and the floor it is judged against
+(metrics/floor.py: the model's weight GEMVs graphed back to back, plus the step's K/V bytes at copy bandwidth)
+has ~113 of them. This probe measures, at B = 1 and one cache length, the graphed step replayed alone (CUDA
+events, no host loop) of:
+
+- `no attention`: the optimized StreamingLLM's step with its attention replaced by nothing (o_proj reads the
+  queries): every kernel of a step except the 28-36 attention launches;
+- `one launch`: the same with the attention replaced by one minimal Triton launch per layer that copies the
+  queries to the output, launched as a short-split attention launch is (as many programs, PDL the same): what
+  a launch costs in this chain, whatever it reads;
+- the real optimized StreamingLLM step at each budget in BUDGETS (tokens read per layer and KV head, the
+  fast-step kernel SFI uses): the fixed cost of the attention kernel (the line through them at zero rows) and
+  the cost of its rows;
+- the weights floor (metrics/floor.weights_floor_seconds) and the copy bandwidth, so that each step's floor
+  is the report's (weights floor + its K/V bytes / copy bandwidth).
+
+On the CPU (PROBE_DEVICE=cpu with TRITON_INTERPRET=1, the tiny model) nothing is graphed and times mean
+nothing: that only checks the script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import types
+
+import torch
+import triton
+import triton.language as tl
+
+from sfibench.config import MethodSpec, StreamingLLMConfig
+from sfibench.engine.cache import KVCache
+from sfibench.engine.driver import StepDriver
+from sfibench.engine.session import Session
+from sfibench.engine.synthetic import synthetic_prefill
+from sfibench.methods import create_method
+from sfibench.metrics.floor import weights_floor_seconds
+from sfibench.metrics.timing import measure_copy_bandwidth
+from sfibench.optimized import pdl
+from sfibench.optimized.decode_attention import default_num_splits, sm_count
+from sfibench.reporting.results import provenance
+
+REPLAYS = int(os.environ.get("PROBE_REPLAYS", "200"))
+DEVICE = os.environ.get("PROBE_DEVICE", "cuda")
+
+
+@triton.jit
+def _copy_queries_kernel(q_ptr, out_ptr, stride_qb, stride_qh, stride_ob, stride_oh, chunk, total,
+                         HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """Program (p, b) copies elements [p * chunk, (p + 1) * chunk) of q[b] (heads x dims, flattened) to out."""
+    program, seq = tl.program_id(0), tl.program_id(1)
+    pdl.wait_for_inputs(PDL)  # q is the kernel before's output, as for the attention kernel
+    pdl.release_dependents(PDL)
+    element = program * chunk + tl.arange(0, BLOCK)
+    mine = (tl.arange(0, BLOCK) < chunk) & (element < total)
+    head, dim = element // HEAD_DIM, element % HEAD_DIM
+    row = tl.load(q_ptr + seq * stride_qb + head * stride_qh + dim, mask=mine)
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dim, row, mask=mine)
+
+
+def copy_queries(q: torch.Tensor, programs: int) -> torch.Tensor:
+    """q `[B, H, D]` (unit stride over D) copied by `programs` programs per row, in one launch."""
+    batch, heads, dim = q.shape
+    if q.stride(2) != 1:
+        raise ValueError("copy_queries needs q with unit stride over its last dimension")
+    chunk = triton.cdiv(heads * dim, programs)
+    out = torch.empty_like(q)
+    _copy_queries_kernel[(triton.cdiv(heads * dim, chunk), batch)](
+        q, out, q.stride(0), q.stride(1), out.stride(0), out.stride(1), chunk, heads * dim, HEAD_DIM=dim,
+        BLOCK=triton.next_power_of_2(chunk), **pdl.launch_options(q.device, "short_attention"))
+    return out
+
+
+def replay_times(driver: StepDriver, tokens: torch.Tensor) -> list[float]:
+    """Milliseconds of the step's graph replayed alone (on the CPU: eager steps)."""
+    for _ in range(3):
+        driver.step(tokens)  # captures on a GPU
+    if driver.use_graphs:
+        graph = next(iter(driver.graphs.values())).graph
+        run = graph.replay
+    else:
+        def run():
+            driver.step(tokens)
+    for _ in range(5):
+        run()
+    if not driver.use_graphs:
+        import time
+        times = []
+        for _ in range(REPLAYS):
+            started = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - started) * 1e3)
+        return times
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(REPLAYS):
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
+def main(model: str, context: int, budgets: str, out: str) -> None:
+    session = Session.open(model, DEVICE)
+    cfg, device = session.loaded.config, session.device
+    cache = KVCache(cfg, 1, context + 64, device, session.dtype)
+    prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
+    tokens = torch.zeros(1, dtype=torch.long, device=device)
+    floor = weights_floor_seconds(session.loaded.model, 1, device, repeats=50)
+    bandwidth = measure_copy_bandwidth(device) if device.type == "cuda" else None
+    kv_bytes_per_row = cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2 * cache.k.element_size()
+    programs = default_num_splits(1, cfg.num_kv_heads, 2308, sm_count(device)) * cfg.num_kv_heads
+
+    variants = [("no attention", 2308, lambda self, q, cache, ctx, plan: q),
+                ("one launch", 2308,
+                 lambda self, q, cache, ctx, plan: copy_queries(q[:, :, 0], programs)[:, :, None])]
+    variants += [(f"streaming_llm budget {b}", int(b), None) for b in budgets.split(",")]
+    rows = []
+    for name, budget, attend in variants:
+        spec = MethodSpec(name="streaming_llm", path="optimized", streaming=StreamingLLMConfig(budget=budget))
+        method = create_method(spec, cfg, session.loaded.tokenizer)
+        if attend is not None:
+            method.attend = types.MethodType(attend, method)
+        driver = StepDriver(session.loaded.model, cache, method, use_graphs=device.type == "cuda")
+        driver.start(prefilled)
+        times = replay_times(driver, tokens)
+        read = float(driver.tokens_read.float().mean()) if attend is None else 0.0
+        kv_seconds = read * kv_bytes_per_row / bandwidth if bandwidth else None
+        step_floor = floor["seconds"] + kv_seconds if kv_seconds is not None else None
+        p50 = statistics.median(times)
+        row = {"variant": name, "budget": budget, "rows_read": read, "replay_ms_p50": p50,
+               "replay_ms_min": min(times), "replay_ms_max": max(times), "replays": len(times),
+               "floor_ms": step_floor * 1e3 if step_floor else None,
+               "ratio_to_floor": p50 / (step_floor * 1e3) if step_floor else None}
+        rows.append(row)
+        ratio = f", {row['ratio_to_floor']:.3f}x its floor {row['floor_ms']:.4f} ms" if step_floor else ""
+        print(f"{name}: p50 {p50:.4f} ms (min {min(times):.4f}, max {max(times):.4f}), rows read {read:.0f}{ratio}",
+              flush=True)
+        del driver, method
+    layers = cfg.num_layers
+    by = {r["variant"]: r["replay_ms_p50"] for r in rows}
+    real = [r for r in rows if r["variant"].startswith("streaming_llm")]
+    derived = {"launch_us_per_layer": (by["one launch"] - by["no attention"]) * 1e3 / layers,
+               "weights_floor_ms": floor["seconds"] * 1e3}
+    if len(real) >= 2:  # least squares: step = fixed + per_row * rows
+        xs, ys = [r["rows_read"] for r in real], [r["replay_ms_p50"] for r in real]
+        slope = statistics.linear_regression(xs, ys).slope
+        intercept = statistics.fmean(ys) - slope * statistics.fmean(xs)
+        derived.update({"step_at_zero_rows_ms": intercept, "us_per_1000_rows_per_layer": slope * 1e6 / layers,
+                        "attention_fixed_us_per_layer": (intercept - by["no attention"]) * 1e3 / layers})
+    derived["no_attention_over_weights_floor"] = by["no attention"] / derived["weights_floor_ms"]
+    derived["one_launch_over_weights_floor"] = by["one launch"] / derived["weights_floor_ms"]
+    print("derived: " + ", ".join(f"{k} {v:.4f}" for k, v in derived.items()), flush=True)
+    result = {"provenance": provenance(), "model": model, "context": context, "batch": 1, "layers": layers,
+              "graphs": device.type == "cuda", "pdl": pdl.describe(), "copy_bandwidth": bandwidth,
+              "weights_floor": floor, "rows": rows, "derived": derived}
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 5:
+        sys.exit(__doc__)
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4])
