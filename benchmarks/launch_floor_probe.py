@@ -120,19 +120,39 @@ def main(model: str, context: int, budgets: str, out: str) -> None:
     kv_bytes_per_row = cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2 * cache.k.element_size()
     programs = default_num_splits(1, cfg.num_kv_heads, 2308, sm_count(device)) * cfg.num_kv_heads
 
-    variants = [("no attention", 2308, lambda self, q, cache, ctx, plan: q),
-                ("one launch", 2308,
-                 lambda self, q, cache, ctx, plan: copy_queries(q[:, :, 0], programs)[:, :, None])]
-    variants += [(f"streaming_llm budget {b}", int(b), None) for b in budgets.split(",")]
+    def no_attention(self, q, cache, ctx, plan):
+        return q
+
+    def one_launch(self, q, cache, ctx, plan):
+        return copy_queries(q[:, :, 0], programs)[:, :, None]
+
+    variants = [("no attention", 2308, no_attention, {}, {}), ("one launch", 2308, one_launch, {}, {})]
+    variants += [(f"streaming_llm budget {b}", int(b), None, {}, {}) for b in budgets.split(",")]
+    if os.environ.get("PROBE_AB"):  # same-process A/Bs, interleaved: the qkv epilogue's modes, split counts
+        for _ in range(2):
+            for qkv in ("1", "head"):
+                env = {"SFIBENCH_QKV_EPILOGUE": qkv}
+                variants += [(f"ab qkv={qkv}: no attention", 2308, no_attention, env, {}),
+                             (f"ab qkv={qkv}: budget 2308", 2308, None, env, {})]
+        variants += [(f"ab splits={n}: budget 2308", 2308, None, {}, {"num_splits": n, "one_loop": True})
+                     for n in (8, 12, 16, 24, 32)]
     rows = []
-    for name, budget, attend in variants:
+    for name, budget, attend, env, launch in variants:
+        saved = {key: os.environ.get(key) for key in env}
+        os.environ.update(env)  # read when the graph is captured (the kernels' launch choices)
         spec = MethodSpec(name="streaming_llm", path="optimized", streaming=StreamingLLMConfig(budget=budget))
         method = create_method(spec, cfg, session.loaded.tokenizer)
         if attend is not None:
             method.attend = types.MethodType(attend, method)
         driver = StepDriver(session.loaded.model, cache, method, use_graphs=device.type == "cuda")
         driver.start(prefilled)
+        method.launch.update(launch)  # after start, which chose the split count and loop form
         times = replay_times(driver, tokens)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key)
+            else:
+                os.environ[key] = value
         read = float(driver.tokens_read.float().mean()) if attend is None else 0.0
         kv_seconds = read * kv_bytes_per_row / bandwidth if bandwidth else None
         step_floor = floor["seconds"] + kv_seconds if kv_seconds is not None else None
