@@ -44,7 +44,7 @@ from sfibench.methods import create_method
 from sfibench.metrics.floor import weights_floor_seconds
 from sfibench.metrics.timing import measure_copy_bandwidth
 from sfibench.optimized import pdl
-from sfibench.optimized.decode_attention import default_num_splits, sm_count
+from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
 from sfibench.reporting.results import provenance
 
 REPLAYS = int(os.environ.get("PROBE_REPLAYS", "200"))
@@ -128,14 +128,17 @@ def main(model: str, context: int, budgets: str, out: str) -> None:
 
     variants = [("no attention", 2308, no_attention, {}, {}), ("one launch", 2308, one_launch, {}, {})]
     variants += [(f"streaming_llm budget {b}", int(b), None, {}, {}) for b in budgets.split(",")]
-    if os.environ.get("PROBE_AB"):  # same-process A/Bs, interleaved: the qkv epilogue's modes, split counts
-        for _ in range(2):
-            for qkv in ("1", "head"):
-                env = {"SFIBENCH_QKV_EPILOGUE": qkv}
-                variants += [(f"ab qkv={qkv}: no attention", 2308, no_attention, env, {}),
-                             (f"ab qkv={qkv}: budget 2308", 2308, None, env, {})]
+    if os.environ.get("PROBE_AB"):  # other split counts (session 22 also A/B'd a qkv epilogue mode here, e7351c0)
         variants += [(f"ab splits={n}: budget 2308", 2308, None, {}, {"num_splits": n, "one_loop": True})
                      for n in (8, 12, 16, 24, 32)]
+    # PROBE_SWEEP="splits:block_n:stages:warps,...": the fast-step kernel's launch at budget 2,308 under each
+    # (one loop); PROBE_SWEEP_PDL=1 adds the default launch with PDL off for attention (SFIBENCH_PDL=products).
+    for item in filter(None, os.environ.get("PROBE_SWEEP", "").split(",")):
+        splits, block_n, stages, warps = (int(part) for part in item.split(":"))
+        variants.append((f"sweep {item}: budget 2308", 2308, None, {}, {
+            "num_splits": splits, "one_loop": True, "config": KernelConfig(block_n, warps, stages, None)}))
+    if os.environ.get("PROBE_SWEEP_PDL"):
+        variants.append(("sweep pdl=products: budget 2308", 2308, None, {"SFIBENCH_PDL": "products"}, {}))
     rows = []
     for name, budget, attend, env, launch in variants:
         saved = {key: os.environ.get(key) for key in env}

@@ -43,9 +43,8 @@ def _inputs(batch, heads, kv_heads, head_dim, hidden, slots, dtype, bias, norm, 
 ])
 @pytest.mark.parametrize("bias,norm", [(False, True), (True, False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if DEVICE == "cuda" else [torch.float32])
-@pytest.mark.parametrize("whole_head", [False, True])  # True: a program per head, block_n unused
 def test_one_launch_matches_the_product_then_the_q_k_kernel(batch, heads, kv_heads, head_dim, block_n, bias, norm,
-                                                            dtype, whole_head):
+                                                            dtype):
     tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     x, w, b, norms, cos, sin, caches, positions = _inputs(batch, heads, kv_heads, head_dim, 48, 20, dtype, bias,
                                                           norm, seed=batch * head_dim)
@@ -59,7 +58,7 @@ def test_one_launch_matches_the_product_then_the_q_k_kernel(batch, heads, kv_hea
     for _ in range(2):  # a second launch finds every head's counter zeroed again
         got_caches = [c.clone() for c in caches]
         q = qkv_epilogue.linear_qk_norm_rope_append(x, w, b, *norms, cos, sin, heads, kv_heads, *got_caches,
-                                                    positions, config=config, whole_head=whole_head)
+                                                    positions, config=config)
         torch.testing.assert_close(q, want_q, **tolerance)
         for got, want in zip(got_caches, want_caches):
             torch.testing.assert_close(got, want, **tolerance)
@@ -70,8 +69,7 @@ def test_one_launch_matches_the_product_then_the_q_k_kernel(batch, heads, kv_hea
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if DEVICE == "cuda" else [torch.float32])
-@pytest.mark.parametrize("whole_head", [False, True])
-def test_a_folded_input_norm_scales_the_product_before_its_epilogue(dtype, whole_head):
+def test_a_folded_input_norm_scales_the_product_before_its_epilogue(dtype):
     """With `input_squares` (Decoder.fold_input_norms) x is the raw residual stream: the kernel scales the
     product by each row's 1 / rms from the partial sums before q/k norm, RoPE and the append."""
     tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
@@ -85,7 +83,7 @@ def test_a_folded_input_norm_scales_the_product_before_its_epilogue(dtype, whole
     got_caches = [c.clone() for c in caches]
     q = qkv_epilogue.linear_qk_norm_rope_append(x, w, b, *norms, cos, sin, 4, 2, *got_caches, positions,
                                                 config=gemv.GemvConfig(block_n=16, block_k=16),
-                                                input_squares=partials, input_eps=1e-6, whole_head=whole_head)
+                                                input_squares=partials, input_eps=1e-6)
     torch.testing.assert_close(q, want_q, **tolerance)
     for got, want in zip(got_caches, want_caches):
         torch.testing.assert_close(got, want, **tolerance)
@@ -110,8 +108,6 @@ def test_shapes_it_does_not_serve_take_the_two_launch_route():
 
 def test_it_is_on_by_default_can_be_turned_off_and_a_bad_switch_is_refused(monkeypatch):
     monkeypatch.delenv(qkv_epilogue.ENV, raising=False)
-    assert qkv_epilogue.enabled() and qkv_epilogue.mode() == "1"
-    monkeypatch.setenv(qkv_epilogue.ENV, "head")
     assert qkv_epilogue.enabled()
     monkeypatch.setenv(qkv_epilogue.ENV, "0")
     try:
@@ -129,28 +125,3 @@ def test_it_is_on_by_default_can_be_turned_off_and_a_bad_switch_is_refused(monke
     finally:
         fused.enable_fusion(False)
     assert fused.ops["linear_qk_norm_rope_append"] is fused.linear_qk_norm_rope_append
-
-
-def test_the_head_switch_launches_a_program_per_head(monkeypatch):
-    """SFIBENCH_QKV_EPILOGUE=head: one program per head, no head counter touched, the reference's result."""
-    x, w, b, norms, cos, sin, caches, positions = _inputs(2, 4, 2, 32, 48, 20, torch.float32, True, True, seed=7)
-    positions[0] = 4
-    want_caches = [c.clone() for c in caches]
-    want_q = fused.qk_norm_rope_append(F.linear(x, w, b), *norms, cos, sin, 4, 2, *want_caches, positions)
-    grids = []
-    kernel = qkv_epilogue._qkv_append_kernel
-
-    class Recording:
-        def __getitem__(self, grid):
-            grids.append(grid)
-            return kernel[grid]
-
-    monkeypatch.setattr(qkv_epilogue, "_qkv_append_kernel", Recording())
-    monkeypatch.setenv(qkv_epilogue.ENV, "head")
-    got_caches = [c.clone() for c in caches]
-    q = qkv_epilogue.linear_qk_norm_rope_append(x, w, b, *norms, cos, sin, 4, 2, *got_caches, positions,
-                                                config=gemv.GemvConfig(block_n=16, block_k=16))
-    assert grids == [(4 + 2 * 2,)]
-    torch.testing.assert_close(q, want_q, atol=1e-5, rtol=1e-5)
-    for got, want in zip(got_caches, want_caches):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

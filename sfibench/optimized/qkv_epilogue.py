@@ -33,20 +33,11 @@ from sfibench.switches import read_switch
 ENV = "SFIBENCH_QKV_EPILOGUE"
 
 
-MODES = {"1": "the qkv product carries q/k norm, RoPE and the append; each head's last program reads it back",
-         "head": "the same with one program per head, which finishes the head from its registers",
-         "0": "off"}
-
-
-def mode() -> str:
-    """SFIBENCH_QKV_EPILOGUE: "1" (the default), "head" (a program per head) or "0" (two launches)."""
-    return read_switch(ENV, MODES, "1")
-
-
 def enabled() -> bool:
-    """Whether fused decoding uses this kernel (SFIBENCH_QKV_EPILOGUE=1 or head) rather than gemv's product + the
-    q/k kernel (SFIBENCH_QKV_EPILOGUE=0)."""
-    return mode() != "0"
+    """Whether fused decoding uses this kernel (the default, SFIBENCH_QKV_EPILOGUE=1) rather than gemv's
+    product + the q/k kernel (SFIBENCH_QKV_EPILOGUE=0)."""
+    choices = {"1": "the qkv product carries q/k norm, RoPE and the append", "0": "off"}
+    return read_switch(ENV, choices, "1") == "1"
 
 
 @triton.jit
@@ -55,39 +46,20 @@ def _finish_head(qkv_ptr, head, rows, stride_qkv, cos_ptr, sin_ptr, stride_cb, s
                  stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_nb, stride_nh, stride_ns,
                  stride_p, n_slots, eps, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                  HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """One head of every row, read back from the stored product, finished by _finish_values. All rows of
-    the head are one [rows, HEAD_DIM / 2] tile per half, so the tail costs one round trip to memory rather
-    than one per row."""
-    HALF: tl.constexpr = HEAD_DIM // 2
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_h = tl.arange(0, HALF)
-    row_ok = offs_m < rows
-    src = qkv_ptr + offs_m.to(tl.int64)[:, None] * stride_qkv + head * HEAD_DIM + offs_h[None, :]
-    # .cg: past L1, which may hold lines of this buffer from an earlier launch
-    first = tl.load(src, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
-    second = tl.load(src + HALF, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
-    _finish_values(first, second, head, rows, cos_ptr, sin_ptr, stride_cb, stride_sb, q_weight_ptr, k_weight_ptr,
-                   q_ptr, stride_qb, stride_qh, k_cache_ptr, v_cache_ptr, norms_ptr, positions_ptr,
-                   stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_nb, stride_nh, stride_ns,
-                   stride_p, n_slots, eps, NUM_HEADS, NUM_KV_HEADS, HAS_NORM, HEAD_DIM, BLOCK_M)
-
-
-@triton.jit
-def _finish_values(first, second, head, rows, cos_ptr, sin_ptr, stride_cb, stride_sb, q_weight_ptr, k_weight_ptr,
-                   q_ptr, stride_qb, stride_qh, k_cache_ptr, v_cache_ptr, norms_ptr, positions_ptr,
-                   stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_nb, stride_nh, stride_ns,
-                   stride_p, n_slots, eps, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-                   HAS_NORM: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """One head of every row, from the product's two halves `[BLOCK_M, HEAD_DIM / 2]` (in the model dtype, as
-    F.linear gives them) to q or the cache, rounded where the reference rounds (fused.qk_norm_rope_append: the
-    norm in float32, cast, times the weight, cast; RoPE in float32, cast). layer_kernels._norm_rope_head does
-    the same for one (token, head)."""
-    dtype = first.dtype
+    """One head of every row, from the stored product to q or the cache, rounded where the reference rounds
+    (fused.qk_norm_rope_append: the norm in float32, cast, times the weight, cast; RoPE in float32, cast).
+    layer_kernels._norm_rope_head does the same for one (token, head); here all rows of the head are one
+    [rows, HEAD_DIM / 2] tile, so the tail costs one round trip to memory rather than one per row."""
+    dtype = qkv_ptr.dtype.element_ty
     HALF: tl.constexpr = HEAD_DIM // 2
     offs_m = tl.arange(0, BLOCK_M)
     offs_h = tl.arange(0, HALF)
     row_ok = offs_m < rows
     batch = offs_m.to(tl.int64)
+    src = qkv_ptr + batch[:, None] * stride_qkv + head * HEAD_DIM + offs_h[None, :]
+    # .cg: past L1, which may hold lines of this buffer from an earlier launch
+    first = tl.load(src, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
+    second = tl.load(src + HALF, mask=row_ok[:, None], other=0.0, cache_modifier=".cg")
     slot = tl.load(positions_ptr + batch * stride_p, mask=row_ok, other=-1).to(tl.int64)
     in_cache = (row_ok & (slot >= 0) & (slot < n_slots))[:, None]  # a bad position writes nothing
     if head >= NUM_HEADS + NUM_KV_HEADS:  # a value head: copied as it is
@@ -146,57 +118,32 @@ def _qkv_append_kernel(x_ptr, w_ptr, bias_ptr, qkv_ptr, counter_ptr, cos_ptr, si
                        NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HAS_NORM: tl.constexpr,
                        HAS_BIAS: tl.constexpr, RMS_INPUT: tl.constexpr, HEAD_DIM: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, WHOLE_HEAD: tl.constexpr, PDL: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = offs_m < rows
-    HALF: tl.constexpr = HEAD_DIM // 2
-    if WHOLE_HEAD:  # program `pid` is head `pid`: its first half's BLOCK_N = HALF columns, and the second's
-        offs_n = pid * HEAD_DIM + tl.arange(0, BLOCK_N)
-    else:
-        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < n_out
-    # A whole head is a "gated" product whose second weight tile starts HALF rows below the first
-    acc, acc_second = gemv._product_tile(x_ptr, w_ptr, HALF if WHOLE_HEAD else n_out, n_in, stride_x, stride_w,
-                                         offs_m, offs_n, row_ok, col_ok, WHOLE_HEAD, BLOCK_M, BLOCK_N, BLOCK_K,
-                                         DOT_PRECISION, PDL)
+    acc, _ = gemv._product_tile(x_ptr, w_ptr, n_out, n_in, stride_x, stride_w, offs_m, offs_n, row_ok, col_ok,
+                                False, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, PDL)
     pdl.release_dependents(PDL)
     if RMS_INPUT:  # the folded input norm (gemv.input_inv_rms)
-        inv_rms = gemv.input_inv_rms(squares_ptr, n_partials, rows, n_in, input_eps, BLOCK_M)[:, None]
-        acc = acc * inv_rms
-        acc_second = acc_second * inv_rms
+        acc = acc * gemv.input_inv_rms(squares_ptr, n_partials, rows, n_in, input_eps, BLOCK_M)[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-        if WHOLE_HEAD:
-            acc_second += tl.load(bias_ptr + offs_n + HALF, mask=col_ok, other=0.0).to(tl.float32)[None, :]
-    dtype = qkv_ptr.dtype.element_ty
-    if WHOLE_HEAD:  # the head is all here: finished from registers, nothing stored or read back
-        _finish_values(acc.to(dtype), acc_second.to(dtype), pid, rows, cos_ptr, sin_ptr, stride_cb, stride_sb,
-                       q_weight_ptr, k_weight_ptr, q_ptr, stride_qb, stride_qh, k_cache_ptr, v_cache_ptr, norms_ptr,
-                       positions_ptr, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_nb,
-                       stride_nh, stride_ns, stride_p, n_slots, eps, NUM_HEADS, NUM_KV_HEADS, HAS_NORM, HEAD_DIM,
-                       BLOCK_M)
-    else:
-        tl.store(qkv_ptr + offs_m[:, None] * stride_qkv + offs_n[None, :], acc.to(dtype),
-                 mask=row_ok[:, None] & col_ok[None, :])
-        # The head's last program to finish completes it. The barrier orders every thread's stores before the
-        # counter's release (as in gemv's add_rms_norm epilogue).
-        PARTS: tl.constexpr = HEAD_DIM // BLOCK_N
-        head = pid // PARTS
-        tl.debug_barrier()
-        if tl.atomic_add(counter_ptr + head, 1, sem="acq_rel", scope="gpu") == PARTS - 1:
-            _finish_head(qkv_ptr, head, rows, stride_qkv, cos_ptr, sin_ptr, stride_cb, stride_sb, q_weight_ptr,
-                         k_weight_ptr, q_ptr, stride_qb, stride_qh, k_cache_ptr, v_cache_ptr, norms_ptr,
-                         positions_ptr, stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_nb,
-                         stride_nh, stride_ns, stride_p, n_slots, eps, NUM_HEADS, NUM_KV_HEADS, HAS_NORM, HEAD_DIM,
-                         BLOCK_M)
-            tl.store(counter_ptr + head, 0)  # zero again for the next launch or graph replay
-
-
-# SFIBENCH_QKV_EPILOGUE=head: a program per head multiplies its two halves' weight rows (BLOCK_N = HEAD_DIM / 2
-# each, as a gated product does) and finishes the head in registers: no stores read back, no counter, but only as
-# many programs as heads (32 for qwen3-0.6b, on 132 SMs), each reading HEAD_DIM weight rows.
-WHOLE_HEAD_CONFIG = gemv.GemvConfig(block_n=64, block_k=256, num_warps=4, num_stages=4)
+    tl.store(qkv_ptr + offs_m[:, None] * stride_qkv + offs_n[None, :], acc.to(qkv_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
+    # The head's last program to finish completes it. The barrier orders every thread's stores before the
+    # counter's release (as in gemv's add_rms_norm epilogue).
+    PARTS: tl.constexpr = HEAD_DIM // BLOCK_N
+    head = pid // PARTS
+    tl.debug_barrier()
+    if tl.atomic_add(counter_ptr + head, 1, sem="acq_rel", scope="gpu") == PARTS - 1:
+        _finish_head(qkv_ptr, head, rows, stride_qkv, cos_ptr, sin_ptr, stride_cb, stride_sb, q_weight_ptr,
+                     k_weight_ptr, q_ptr, stride_qb, stride_qh, k_cache_ptr, v_cache_ptr, norms_ptr, positions_ptr,
+                     stride_kb, stride_kh, stride_ks, stride_vb, stride_vh, stride_vs, stride_nb, stride_nh, stride_ns,
+                     stride_p, n_slots, eps, NUM_HEADS, NUM_KV_HEADS, HAS_NORM, HEAD_DIM, BLOCK_M)
+        tl.store(counter_ptr + head, 0)  # zero again for the next launch or graph replay
 
 
 @functools.cache
@@ -211,25 +158,18 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
                                cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
                                k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Tensor,
                                positions: torch.Tensor, config: gemv.GemvConfig | None = None, *,
-                               input_squares: torch.Tensor | None = None, input_eps: float = 0.0,
-                               whole_head: bool | None = None) -> torch.Tensor:
+                               input_squares: torch.Tensor | None = None, input_eps: float = 0.0) -> torch.Tensor:
     """fused.qk_norm_rope_append(F.linear(x, weight, bias), ...) for decode's x `[B, 1, K]`: q `[B, H_q, 1, D]`,
     the new k and v appended at slot positions[b]. Shapes the kernel does not serve (prefill-sized batches,
-    products cuBLAS is better at, a tile that does not divide the head) take the two-launch route.
-    `whole_head` (default: SFIBENCH_QKV_EPILOGUE=head) runs a program per head (WHOLE_HEAD_CONFIG)."""
+    products cuBLAS is better at, a tile that does not divide the head) take the two-launch route."""
     from sfibench.models import fused  # the two-launch composition; fused imports this module lazily
 
     n_out, n_in = weight.shape
     head_dim = cos.shape[-1]
     x2 = gemv._rows(x, n_in, weight)
-    whole_head = mode() == "head" if whole_head is None else whole_head
-    chosen = config or gemv.decode_config(x2.shape[0], n_out, n_in, x.device)
-    if chosen is not None and whole_head:  # a given config keeps its BLOCK_K, stages and warps
-        config = replace(config or WHOLE_HEAD_CONFIG, block_n=head_dim // 2)
-    elif chosen is not None:
-        config = replace(chosen, block_n=min(chosen.block_n, head_dim))
-    else:
-        config = None
+    config = config or gemv.decode_config(x2.shape[0], n_out, n_in, x.device)
+    if config is not None:
+        config = replace(config, block_n=min(config.block_n, head_dim))
     if config is None or head_dim % config.block_n or x.shape[1] != 1 \
             or n_out != (num_heads + 2 * num_kv_heads) * head_dim:
         return fused.linear_qk_norm_rope_append(x, weight, bias, q_weight, k_weight, eps, cos, sin, num_heads,
@@ -241,11 +181,11 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
     check_append_inputs(batch, num_kv_heads, head_dim, x.device, k_cache, v_cache, key_norms, positions)
     if cos.stride(-1) != 1 or sin.stride(-1) != 1:
         raise ValueError("cos and sin need a contiguous last dimension")
-    config = gemv.fit_shared_memory(config, n_in, 2 if whole_head else 1, x2.element_size())
+    config = gemv.fit_shared_memory(config, n_in, 1, x2.element_size())
     qkv = torch.empty(batch, n_out, device=x.device, dtype=x.dtype)
     q = torch.empty(batch, num_heads, 1, head_dim, device=x.device, dtype=x.dtype)
     has_norm = q_weight is not None
-    _qkv_append_kernel[(n_out // (head_dim if whole_head else config.block_n),)](
+    _qkv_append_kernel[(n_out // config.block_n,)](
         x2, weight, bias if bias is not None else qkv, qkv, _head_counters(x.device, n_out // head_dim), cos, sin,
         q_weight if has_norm else qkv, k_weight if has_norm else qkv, q, k_cache, v_cache, key_norms, positions,
         input_squares if input_squares is not None else qkv,
@@ -256,7 +196,7 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HAS_NORM=has_norm, HAS_BIAS=bias is not None,
         RMS_INPUT=input_squares is not None,
         HEAD_DIM=head_dim, BLOCK_M=gemv.MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", WHOLE_HEAD=whole_head,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device, "products"),
     )
     return q
