@@ -54,7 +54,7 @@ DEVICE = os.environ.get("PROBE_DEVICE", "cuda")
 @triton.jit
 def _copy_queries_kernel(q_ptr, out_ptr, stride_qb, stride_qh, stride_ob, stride_oh, chunk, total,
                          HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """Program (p, b) copies elements [p * chunk, (p + 1) * chunk) of q[b] (heads x dims, flattened) to out."""
+    """Program (p, b) copies elements [p * chunk, (p + 1) * chunk) of q[b] (heads x dims flattened)."""
     program, seq = tl.program_id(0), tl.program_id(1)
     pdl.wait_for_inputs(PDL)  # q is the kernel before's output, as for the attention kernel
     pdl.release_dependents(PDL)
@@ -128,34 +128,50 @@ def main(model: str, context: int, budgets: str, out: str) -> None:
 
     variants = [("no attention", 2308, no_attention, {}, {}), ("one launch", 2308, one_launch, {}, {})]
     variants += [(f"streaming_llm budget {b}", int(b), None, {}, {}) for b in budgets.split(",")]
-    if os.environ.get("PROBE_AB"):  # other split counts (session 22 also A/B'd a qkv epilogue mode here, e7351c0)
+    if os.environ.get("PROBE_AB"):  # split counts (session 22 also A/B'd a qkv epilogue mode here, e7351c0)
         variants += [(f"ab splits={n}: budget 2308", 2308, None, {}, {"num_splits": n, "one_loop": True})
                      for n in (8, 12, 16, 24, 32)]
     # PROBE_SWEEP="splits:block_n:stages:warps,...": the fast-step kernel's launch at budget 2,308 under each
-    # (one loop); PROBE_SWEEP_PDL=1 adds the default launch with PDL off for attention (SFIBENCH_PDL=products).
+    # (one loop); PROBE_SWEEP_PDL=1 adds the default launch, PDL off for attention (SFIBENCH_PDL=products).
     for item in filter(None, os.environ.get("PROBE_SWEEP", "").split(",")):
         splits, block_n, stages, warps = (int(part) for part in item.split(":"))
         variants.append((f"sweep {item}: budget 2308", 2308, None, {}, {
             "num_splits": splits, "one_loop": True, "config": KernelConfig(block_n, warps, stages, None)}))
     if os.environ.get("PROBE_SWEEP_PDL"):
         variants.append(("sweep pdl=products: budget 2308", 2308, None, {"SFIBENCH_PDL": "products"}, {}))
+    # PROBE_PREFETCH=1: SFIBENCH_L2_PREFETCH's modes, interleaved, twice: at budget 2,308 and for Full-KV
+    if os.environ.get("PROBE_PREFETCH"):
+        for _ in range(2):
+            for prefetch in ("0", "o_proj", "layer"):
+                env = {"SFIBENCH_L2_PREFETCH": prefetch}
+                variants += [(f"prefetch={prefetch}: budget 2308", 2308, None, env, {}),
+                             (f"prefetch={prefetch}: full_kv", 0, None, env, {})]
     rows = []
     for name, budget, attend, env, launch in variants:
         saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)  # read when the graph is captured (the kernels' launch choices)
-        spec = MethodSpec(name="streaming_llm", path="optimized", streaming=StreamingLLMConfig(budget=budget))
+        streaming = StreamingLLMConfig(budget=budget)
+        spec = MethodSpec(name="streaming_llm", path="optimized", streaming=streaming) if budget \
+            else MethodSpec(name="full_kv", path="optimized")  # budget 0: Full-KV
         method = create_method(spec, cfg, session.loaded.tokenizer)
         if attend is not None:
             method.attend = types.MethodType(attend, method)
         driver = StepDriver(session.loaded.model, cache, method, use_graphs=device.type == "cuda")
         driver.start(prefilled)
-        method.launch.update(launch)  # after start, which chose the split count and loop form
-        times = replay_times(driver, tokens)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key)
-            else:
-                os.environ[key] = value
+        if launch:
+            method.launch.update(launch)  # after start, which chose the split count and loop form
+        try:
+            times = replay_times(driver, tokens)
+        except Exception as error:  # noqa: BLE001 - a variant that fails (e.g. does not compile) loses no row
+            print(f"{name}: failed: {error!r}"[:400], flush=True)
+            rows.append({"variant": name, "error": repr(error)[:2000]})
+            continue
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key)
+                else:
+                    os.environ[key] = value
         read = float(driver.tokens_read.float().mean()) if attend is None else 0.0
         kv_seconds = read * kv_bytes_per_row / bandwidth if bandwidth else None
         step_floor = floor["seconds"] + kv_seconds if kv_seconds is not None else None
@@ -166,12 +182,12 @@ def main(model: str, context: int, budgets: str, out: str) -> None:
                "ratio_to_floor": p50 / (step_floor * 1e3) if step_floor else None}
         rows.append(row)
         ratio = f", {row['ratio_to_floor']:.3f}x its floor {row['floor_ms']:.4f} ms" if step_floor else ""
-        print(f"{name}: p50 {p50:.4f} ms (min {min(times):.4f}, max {max(times):.4f}), rows read {read:.0f}{ratio}",
-              flush=True)
+        spread_ms = f"(min {min(times):.4f}, max {max(times):.4f})"
+        print(f"{name}: p50 {p50:.4f} ms {spread_ms}, rows read {read:.0f}{ratio}", flush=True)
         del driver, method
     layers = cfg.num_layers
-    by = {r["variant"]: r["replay_ms_p50"] for r in rows}
-    real = [r for r in rows if r["variant"].startswith("streaming_llm")]
+    by = {r["variant"]: r["replay_ms_p50"] for r in rows if "error" not in r}
+    real = [r for r in rows if r["variant"].startswith("streaming_llm") and "error" not in r]
     derived = {"launch_us_per_layer": (by["one launch"] - by["no attention"]) * 1e3 / layers,
                "weights_floor_ms": floor["seconds"] * 1e3}
     if len(real) >= 2:  # least squares: step = fixed + per_row * rows

@@ -125,3 +125,40 @@ def test_it_is_on_by_default_can_be_turned_off_and_a_bad_switch_is_refused(monke
     finally:
         fused.enable_fusion(False)
     assert fused.ops["linear_qk_norm_rope_append"] is fused.linear_qk_norm_rope_append
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="L2 prefetch is inline PTX: CUDA only, no interpreter")
+@pytest.mark.parametrize("count", [1, 3])
+def test_prefetching_weights_into_l2_changes_no_result(count):
+    """`prefetch` (l2_prefetch.py) only issues cache hints: q and the cache are exactly the run without it."""
+    x, w, b, norms, cos, sin, caches, positions = _inputs(3, 4, 2, 64, 96, 20, torch.bfloat16, True, True, seed=9)
+    weights = tuple(torch.randn(300 + 77 * i, 96, device=DEVICE, dtype=torch.bfloat16) for i in range(count))
+    config = gemv.GemvConfig(block_n=32, block_k=32)
+    plain_caches, hinted_caches = [c.clone() for c in caches], [c.clone() for c in caches]
+    plain = qkv_epilogue.linear_qk_norm_rope_append(x, w, b, *norms, cos, sin, 4, 2, *plain_caches, positions,
+                                                    config=config)
+    hinted = qkv_epilogue.linear_qk_norm_rope_append(x, w, b, *norms, cos, sin, 4, 2, *hinted_caches, positions,
+                                                     config=config, prefetch=weights)
+    assert torch.equal(plain, hinted)
+    for got, want in zip(hinted_caches, plain_caches):
+        assert torch.equal(got, want)
+
+
+def test_the_prefetch_switch_and_its_arguments(monkeypatch):
+    from sfibench.optimized import l2_prefetch
+
+    monkeypatch.delenv(l2_prefetch.ENV, raising=False)
+    weight = torch.zeros(10, 64, dtype=torch.bfloat16)
+    assert l2_prefetch.mode() == "0" and l2_prefetch.weights_after_attention(weight, None, weight) == ()
+    monkeypatch.setenv(l2_prefetch.ENV, "layer")
+    assert l2_prefetch.weights_after_attention(weight, None, weight) == ()  # not on a CUDA device
+    args = l2_prefetch.kernel_args((weight, weight[:5]), weight)
+    assert args["PREFETCH"] == 2 and args["lines_a"] == 10 and args["lines_b"] == 5 and args["lines_c"] == 1
+    assert args["prefetch_a"].dtype == torch.uint8 and args["prefetch_a"].numel() == 10 * 64 * 2
+    with pytest.raises(ValueError, match="contiguous"):
+        l2_prefetch.kernel_args((weight[:, :8],), weight)
+    with pytest.raises(ValueError, match="at most three"):
+        l2_prefetch.kernel_args((weight,) * 4, weight)
+    monkeypatch.setenv(l2_prefetch.ENV, "all")
+    with pytest.raises(UsageError, match="SFIBENCH_L2_PREFETCH='all'"):
+        l2_prefetch.mode()
