@@ -20,8 +20,9 @@ from sfibench.switches import read_switch
 ENV = "SFIBENCH_L2_PREFETCH"
 MODES = {"0": "off", "o_proj": "the qkv kernel prefetches the layer's o_proj weight",
          "layer": "the qkv kernel prefetches the layer's o_proj, gate_up and down_proj weights"}
-LINE: tl.constexpr = 128  # bytes per L2 line
-BLOCK_LINES: tl.constexpr = 512  # lines a program issues per loop step
+# Globals a Triton kernel reads must be constexpr instances (an annotation is not enough)
+LINE = tl.constexpr(128)  # bytes per L2 line
+BLOCK_LINES = tl.constexpr(512)  # lines a program issues per loop step
 
 
 def mode() -> str:
@@ -80,7 +81,7 @@ def kernel_args(weights: tuple, placeholder: torch.Tensor) -> dict:
             if not weight.is_contiguous():
                 raise ValueError("a prefetched weight must be contiguous")
             args[f"prefetch_{name}"] = weight.view(torch.uint8).view(-1)  # byte addresses
-            args[f"lines_{name}"] = triton.cdiv(weight.numel() * weight.element_size(), LINE)
+            args[f"lines_{name}"] = triton.cdiv(weight.numel() * weight.element_size(), LINE.value)
         else:
             args[f"prefetch_{name}"], args[f"lines_{name}"] = placeholder, 1
     return args
