@@ -139,20 +139,12 @@ def main(model: str, context: int, budgets: str, out: str) -> None:
             "num_splits": splits, "one_loop": True, "config": KernelConfig(block_n, warps, stages, None)}))
     if os.environ.get("PROBE_SWEEP_PDL"):
         variants.append(("sweep pdl=products: budget 2308", 2308, None, {"SFIBENCH_PDL": "products"}, {}))
-    # PROBE_PREFETCH=1: SFIBENCH_L2_PREFETCH's modes, interleaved, twice: at budget 2,308 and for Full-KV
-    if os.environ.get("PROBE_PREFETCH"):
-        for _ in range(2):
-            for prefetch in ("0", "o_proj", "layer"):
-                env = {"SFIBENCH_L2_PREFETCH": prefetch}
-                variants += [(f"prefetch={prefetch}: budget 2308", 2308, None, env, {}),
-                             (f"prefetch={prefetch}: full_kv", 0, None, env, {})]
+    # (session 22 also A/B'd SFIBENCH_L2_PREFETCH's modes here, PROBE_PREFETCH=1, at 87ac263: reverted)
     rows = []
     for name, budget, attend, env, launch in variants:
         saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)  # read when the graph is captured (the kernels' launch choices)
-        streaming = StreamingLLMConfig(budget=budget)
-        spec = MethodSpec(name="streaming_llm", path="optimized", streaming=streaming) if budget \
-            else MethodSpec(name="full_kv", path="optimized")  # budget 0: Full-KV
+        spec = MethodSpec(name="streaming_llm", path="optimized", streaming=StreamingLLMConfig(budget=budget))
         method = create_method(spec, cfg, session.loaded.tokenizer)
         if attend is not None:
             method.attend = types.MethodType(attend, method)

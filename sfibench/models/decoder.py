@@ -111,11 +111,10 @@ class SelfAttention(nn.Module):
         with label("sfibench.projections"):
             return fused.ops["linear"](heads, self.o_proj.weight)
 
-    def attend_heads(self, x, cos, sin, layer: int, attend: Attend, folded_norm=None, prefetch=()) -> torch.Tensor:
+    def attend_heads(self, x, cos, sin, layer: int, attend: Attend, folded_norm=None) -> torch.Tensor:
         """Attention before the output projection: the heads side by side, `[B, T, H_q * D]`.
         `folded_norm` = (input_squares, eps): x is the raw residual stream and the input norm rides on the
-        qkv product (Decoder.fold_input_norms; decode only). `prefetch`: weights the qkv kernel pulls into L2
-        for after the attention (optimized/l2_prefetch.py)."""
+        qkv product (Decoder.fold_input_norms; decode only)."""
         batch, seq, _ = x.shape
         norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm else (None, None, 0.0)
         append_target = getattr(attend, "append_target", None)
@@ -124,7 +123,7 @@ class SelfAttention(nn.Module):
             with label("sfibench.projections"):
                 q = fused.ops["linear_qk_norm_rope_append"](
                     x, self.qkv_folded, self.qkv_proj.bias, *norms, cos, sin, self.num_heads, self.num_kv_heads,
-                    *append_target(layer), input_squares=squares, input_eps=eps, prefetch=prefetch)
+                    *append_target(layer), input_squares=squares, input_eps=eps)
             out = attend(layer, q, None, None)
         elif seq == 1 and append_target is not None:
             # Decode: the engine names where this layer's new k/v go; the qkv product, whose kernel also
@@ -198,14 +197,10 @@ class DecoderLayer(nn.Module):
         too, o_proj writes partials the same way and gate_up scales by them (no program of o_proj waits
         for the others to normalise whole rows). Returns (the stream after this layer, its partials); with
         `output_gain` (the last layer, the final norm's weight) the stream times that gain."""
+        heads = self.self_attn.attend_heads(residual, cos, sin, layer, attend,
+                                            folded_norm=(squares, self.input_layernorm.eps))
         norm, mlp = self.post_attention_layernorm, self.mlp
         gate_up_folded = getattr(mlp, "gate_up_folded", None)
-        from sfibench.optimized import l2_prefetch  # folds run fused, where Triton is
-
-        prefetch = l2_prefetch.weights_after_attention(self.self_attn.o_proj.weight, gate_up_folded,
-                                                       mlp.down_proj.weight)
-        heads = self.self_attn.attend_heads(residual, cos, sin, layer, attend,
-                                            folded_norm=(squares, self.input_layernorm.eps), prefetch=prefetch)
         with label("sfibench.projections"):
             o_proj = self.self_attn.o_proj.weight
             if gate_up_folded is None:

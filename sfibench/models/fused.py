@@ -100,11 +100,10 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
                                cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
                                k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Tensor,
                                positions: torch.Tensor, *, input_squares: torch.Tensor | None = None,
-                               input_eps: float = 0.0, prefetch: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                               input_eps: float = 0.0) -> torch.Tensor:
     """Decode's qkv projection, then qk_norm_rope_append: q `[B, H_q, 1, D]`, k and v appended. Fused, the
     two are one launch (optimized/qkv_epilogue.py; SFIBENCH_QKV_EPILOGUE=0: gemv's product, the q/k kernel).
-    `input_squares`/`input_eps`: the folded input norm, as in `linear`. `prefetch`: weights the fused kernel
-    pulls into L2 (optimized/l2_prefetch.py), a hint that changes no result: ignored here."""
+    `input_squares`/`input_eps`: the folded input norm, as in `linear`."""
     qkv = ops["linear"](x, weight, bias, input_squares=input_squares, input_eps=input_eps)
     return ops["qk_norm_rope_append"](qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_kv_heads,
                                       k_cache, v_cache, key_norms, positions)

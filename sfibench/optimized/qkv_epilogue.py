@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sfibench.optimized import gemv, l2_prefetch, pdl
+from sfibench.optimized import gemv, pdl
 from sfibench.optimized.layer_kernels import check_append_inputs
 from sfibench.switches import read_switch
 
@@ -118,8 +118,7 @@ def _qkv_append_kernel(x_ptr, w_ptr, bias_ptr, qkv_ptr, counter_ptr, cos_ptr, si
                        NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HAS_NORM: tl.constexpr,
                        HAS_BIAS: tl.constexpr, RMS_INPUT: tl.constexpr, HEAD_DIM: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
-                       prefetch_a, lines_a, prefetch_b, lines_b, prefetch_c, lines_c, PREFETCH: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, PDL: tl.constexpr):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -128,14 +127,6 @@ def _qkv_append_kernel(x_ptr, w_ptr, bias_ptr, qkv_ptr, counter_ptr, cos_ptr, si
     acc, _ = gemv._product_tile(x_ptr, w_ptr, n_out, n_in, stride_x, stride_w, offs_m, offs_n, row_ok, col_ok,
                                 False, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, PDL)
     pdl.release_dependents(PDL)
-    # The weights the layer multiplies by after its attention, pulled into L2 now (l2_prefetch.py): the
-    # attention that follows is latency-bound and leaves the memory bus idle.
-    if PREFETCH >= 1:
-        l2_prefetch.share(prefetch_a, lines_a, pid, tl.num_programs(0))
-    if PREFETCH >= 2:
-        l2_prefetch.share(prefetch_b, lines_b, pid, tl.num_programs(0))
-    if PREFETCH >= 3:
-        l2_prefetch.share(prefetch_c, lines_c, pid, tl.num_programs(0))
     if RMS_INPUT:  # the folded input norm (gemv.input_inv_rms)
         acc = acc * gemv.input_inv_rms(squares_ptr, n_partials, rows, n_in, input_eps, BLOCK_M)[:, None]
     if HAS_BIAS:
@@ -167,12 +158,10 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
                                cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
                                k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Tensor,
                                positions: torch.Tensor, config: gemv.GemvConfig | None = None, *,
-                               input_squares: torch.Tensor | None = None, input_eps: float = 0.0,
-                               prefetch: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                               input_squares: torch.Tensor | None = None, input_eps: float = 0.0) -> torch.Tensor:
     """fused.qk_norm_rope_append(F.linear(x, weight, bias), ...) for decode's x `[B, 1, K]`: q `[B, H_q, 1, D]`,
     the new k and v appended at slot positions[b]. Shapes the kernel does not serve (prefill-sized batches,
-    products cuBLAS is better at, a tile that does not divide the head) take the two-launch route.
-    `prefetch`: up to three weights to pull into L2 after the product (l2_prefetch.py); a hint, not a result."""
+    products cuBLAS is better at, a tile that does not divide the head) take the two-launch route."""
     from sfibench.models import fused  # the two-launch composition; fused imports this module lazily
 
     n_out, n_in = weight.shape
@@ -209,7 +198,6 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
         HEAD_DIM=head_dim, BLOCK_M=gemv.MAX_ROWS, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl.launch_options(x.device, "products"),
-        **l2_prefetch.kernel_args(prefetch, qkv),
     )
     return q
 
