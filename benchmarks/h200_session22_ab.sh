@@ -2,7 +2,8 @@
 # Session 22's second device call (~5 min): benchmarks/launch_floor_probe.py with PROBE_AB=1 at qwen3-0.6b and
 # qwen3-4b, 8K, B = 1 (the qkv epilogue's modes "1" and "head", interleaved; fast-step split counts), after
 # the CUDA tests of the qkv epilogue and the fused decoder. `bash benchmarks/h200_session22_ab.sh` from an
-# export whose DEVICE_COMMIT names the tree.
+# export whose DEVICE_COMMIT names the tree: e7351c0, where SFIBENCH_QKV_EPILOGUE=head exists (reverted in
+# e760eb4).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Session 22's fourth device call (~3 min): the qkv kernel's CUDA tests (its L2 prefetch now compiles), then
+# Session 22's tenth device call (~3 min): the qkv kernel's CUDA tests (its L2 prefetch now compiles), then
 # benchmarks/launch_floor_probe.py at qwen3-0.6b (then qwen3-4b, time allowing), 8K, B = 1, with
 # SFIBENCH_L2_PREFETCH's modes interleaved (PROBE_PREFETCH). `bash benchmarks/h200_session22_prefetch.sh` from
-# an export whose DEVICE_COMMIT names the tree.
+# an export whose DEVICE_COMMIT names the tree: 87ac263, where SFIBENCH_L2_PREFETCH exists (reverted in
+# a7c7e0b).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS

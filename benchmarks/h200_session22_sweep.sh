@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Session 22's third device call (~5 min): the CUDA tests of the qkv kernel (with its L2 prefetch), then
-# benchmarks/launch_floor_probe.py at qwen3-0.6b and qwen3-4b, 8K, B = 1, with the fast-step kernel's launch
-# swept in whole graphed steps (PROBE_SWEEP: splits, tile rows, stages, warps; PROBE_SWEEP_PDL: attention
-# without PDL) and SFIBENCH_L2_PREFETCH's modes (PROBE_PREFETCH). `bash benchmarks/h200_session22_sweep.sh`
-# from an export whose DEVICE_COMMIT names the tree.
+# Session 22's ninth device call (the third that ran; ~5 min): the CUDA tests of the qkv kernel (with its L2
+# prefetch), then benchmarks/launch_floor_probe.py at qwen3-0.6b and qwen3-4b, 8K, B = 1, with the fast-step
+# kernel's launch swept in whole graphed steps (PROBE_SWEEP: splits, tile rows, stages, warps; PROBE_SWEEP_PDL:
+# attention without PDL) and SFIBENCH_L2_PREFETCH's modes (PROBE_PREFETCH). `bash
+# benchmarks/h200_session22_sweep.sh` from an export whose DEVICE_COMMIT names the tree. SFIBENCH_L2_PREFETCH
+# and PROBE_PREFETCH exist only in that call's tree (2a6de40; reverted in a7c7e0b).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
