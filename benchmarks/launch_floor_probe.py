@@ -41,8 +41,9 @@ from sfibench.engine.driver import StepDriver
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
-from sfibench.metrics.floor import weights_floor_seconds
-from sfibench.metrics.timing import measure_copy_bandwidth
+from sfibench.metrics.bytes_model import kv_read_bytes
+from sfibench.metrics.floor import step_floor_seconds, weights_floor_seconds
+from sfibench.metrics.timing import measure_copy_bandwidth, time_region
 from sfibench.optimized import pdl
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
 from sfibench.reporting.results import provenance
@@ -83,30 +84,11 @@ def replay_times(driver: StepDriver, tokens: torch.Tensor) -> list[float]:
     for _ in range(3):
         driver.step(tokens)  # captures on a GPU
     if driver.use_graphs:
-        graph = next(iter(driver.graphs.values())).graph
-        run = graph.replay
+        run = next(iter(driver.graphs.values())).graph.replay
     else:
         def run():
             driver.step(tokens)
-    for _ in range(5):
-        run()
-    if not driver.use_graphs:
-        import time
-        times = []
-        for _ in range(REPLAYS):
-            started = time.perf_counter()
-            run()
-            times.append((time.perf_counter() - started) * 1e3)
-        return times
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(REPLAYS):
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return times
+    return [seconds * 1e3 for seconds in time_region(run, driver.cache.k.device, warmup=5, repeats=REPLAYS)]
 
 
 def main(model: str, context: int, budgets: str, out: str) -> None:
@@ -117,7 +99,6 @@ def main(model: str, context: int, budgets: str, out: str) -> None:
     tokens = torch.zeros(1, dtype=torch.long, device=device)
     floor = weights_floor_seconds(session.loaded.model, 1, device, repeats=50)
     bandwidth = measure_copy_bandwidth(device) if device.type == "cuda" else None
-    kv_bytes_per_row = cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2 * cache.k.element_size()
     programs = default_num_splits(1, cfg.num_kv_heads, 2308, sm_count(device)) * cfg.num_kv_heads
 
     def no_attention(self, q, cache, ctx, plan):
@@ -165,8 +146,8 @@ def main(model: str, context: int, budgets: str, out: str) -> None:
                 else:
                     os.environ[key] = value
         read = float(driver.tokens_read.float().mean()) if attend is None else 0.0
-        kv_seconds = read * kv_bytes_per_row / bandwidth if bandwidth else None
-        step_floor = floor["seconds"] + kv_seconds if kv_seconds is not None else None
+        kv_bytes = kv_read_bytes(cfg, driver.tokens_read if attend is None else 0, 1, cache.k.element_size())
+        step_floor = step_floor_seconds(floor, kv_bytes, bandwidth) if bandwidth else None  # as the report's
         p50 = statistics.median(times)
         row = {"variant": name, "budget": budget, "rows_read": read, "replay_ms_p50": p50,
                "replay_ms_min": min(times), "replay_ms_max": max(times), "replays": len(times),
