@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {rows[-1]['ms_per_step']:.4f} ms ({min(medians):.4f}-{max(medians):.4f}), "
               f"max |diff| vs separate {error:.3g} (values up to {scale:.3g})", flush=True)
         del graph
-    from sfibench.reporting.results import provenance
+    from sfibench.core.provenance import provenance
 
     payload = {"provenance": provenance(), "rows_read": args.rows, "layers": LAYERS, "splits": SPLITS,
                "pdl": pdl.describe(), "results": rows}

@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_trace import trace
 
 from sfibench.config import SFIConfig
+from sfibench.core.provenance import provenance
 from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.session import Session
 from sfibench.methods import create_method
 from sfibench.metrics.timing import StepTimer
-from sfibench.reporting.results import provenance
 from sfibench.runners.throughput_measure import ThroughputConfig, method_specs, prepare_cache
 from sfibench.workloads.replay import load_replay, step_inputs, take_rows
 

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from sfibench.config import MethodSpec, StreamingLLMConfig
+from sfibench.core.provenance import provenance
 from sfibench.engine.cache import KVCache
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.session import Session
@@ -46,7 +47,6 @@ from sfibench.metrics.floor import step_floor_seconds, weights_floor_seconds
 from sfibench.metrics.timing import measure_copy_bandwidth, time_region
 from sfibench.optimized import pdl
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
-from sfibench.reporting.results import provenance
 
 REPLAYS = int(os.environ.get("PROBE_REPLAYS", "200"))
 DEVICE = os.environ.get("PROBE_DEVICE", "cuda")

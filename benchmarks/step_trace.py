@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 import torch
 
 from sfibench.config import MethodSpec
+from sfibench.core.provenance import provenance
 from sfibench.engine.cache import KVCache
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.session import Session
@@ -29,7 +30,6 @@ from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.methods import create_method
 from sfibench.metrics.floor import gemm_chain, graph_replay
 from sfibench.optimized.bench_fast_path import cuda_kernels
-from sfibench.reporting.results import provenance
 
 REPLAYS = 20
 KINDS = (("attention", ("split_kernel", "combine_splits")), ("products", ("gemv", "qkv", "gemm", "sm90")))

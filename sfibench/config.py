@@ -9,7 +9,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 
 
 @dataclass

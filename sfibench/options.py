@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 
 _TOKEN_COUNT = re.compile(r"([0-9]+)(k?)")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -122,7 +122,7 @@ def _check_checkpoint_dir(path: Path) -> None:
 
 def check_device(device: str):
     """The torch.device `--device` names, if this machine has it."""
-    from sfibench.metrics.device import resolve_device
+    from sfibench.core.device import resolve_device
 
     try:
         return resolve_device(device)  # DeviceUnavailableError (a user error too) when CUDA is not here

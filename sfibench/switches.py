@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 
 
 def read_switch(name: str, allowed: dict[str, str], default: str) -> str:

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from sfibench.config import MethodSpec, SamplingConfig
+from sfibench.core.device import DeviceUnavailableError
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
 from sfibench.engine.prefill import PromptError, check_prompts, prefill
 from sfibench.engine.sampling import Sampler
 from sfibench.engine.session import Session
 from sfibench.methods import create_method
-from sfibench.metrics.device import DeviceUnavailableError
 from sfibench.models.loading import MissingWeightsError, load_model
 from sfibench.models.presets import UnknownModelError
 

@@ -135,7 +135,7 @@ def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernel
 
 
 def test_the_fold_is_refused_where_the_layers_differ_and_its_switch_is_checked(monkeypatch):
-    from sfibench.errors import UsageError
+    from sfibench.core.errors import UsageError
     from sfibench.models.decoder import FOLD_ENV, fold_requested
 
     with pytest.raises(ValueError, match="Llama-family"):

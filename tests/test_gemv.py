@@ -180,7 +180,7 @@ def test_shapes_the_kernel_does_not_serve_go_to_the_reference():
 def test_narrow_products_stay_on_this_kernel_unless_the_switch_sends_them_to_cublas(monkeypatch):
     """qwen3-0.6b's o_proj (1,024 columns, 2,048 inputs) on an H200's 132 SMs: fewer programs than SMs, yet
     it runs here by default (with its epilogues and the norm folds); SFIBENCH_NARROW_GEMV=cublas moves it."""
-    from sfibench.errors import UsageError
+    from sfibench.core.errors import UsageError
 
     monkeypatch.setattr(gemv, "_sm_count", lambda device: 132)
     device = torch.device(DEVICE)

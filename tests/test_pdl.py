@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_kernels import DEVICE
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.optimized import pdl
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.models import fused
 from sfibench.models.rope import inverse_frequencies, rope_cos_sin
 from sfibench.optimized import gemv, qkv_epilogue

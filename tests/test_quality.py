@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from sfibench.cli import app
 from sfibench.config import BudgetError
+from sfibench.core.errors import UsageError
 from sfibench.engine.session import Session
 from sfibench.engine.turns import Script, run_scripts
-from sfibench.errors import UsageError
 from sfibench.methods import create_method
 from sfibench.metrics import longbench, quality
 from sfibench.runners.quality import _preset_retentions, run_quality

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.metrics.quality import paired_difference_ci, wilson_interval
 from sfibench.reporting.quality_ablation import ablation_markdown, main
 from sfibench.runners.quality import run_quality

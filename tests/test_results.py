@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from sfibench.metrics.device import DeviceUnavailableError, device_info, resolve_device
+from sfibench.core import provenance as provenance_module
+from sfibench.core.device import DeviceUnavailableError, device_info, resolve_device
 from sfibench.reporting import results as results_module
 from sfibench.reporting import run_dir as run_dir_module
 from sfibench.reporting.results import (
@@ -174,7 +175,7 @@ def test_provenance_tolerates_missing_git(monkeypatch):
     def no_git(*_args, **_kwargs):
         raise FileNotFoundError("git")
 
-    monkeypatch.setattr(results_module.subprocess, "run", no_git)
+    monkeypatch.setattr(provenance_module.subprocess, "run", no_git)
     info = provenance()
     assert info["git_commit"] is None and info["git_dirty"] is None
 
@@ -185,13 +186,13 @@ def test_a_recorded_device_commit_wins_over_a_stale_checkout(tmp_path, status, d
     # A copy of the tree on another machine may carry an old .git: the commit recorded before the copy wins.
     recorded = tmp_path / "DEVICE_COMMIT"
     recorded.write_text("a" * 40 + "\n" + status)
-    assert results_module._recorded_commit(recorded) == ("a" * 40, dirty)
+    assert provenance_module._recorded_commit(recorded) == ("a" * 40, dirty)
 
 
 def test_a_missing_or_malformed_device_commit_is_ignored(tmp_path):
-    assert results_module._recorded_commit(tmp_path / "DEVICE_COMMIT") == (None, None)
+    assert provenance_module._recorded_commit(tmp_path / "DEVICE_COMMIT") == (None, None)
     (tmp_path / "DEVICE_COMMIT").write_text("not a commit\n")
-    assert results_module._recorded_commit(tmp_path / "DEVICE_COMMIT") == (None, None)
+    assert provenance_module._recorded_commit(tmp_path / "DEVICE_COMMIT") == (None, None)
 
 
 # --------------------------------------------------------------------------------------------------

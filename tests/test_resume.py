@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sfibench.cli import app
-from sfibench.errors import RunInterrupted
+from sfibench.core.errors import RunInterrupted
 from sfibench.reporting.results import read_results
 from sfibench.runners import quality_batch
 from sfibench.runners.quality import run_quality

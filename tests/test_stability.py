@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 
 from sfibench.cli import app
 from sfibench.config import MethodSpec, SamplingConfig, SelectorConfig, SFIConfig
+from sfibench.core.errors import UsageError
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
 from sfibench.engine.prefill import prefill
 from sfibench.engine.sampling import Sampler
-from sfibench.errors import UsageError
 from sfibench.methods import create_method
 from sfibench.metrics.stability import (
     StabilityConfig,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.switches import read_switch
 
 CHOICES = {"1": "on", "0": "off"}

@@ -296,7 +296,7 @@ def test_dense_kernel_verdict_compares_with_the_fastest_sdpa_backend_that_ran():
 def test_profile_labels_exist_only_while_a_profiler_records():
     from torch.profiler import profile
 
-    from sfibench.metrics.labels import label
+    from sfibench.core.labels import label
 
     with label("sfibench.test") as entered:
         assert entered is None  # no profiler: the shared no-op context

@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
 # After the env setup, on purpose; the shared helpers come from test_kernels.py.
 from test_kernels import DEVICE, NEVER_READ_KEY, NEVER_READ_VALUE, assert_matches, random_qkv
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.optimized import two_segment
 from sfibench.optimized.decode_attention import (
     KernelConfig,

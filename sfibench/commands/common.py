@@ -7,7 +7,7 @@ import contextlib
 import typer
 from rich.console import Console
 
-from sfibench.errors import RunInterrupted, UsageError
+from sfibench.core.errors import RunInterrupted, UsageError
 
 console = Console()
 err_console = Console(stderr=True)
@@ -25,9 +25,9 @@ def user_errors():
     modules raise. Anything else is a bug or an environment failure and keeps its traceback. Ctrl-C
     prints what was kept and exits 130, the shell's status for an interrupt.
     """
+    from sfibench.core.device import DeviceUnavailableError
     from sfibench.engine.prefill import PromptError
     from sfibench.methods import UnknownMethodError
-    from sfibench.metrics.device import DeviceUnavailableError
     from sfibench.metrics.memory import MemoryEstimateError
     from sfibench.metrics.stability import StabilityInputError
     from sfibench.models.loading import MissingWeightsError

@@ -30,7 +30,7 @@ from sfibench.config import (
     TriggerConfig,
     apply_budget,
 )
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.options import (
     check_session_options,
     check_sfi_settings,

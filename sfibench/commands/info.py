@@ -13,9 +13,9 @@ def env(device: str = typer.Option("auto", help=DEVICE_HELP)):
     """What this machine is: device, library versions, and on a GPU the measured copy bandwidth."""
     import torch
 
-    from sfibench.metrics.device import device_info
+    from sfibench.core.device import device_info
+    from sfibench.core.provenance import provenance
     from sfibench.metrics.timing import measure_copy_bandwidth
-    from sfibench.reporting.results import provenance
 
     with user_errors():
         resolved = check_device(device)

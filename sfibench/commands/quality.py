@@ -21,7 +21,7 @@ from sfibench.commands.common import (
     user_errors,
 )
 from sfibench.config import SelectorConfig, SFIConfig
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.options import check_sfi_settings, split_list
 
 

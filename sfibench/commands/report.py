@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from sfibench.commands.common import console, print_error, user_errors
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 
 
 def report(

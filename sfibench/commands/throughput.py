@@ -16,7 +16,7 @@ from sfibench.commands.common import (
     user_errors,
 )
 from sfibench.config import SelectorConfig, SFIConfig, TriggerConfig
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.options import (
     check_choice,
     check_context_limit,

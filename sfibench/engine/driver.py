@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
+from sfibench.core.labels import label
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.prefill import Prefilled, restore
 from sfibench.engine.sliding import window_decode_attention, window_tokens_read
 from sfibench.methods import AttentionMethod, StepPlan
-from sfibench.metrics.labels import label
 from sfibench.models.decoder import Decoder
 
 

@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 import torch
 
 from sfibench.config import MethodSpec, SamplingConfig
+from sfibench.core.device import resolve_device
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import Trace, generate
 from sfibench.engine.prefill import Prefilled, check_prompts, prefill
 from sfibench.engine.sampling import Sampler
 from sfibench.methods import create_method
-from sfibench.metrics.device import resolve_device
 from sfibench.metrics.memory import available_device_memory
 from sfibench.models import fused
 from sfibench.models.decoder import fold_requested

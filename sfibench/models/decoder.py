@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from sfibench.metrics.labels import label
+from sfibench.core.labels import label
 from sfibench.models import fused
 from sfibench.models.presets import ModelConfig
 from sfibench.models.rope import PositionTable, inverse_frequencies, rope_cos_sin

@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
               "Run it on a GPU machine (the kernels' CPU check is tests/test_kernels.py).", file=sys.stderr)
         return 2
 
-    from sfibench.reporting.results import provenance
+    from sfibench.core.provenance import provenance
 
     copy_gb_s = measure_copy_bandwidth("cuda") / 1e9
     rows = []

@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_fast_path times CUDA kernels and no CUDA device is visible here; nothing measured.",
               file=sys.stderr)
         return 2
-    from sfibench.reporting.results import provenance
+    from sfibench.core.provenance import provenance
 
     sms = sm_count(torch.device("cuda"))
     merges = {"kernel": True, "separate": False}

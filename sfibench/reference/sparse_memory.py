@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sfibench.core.labels import label
 from sfibench.methods import StepPlan
-from sfibench.metrics.labels import label
 from sfibench.reference.attention import gather_attention
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.reporting.results import to_jsonable, write_text_atomically
 from sfibench.reporting.run_files import load_run, require_writable
 

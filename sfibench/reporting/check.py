@@ -20,10 +20,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from sfibench.core.provenance import device_name
 from sfibench.reporting.baseline import Baseline, BaselineError, load
 from sfibench.reporting.formatting import commit_label
 from sfibench.reporting.gate import Verdict, compare
-from sfibench.reporting.results import RESULTS_FILENAME, device_name
+from sfibench.reporting.results import RESULTS_FILENAME
 from sfibench.reporting.run_files import load_run
 from sfibench.reporting.run_metrics import Metric, device_identity
 

@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.metrics.quality import mean_ci, paired_difference_ci
 from sfibench.reporting.run_files import load_run
 

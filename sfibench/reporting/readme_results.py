@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.reporting.readme_tables import run_block
 from sfibench.reporting.results import (
     RESULTS_FILENAME,

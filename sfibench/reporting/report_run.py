@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.reporting.run_files import load_run, require_writable
 
 

@@ -16,18 +16,13 @@ import enum
 import json
 import math
 import os
-import platform
-import socket
-import subprocess
 import sys
 import tempfile
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path, PurePath
 from typing import Any
 
-from sfibench.errors import UsageError
-from sfibench.metrics.device import cpu_model, gpu_driver_version
+from sfibench.core.errors import UsageError
+from sfibench.core.provenance import provenance, sfibench_version
 from sfibench.reporting.run_dir import RunDirExistsError, make_run_dir  # kept importable from here
 
 __all__ = [
@@ -37,7 +32,6 @@ __all__ = [
     "RunDirExistsError",
     "UnsupportedSchemaError",
     "make_run_dir",
-    "provenance",
     "read_results",
     "to_jsonable",
     "write_results",
@@ -56,121 +50,6 @@ class InvalidResultsError(UsageError):
 
 class UnsupportedSchemaError(InvalidResultsError):
     """A results.json was written by a newer sfibench whose schema this version cannot read."""
-
-
-# --------------------------------------------------------------------------------------------------
-# Provenance
-
-
-DEVICE_COMMIT = "DEVICE_COMMIT"  # written beside the package before a copy of the tree runs elsewhere
-
-
-def provenance() -> dict:
-    """Where and with what a result was produced. Never raises: unknown facts are None."""
-    root = Path(__file__).resolve().parents[1].parent
-    commit, dirty = _recorded_commit(root / DEVICE_COMMIT)
-    source = DEVICE_COMMIT if commit else "git"
-    if not commit:
-        commit, dirty = _git_state(root / "sfibench")
-    return {
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "git_commit_source": source,
-        "python": platform.python_version(),
-        "torch": _package_version("torch"),
-        "triton": _package_version("triton"),
-        "transformers": _package_version("transformers"),
-        "sfibench": _sfibench_version(),
-        "device": device_name(),
-        "cuda": _cuda_version(),
-        "gpu_driver": gpu_driver_version(),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "hostname": socket.gethostname(),
-        "timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def _recorded_commit(path: Path) -> tuple[str | None, bool | None]:
-    """(commit, dirty) from a DEVICE_COMMIT file: `git rev-parse HEAD` then `git status --short`.
-
-    A tree copied to another machine (the lent GPU) may carry a stale .git or none, so the commit is
-    recorded on the machine that has the real one just before the copy; this file then wins."""
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError):
-        return None, None
-    if not lines or len(lines[0].strip()) != 40:
-        return None, None
-    changed = [line for line in lines[1:] if line[:2].strip() and not line.startswith("??")]
-    return lines[0].strip(), bool(changed)
-
-
-def _git_state(package_dir: Path) -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the checkout holding the sfibench package directory, or (None, None)."""
-
-    def git(*args: str) -> str:
-        completed = subprocess.run(
-            ["git", "-C", str(package_dir), *args],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-        return completed.stdout.strip()
-
-    try:
-        # Only trust a repository whose root directly contains the package: an installed copy in
-        # site-packages may sit inside some unrelated repository whose commit would be misleading.
-        toplevel = Path(git("rev-parse", "--show-toplevel")).resolve()
-        if toplevel != package_dir.parent:
-            return None, None
-        commit = git("rev-parse", "HEAD")
-        # Untracked files (run outputs, caches) do not change the code that ran, so they are ignored.
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-        return commit, dirty
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return None, None
-
-
-def _package_version(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _sfibench_version() -> str | None:
-    # Prefer the module attribute: an editable checkout may be ahead of its installed metadata.
-    try:
-        import sfibench
-
-        return getattr(sfibench, "__version__", None) or _package_version("sfibench")
-    except ImportError:
-        return _package_version("sfibench")
-
-
-def device_name() -> str:
-    """The device results are measured on, as provenance records it: the GPU's name, or "cpu"."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(torch.cuda.current_device())
-    except (ImportError, RuntimeError, AssertionError):
-        # torch reports a broken driver or CUDA init failure this way; it must not cost the run its
-        # results file, and a device torch cannot use is not the device that produced the numbers.
-        return "cpu"
-    return "cpu"
-
-
-def _cuda_version() -> str | None:
-    try:
-        import torch
-
-        return torch.version.cuda
-    except ImportError:
-        return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,7 +138,7 @@ def read_results(path: Path | str) -> dict:
     if version > SCHEMA_VERSION:
         raise UnsupportedSchemaError(
             f"{file} uses results schema version {version}, but this sfibench "
-            f"({_sfibench_version()}) reads versions up to {SCHEMA_VERSION}; upgrade sfibench to read it"
+            f"({sfibench_version()}) reads versions up to {SCHEMA_VERSION}; upgrade sfibench to read it"
         )
     return document
 

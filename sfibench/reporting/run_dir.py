@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 
 DEFAULT_ROOT = Path("runs")
 _OWN_TEMP_FILE = re.compile(r"\..+\.tmp")  # what an atomic write leaves if the process is killed mid-way

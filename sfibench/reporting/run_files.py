@@ -10,7 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.reporting.results import RESULTS_FILENAME, read_results
 
 

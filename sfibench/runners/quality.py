@@ -15,12 +15,13 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from sfibench.core.errors import RunInterrupted, UsageError
+from sfibench.core.provenance import provenance
 from sfibench.engine.session import Session
-from sfibench.errors import RunInterrupted, UsageError
 from sfibench.metrics.longbench import DATASETS
 from sfibench.options import check_session_options, split_list
 from sfibench.reporting.report_run import render
-from sfibench.reporting.results import provenance, read_results
+from sfibench.reporting.results import read_results
 from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.runners.quality_batch import conditions, evaluate_batch, preset_retention, sfi_settings
 from sfibench.runners.quality_inputs import (

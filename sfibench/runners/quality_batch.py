@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from sfibench.config import BudgetError, MethodSpec, SFIConfig, apply_budget
+from sfibench.core.errors import UsageError
 from sfibench.engine.session import Session
 from sfibench.engine.turns import Script, Stream, run_scripts
-from sfibench.errors import UsageError
 from sfibench.methods import create_method
 from sfibench.metrics import quality
 from sfibench.workloads.base import Sample

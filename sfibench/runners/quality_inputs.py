@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sfibench.config import BudgetError
-from sfibench.errors import UsageError
+from sfibench.core.errors import UsageError
 from sfibench.methods import check_method
 from sfibench.models.presets import PRESETS
 from sfibench.options import parse_tokens

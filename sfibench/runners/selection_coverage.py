@@ -37,13 +37,13 @@ from pathlib import Path
 import torch
 
 from sfibench.config import MethodSpec
+from sfibench.core.provenance import provenance
 from sfibench.engine.prefill import restore
 from sfibench.engine.session import Session
 from sfibench.engine.turns import Script, run_scripts
 from sfibench.methods import create_method
 from sfibench.metrics.quality import mean_ci
 from sfibench.reporting.formatting import commit_label
-from sfibench.reporting.results import provenance
 from sfibench.runners.quality_batch import make_condition, preset_retention
 from sfibench.runners.quality_inputs import parse_context
 from sfibench.sfi import geometry

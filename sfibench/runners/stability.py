@@ -25,13 +25,13 @@ from rich.progress import (
 
 from sfibench.baselines.full_kv import DensePlan
 from sfibench.config import MethodSpec, SamplingConfig, TriggerConfig
+from sfibench.core.errors import RunInterrupted
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import Prefilled
 from sfibench.engine.sampling import Sampler
 from sfibench.engine.session import Session
-from sfibench.errors import RunInterrupted
 from sfibench.methods import AttentionMethod, check_method
 from sfibench.metrics.stability import StabilityConfig, StabilityInputError, StabilityReducer, check_config
 from sfibench.models.presets import PRESETS

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import torch
 
+from sfibench.core.labels import label
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.prefill import Prefilled
 from sfibench.methods import AttentionMethod, StepPlan
-from sfibench.metrics.labels import label
 from sfibench.sfi import geometry
 from sfibench.sfi.selector import select
 from sfibench.sfi.state import POLICIES, SelectionState

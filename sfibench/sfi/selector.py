@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from sfibench.config import SelectorConfig
-from sfibench.metrics.labels import label
+from sfibench.core.labels import label
 
 NEG_INF = float("-inf")
 EVIDENCE_NORMS = ("candidates", "visible")  # what each evidence row's softmax is taken over (SelectorConfig)
