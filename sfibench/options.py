@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 
 _TOKEN_COUNT = re.compile(r"([0-9]+)(k?)")
@@ -55,6 +56,22 @@ def parse_counts(text: str, option: str, allow_max: bool = False) -> list[int | 
             raise UsageError(f"{option} {item!r} is not a whole number >= 1"
                              + (" or max" if allow_max else ""))
     return counts
+
+
+def parse_k_head(text: str, contexts=()) -> Budget:
+    """`--k-head` as a Budget (whole tokens or a percentage), checked against every context already known.
+
+    SFI's k_head is a cap (K = min(k_head, |C|)), so it may exceed a context; a percentage must still
+    give at least one token."""
+    k_head = Budget.parse(text, "--k-head")
+    for context in contexts:
+        k_head.resolve(context, "--k-head", at_most_context=False)
+    return k_head
+
+
+def budget_record(budget: Budget) -> int | str:
+    """How results.json records a budget: whole tokens as a number (300), a percentage as written ("15%")."""
+    return budget.tokens if budget.tokens is not None else f"{budget.percent:g}%"
 
 
 def check_choice(value: str, choices, option: str) -> str:

@@ -23,17 +23,19 @@ def profile(
     overwrite: bool = typer.Option(False, help="replace an earlier profile run in --out"),
 ):
     """Where one decode step's time goes: attention, SFI selector, MLP, other ops, launch gaps."""
-    from sfibench.methods import check_method
+    from sfibench.registry import check_method
     from sfibench.models.presets import PRESETS
     from sfibench.reporting.profile_report import terminal_table
     from sfibench.reporting.results import read_results
-    from sfibench.runners.profile import PROFILE_MARGIN, run_profile
+    from sfibench.runners.profile import PROFILE_MARGIN, ProfileRun, run_profile
 
     with user_errors():
         model, gpu = check_shape_options(model, device, dtype)
         check_method(method, path)
         context = parse_tokens(ctx if ctx is not None else ("32k" if gpu else "3k"), "--ctx")
         check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)
-        run_dir = run_profile(model, device, dtype, method, path, context, steps, out, overwrite, batch)
+        run = ProfileRun(model=model, device=device, dtype=dtype, method=method, path=path, context=context,
+                         steps=steps, batch=batch, out=out, overwrite=overwrite)
+        run_dir = run_profile(run)
     console.print(terminal_table(read_results(run_dir)))
     console.print(f"[green]wrote[/] {run_dir}/results.json, report.md and profile.png")

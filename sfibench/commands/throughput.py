@@ -15,7 +15,7 @@ from sfibench.commands.common import (
     console,
     user_errors,
 )
-from sfibench.config import SelectorConfig, SFIConfig, TriggerConfig
+from sfibench.sfi.config import SelectorConfig, SFIConfig, TriggerConfig
 from sfibench.core.errors import UsageError
 from sfibench.options import (
     check_choice,
@@ -24,6 +24,7 @@ from sfibench.options import (
     check_shape_options,
     check_trigger,
     parse_counts,
+    parse_k_head,
     parse_token_list,
     split_list,
 )
@@ -43,7 +44,8 @@ def throughput(
     graphs: bool = typer.Option(None, "--graphs/--no-graphs", help="CUDA graphs (default: on with a GPU)"),
     length_bucket: int = typer.Option(256, min=1, help="graphed steps read up to a multiple of this"),
     dense_kernels: bool = typer.Option(True, help="time Full-KV's kernel against every SDPA backend (GPU)"),
-    k_head: int = typer.Option(2048, min=1, help="SFI: selected tokens per KV head (whole tokens)"),
+    k_head: str = typer.Option("2048", help="SFI: selected tokens per KV head, whole tokens or a percentage of each "
+                                            "context (10%)"),
     n_sink: int = typer.Option(4, min=0), n_recent: int = typer.Option(256, min=0),
     t_max: int = typer.Option(96, min=1), min_gap: int = typer.Option(16, min=0),
     trigger: str = typer.Option("punctuation_tmax", help="punctuation_tmax, fixed, random or bootstrap"),
@@ -59,7 +61,7 @@ def throughput(
     from sfibench.models.presets import PRESETS
     from sfibench.reporting.results import read_results
     from sfibench.reporting.throughput_report import terminal_table
-    from sfibench.runners.throughput import PREFILL_MODES, resolve_methods, run_throughput
+    from sfibench.runners.throughput import PREFILL_MODES, ThroughputRun, resolve_methods, run_throughput
 
     with user_errors():
         model, gpu = check_shape_options(model, device, dtype)
@@ -67,9 +69,9 @@ def throughput(
         contexts = parse_token_list(ctx if ctx is not None else ("8k,32k,max" if gpu else "1k,3k"), "--ctx")
         batches = parse_counts(batch if batch is not None else ("1,4" if gpu else "1"), "--batch", allow_max=True)
         default_paths = "reference,optimized" if gpu else "reference"
-        path_list = [check_choice(p, PATHS, "--paths") for p in split_list(default_paths if paths is None else paths,
-                                                                          "--paths")]
-        method_list = split_list(methods, "--methods")
+        path_list = tuple(check_choice(p, PATHS, "--paths")
+                          for p in split_list(default_paths if paths is None else paths, "--paths"))
+        method_list = tuple(split_list(methods, "--methods"))
         if not resolve_methods(method_list, path_list):
             raise UsageError(f"--methods {methods} has no method registered on --paths {','.join(path_list)}; "
                              "pin one with name/path, e.g. full_kv/optimized")
@@ -78,12 +80,16 @@ def throughput(
         check_sfi_settings(None, keep_neighbours, None, "optimized")
         if graphs and not gpu:
             raise UsageError("--graphs needs a CUDA device; leave it out on a CPU")
-        check_context_limit(PRESETS.get(model), [c for c in contexts if c != "max"], steps)
-        sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head, bridge_steps=bridge_steps,
+        known = [c for c in contexts if c != "max"]
+        check_context_limit(PRESETS.get(model), known, steps)
+        sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, bridge_steps=bridge_steps,
                         trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap),
                         selector=SelectorConfig(use_nms=not no_nms, keep_neighbours=keep_neighbours))
-        run_dir = run_throughput(model, device, dtype, contexts, batches, method_list, path_list, steps, repeats,
-                                 prefill, gpu if graphs is None else graphs, length_bucket, dense_kernels and gpu,
-                                 sfi, out, overwrite, console)
+        run = ThroughputRun(model=model, device=device, dtype=dtype, contexts=tuple(contexts), batches=tuple(batches),
+                            methods=method_list, paths=path_list, steps=steps, repeats=repeats, prefill=prefill,
+                            graphs=gpu if graphs is None else graphs, length_bucket=length_bucket,
+                            dense_kernels=dense_kernels and gpu, k_head=parse_k_head(k_head, known), sfi=sfi,
+                            out=out, overwrite=overwrite)
+        run_dir = run_throughput(run, console)
     console.print(terminal_table(read_results(run_dir)))
     console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, throughput.png, latency.png")

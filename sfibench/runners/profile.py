@@ -16,19 +16,20 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from sfibench.config import MethodSpec
+from sfibench.engine.method import MethodSpec
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
-from sfibench.methods import create_method
+from sfibench.registry import create_method
 from sfibench.metrics.memory import check_fits, estimate_memory
 from sfibench.options import check_context_limit
 from sfibench.reporting.report_run import render
@@ -136,17 +137,33 @@ def _components(prof, cuda: bool, wall_us: float) -> dict[str, float]:
     return totals
 
 
-def run_profile(model: str, device: str, dtype: str, method: str, path: str, context: int, steps: int,
-                out: Path | None, overwrite: bool, batch: int = 1) -> Path:
-    """Profile `steps` decode steps of `batch` sequences into a claimed run directory and return it
+@dataclass(frozen=True)
+class ProfileRun:
+    """Everything `sfibench profile` runs with, checked by the command (commands/profile.py)."""
+
+    model: str
+    device: str
+    dtype: str
+    method: str
+    path: str
+    context: int
+    steps: int
+    batch: int = 1
+    out: Path | None = None
+    overwrite: bool = False
+
+
+def run_profile(run: ProfileRun) -> Path:
+    """Profile `run.steps` decode steps of `run.batch` sequences into a claimed run directory and return it
     (results.json, plot, report.md)."""
-    with claimed_run_dir(out, "profile", overwrite=overwrite) as run_dir:
-        session = Session.open(model, device, dtype)
-        check_context_limit(session.loaded.config, [context], steps + PROFILE_MARGIN)
-        _check_batch_fits(session, batch, context + steps + PROFILE_MARGIN)
-        result = profile_steps(session, MethodSpec(name=method, path=path), context, steps, batch)
-        write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": context,
-                                           "method": method, "path": path, "steps": steps, "batch": batch}, result)
+    with claimed_run_dir(run.out, "profile", overwrite=run.overwrite) as run_dir:
+        session = Session.open(run.model, run.device, run.dtype)
+        check_context_limit(session.loaded.config, [run.context], run.steps + PROFILE_MARGIN)
+        _check_batch_fits(session, run.batch, run.context + run.steps + PROFILE_MARGIN)
+        result = profile_steps(session, MethodSpec(name=run.method, path=run.path), run.context, run.steps, run.batch)
+        write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": run.context,
+                                           "method": run.method, "path": run.path, "steps": run.steps,
+                                           "batch": run.batch}, result)
         render(run_dir)
     return run_dir
 

@@ -7,23 +7,48 @@ the run directory is claimed and before anything is measured.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from rich.console import Console
 
-from sfibench.config import SFIConfig
+from sfibench.sfi.config import SFIConfig
+from sfibench.core.budget import Budget
 from sfibench.engine.session import Session
-from sfibench.methods import available, check_method
+from sfibench.registry import available, check_method
 from sfibench.metrics.timing import measure_copy_bandwidth
 from sfibench.models import fused
-from sfibench.options import check_context_limit
+from sfibench.options import budget_record, check_context_limit
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import write_results
 from sfibench.reporting.run_dir import claimed_run_dir
-from sfibench.runners.throughput_measure import ThroughputConfig, add_comparisons, measure_all
+from sfibench.runners.throughput_measure import ThroughputConfig, add_comparisons, largest_batch, measure_all
 
 PREFILL_MODES = ("auto", "real", "synthetic")
+
+
+@dataclass(frozen=True)
+class ThroughputRun:
+    """Everything `sfibench throughput` runs with, checked by the command (commands/throughput.py)."""
+
+    model: str
+    device: str
+    dtype: str
+    contexts: tuple[int | str, ...]  # tokens, or "max": the model's limit minus `steps`, known once it loads
+    batches: tuple[int | str, ...]  # counts, or "max": the largest batch that fits at the longest context
+    methods: tuple[str, ...]  # names, or name/path to pin one path
+    paths: tuple[str, ...]
+    steps: int
+    repeats: int
+    prefill: str  # one of PREFILL_MODES
+    graphs: bool
+    length_bucket: int
+    dense_kernels: bool
+    k_head: Budget  # SFI's selected tokens per KV head; a percentage is resolved at each context
+    sfi: SFIConfig  # SFI's other settings (its k_head is replaced by `k_head` resolved)
+    out: Path | None = None
+    overwrite: bool = False
 DECODE_GEMV = ("Triton (optimized/gemv.py: o_proj + residual add + norm, unless folded below, and gate_up + "
                "activation as epilogues; cuBLAS for prefill)")
 
@@ -67,7 +92,7 @@ def _decode_gemv(model) -> str:
     return described
 
 
-def resolve_methods(methods: list[str], paths: list[str]) -> list[tuple[str, str]]:
+def resolve_methods(methods: tuple[str, ...], paths: tuple[str, ...]) -> list[tuple[str, str]]:
     """Every registered (method, path) among those asked for; `name/path` pins one path.
 
     Unknown names are errors; a plain name runs on each of `paths` where it is registered.
@@ -82,6 +107,23 @@ def resolve_methods(methods: list[str], paths: list[str]) -> list[tuple[str, str
         check_method(name, pinned or next((p for n, p in registered if n == name), "reference"))
         pairs += [(name, pinned)] if pinned else [(name, p) for p in paths if (name, p) in registered]
     return list(dict.fromkeys(pairs))
+
+
+def measure_at_k_head(session: Session, cfg: ThroughputConfig, k_head: Budget, progress) -> list[dict]:
+    """measure_all with SFI's k_head resolved at each context: a percentage gives each context its own,
+    so the contexts that share one are measured together (a token count: all of them, in one call)."""
+    def at(context: int) -> ThroughputConfig:
+        return replace(cfg, sfi=replace(cfg.sfi, k_head=k_head.resolve(context, "--k-head", at_most_context=False)))
+
+    longest = max(cfg.contexts)  # "max" batches are sized where the cache is largest, and used at every context
+    batches = [largest_batch(session, at(longest), longest) if b == "max" else int(b) for b in cfg.batches]
+    groups: dict[int, list[int]] = {}
+    for context in cfg.contexts:
+        groups.setdefault(at(context).sfi.k_head, []).append(context)
+    rows = []
+    for contexts in groups.values():
+        rows += measure_all(session, replace(at(contexts[0]), contexts=contexts, batches=batches), progress)
+    return rows
 
 
 def dense_kernel_check(session: Session, contexts: list[int], batches: list[int]) -> list[dict]:
@@ -100,30 +142,28 @@ def dense_kernel_check(session: Session, contexts: list[int], batches: list[int]
     return rows
 
 
-def run_throughput(model: str, device: str, dtype: str, contexts: list[int | str], batches: list, methods: list[str],
-                   paths: list[str], steps: int, repeats: int, prefill: str, graphs: bool, length_bucket: int,
-                   dense_kernels: bool, sfi: SFIConfig, out: Path | None, overwrite: bool,
-                   console: Console) -> Path:
-    """Run the benchmark into a claimed run directory and return it (results.json, plots, report.md).
-
-    `contexts` may hold "max": the model's limit minus `steps`, known once the model is loaded."""
-    with claimed_run_dir(out, "throughput", overwrite=overwrite) as run_dir:
-        session = Session.open(model, device, dtype)
-        check_context_limit(session.loaded.config, [c for c in contexts if c != "max"], steps)
-        contexts = [session.max_tokens - steps if c == "max" else c for c in contexts]
-        pairs = resolve_methods(methods, paths)
+def run_throughput(run: ThroughputRun, console: Console) -> Path:
+    """Run the benchmark into a claimed run directory and return it (results.json, plots, report.md)."""
+    with claimed_run_dir(run.out, "throughput", overwrite=run.overwrite) as run_dir:
+        session = Session.open(run.model, run.device, run.dtype)
+        steps = run.steps
+        check_context_limit(session.loaded.config, [c for c in run.contexts if c != "max"], steps)
+        contexts = [session.max_tokens - steps if c == "max" else c for c in run.contexts]
+        pairs = resolve_methods(run.methods, run.paths)
+        batches = list(run.batches)
         cfg = ThroughputConfig(model=session.loaded.config.name, contexts=contexts, batches=batches, methods=pairs,
-                               steps=steps, repeats=repeats, prefill=prefill, graphs=graphs,
-                               length_bucket=length_bucket, sfi=sfi)
+                               steps=steps, repeats=run.repeats, prefill=run.prefill, graphs=run.graphs,
+                               length_bucket=run.length_bucket,
+                               sfi=replace(run.sfi, k_head=budget_record(run.k_head)))  # as results.json says it
         bandwidth = measure_copy_bandwidth(session.device)
         console.print(f"copy bandwidth {bandwidth / 1e9:,.0f} GB/s on {session.device}; {len(pairs)} methods, "
-                      f"contexts {contexts}, batches {batches}, {steps} steps x {repeats} repeats")
+                      f"contexts {contexts}, batches {batches}, {steps} steps x {run.repeats} repeats")
 
         def progress(row: dict) -> None:
             console.print(f"  {row['method']}/{row['path']} ctx {row['context']:,} B={row['batch']}: "
                           f"{row['tokens_per_s']:,.1f} tok/s")
 
-        rows = measure_all(session, cfg, progress)
+        rows = measure_at_k_head(session, cfg, run.k_head, progress)
         add_comparisons(rows, cfg, session.loaded.config, session.cache_dtype_bytes, bandwidth)
         results = {
             "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
@@ -133,7 +173,7 @@ def run_throughput(model: str, device: str, dtype: str, contexts: list[int | str
             "pdl": _pdl_state(),
             "straddle_one_loop": _straddle_state() if session.device.type == "cuda" else None,
             "long_splits": _long_splits_state() if session.device.type == "cuda" else None,
-            "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if dense_kernels else [],
+            "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if run.dense_kernels else [],
         }
         write_results(run_dir, "throughput", cfg, results)
         render(run_dir)
