@@ -23,7 +23,7 @@ def profile(
     overwrite: bool = typer.Option(False, help="replace an earlier profile run in --out"),
 ):
     """Where one decode step's time goes: attention, SFI selector, MLP, other ops, launch gaps."""
-    from sfibench.registry import check_method
+    from sfibench.methods import check_method
     from sfibench.models.presets import PRESETS
     from sfibench.reporting.profile_report import terminal_table
     from sfibench.reporting.results import read_results
