@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sfibench.core.provenance import device_name
 from sfibench.reporting.baseline import Baseline, BaselineError, load
-from sfibench.reporting.formatting import commit_label
+from sfibench.reporting.formatting import commit_label, styled_table
 from sfibench.reporting.gate import Verdict, compare
 from sfibench.reporting.results import RESULTS_FILENAME
 from sfibench.reporting.run_files import load_run
@@ -42,8 +43,8 @@ class RerunError(Exception):
 
 
 def run_check(baseline_dir: Path, current_dir: Path | None, update: bool, reason: str | None,
-              console: Console) -> int:
-    """Exit status: 0 pass (or blessed with --update), 1 any regression."""
+              console: Console, wide: bool = False) -> int:
+    """Exit status: 0 pass (or blessed with --update), 1 any regression. `wide`: the full verdict table."""
     if update and not (reason and reason.strip()):
         raise BaselineError("--update needs --reason TEXT saying why the new numbers are the right ones")
     if reason and not update:
@@ -74,7 +75,7 @@ def run_check(baseline_dir: Path, current_dir: Path | None, update: bool, reason
         current = _locate(Path(current_dir), baseline)
     current_docs = {name: load_run(path, f"current run {name!r}") for name, path in current.items()}
     verdicts = [v for name in baseline_docs for v in compare(name, baseline_docs[name], current_docs[name], baseline)]
-    _print(verdicts, baseline_docs, current_docs, console)
+    _print(verdicts, baseline_docs, current_docs, console, wide)
     if update:
         replaced = next(iter(baseline_docs.values()))["provenance"].get("git_commit")
         baseline.bless(current, reason.strip(), next(iter(current_docs.values()))["provenance"].get("git_commit"),
@@ -93,13 +94,13 @@ def run_check(baseline_dir: Path, current_dir: Path | None, update: bool, reason
     return 0
 
 
-def _print(verdicts: list[Verdict], baseline_docs: dict, current_docs: dict, console: Console) -> None:
+def _print(verdicts: list[Verdict], baseline_docs: dict, current_docs: dict, console: Console, wide: bool) -> None:
     """Where each side ran, the table, then each failure again on one line so a long log ends with them."""
     for label, docs in (("baseline", baseline_docs), ("current", current_docs)):
         prov = next(iter(docs.values()))["provenance"]
         console.print(f"{label}: commit {commit_label(prov)}, {prov.get('timestamp_utc')}, {device_identity(prov)}",
                       highlight=False)
-    console.print(table(verdicts))
+    console.print(table(verdicts, wide))
     notes: dict[tuple[str, str], int] = {}
     for v in verdicts:
         if v.note:
@@ -159,26 +160,41 @@ def _locate(current_dir: Path, baseline: Baseline) -> dict[str, Path]:
     return {name: current_dir / name for name in names}
 
 
-def table(verdicts: list[Verdict]) -> Table:
-    grid = Table(title="sfibench check")
-    for column, justify in (("metric", "left"), ("baseline", "right"), ("current", "right"), ("delta", "right"),
-                            ("tolerance", "right"), ("verdict", "left")):
-        grid.add_column(column, justify=justify)
+def table(verdicts: list[Verdict], wide: bool = False) -> Table:
+    """One row per metric. Compact: metrics grouped under their run and subject (a metric key is
+    run/subject/metric; whole keys are too long for an 80-column terminal beside their values), each with
+    its baseline and current value. `wide`: whole keys, intervals, delta and tolerance."""
+    if wide:
+        grid = styled_table("sfibench check", ("metric", "baseline", "current", "delta", "tolerance", "verdict"),
+                            right=("baseline", "current", "delta", "tolerance"))
+        for v in verdicts:
+            delta = "" if v.baseline is None or v.current is None else _delta(v.baseline, v.current)
+            grid.add_row(v.key, format_metric(v.baseline), format_metric(v.current), delta,
+                         v.tolerance.describe() if v.tolerance else "", f"[{STYLES[v.verdict]}]{v.verdict}[/]")
+        return grid
+    grid = styled_table("sfibench check", ("metric", "baseline", "current", "verdict"), right=("baseline", "current"))
+    heading = ("", "")
     for v in verdicts:
-        delta = "" if v.baseline is None or v.current is None else _delta(v.baseline, v.current)
-        verdict = f"[{STYLES[v.verdict]}]{v.verdict}[/]"
-        grid.add_row(v.key, format_metric(v.baseline), format_metric(v.current), delta,
-                     v.tolerance.describe() if v.tolerance else "", verdict)
+        run, rest = escape(v.key).split("/", 1)
+        subject, _, metric = rest.rpartition("/")
+        if (run, subject) != heading:
+            if run != heading[0]:
+                grid.add_row(f"[bold]{run}[/]")
+            if subject:
+                grid.add_row(f"  {subject}")
+            heading = (run, subject)
+        grid.add_row(f"    {metric}" if subject else f"  {metric}", format_metric(v.baseline, interval=False),
+                     format_metric(v.current, interval=False), f"[{STYLES[v.verdict]}]{v.verdict}[/]")
     return grid
 
 
-def format_metric(metric: Metric | None) -> str:
+def format_metric(metric: Metric | None, interval: bool = True) -> str:
     if metric is None:
         return "-"
     if metric.value is None:
         return "n/a"
     text = f"{metric.value:.4g}"
-    if metric.low is not None and metric.high is not None:
+    if interval and metric.low is not None and metric.high is not None:
         text += f" [{metric.low:.3g}, {metric.high:.3g}]"
     return text
 

@@ -1,6 +1,10 @@
-"""How every report and summary spells a measured number and the commit a run came from, written once."""
+"""How every report and summary spells a measured number and the commit a run came from, and the one
+style of the rich tables the commands print, written once."""
 
 from __future__ import annotations
+
+from rich import box
+from rich.table import Table
 
 
 def number(value: float | None, digits: int = 3, missing: str = "n/a") -> str:
@@ -12,6 +16,15 @@ def percent(value: float | None) -> str:
     """A share in [0, 1] as a percentage with one decimal."""
     return "n/a" if value is None else f"{100 * value:.1f}%"
 
+
+def styled_table(title: str, columns: tuple[str, ...], right: tuple[str, ...] = ()) -> Table:
+    """A rich table in the commands' one style: a rule under the header, no vertical lines, two spaces
+    between columns (a boxed table spends three characters per column, which an 80-column terminal
+    cannot spare). Columns named in `right` hold numbers and are right-aligned."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left")
+    return table
 
 
 def commit_label(provenance: dict) -> str:

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from rich.table import Table
 
-from sfibench.reporting.formatting import commit_label
+from sfibench.reporting.formatting import commit_label, number, styled_table
 from sfibench.reporting.plot_style import save, yerr
 
 
@@ -78,18 +78,20 @@ def _refresh_lines(result: dict) -> list[str]:
     return lines + [""]
 
 
-def terminal_table(document: dict) -> Table:
-    """Components by time per step, the step's wall time, and the optimized SFI's refresh parts."""
+def terminal_table(document: dict, wide: bool = False) -> Table:
+    """Components by time per step, the step's wall time, and the optimized SFI's refresh parts; `wide`
+    adds each component's fastest and slowest step (or timing repeat, graphed)."""
     result = document["results"]
-    table = Table(title=f"sfibench profile: {result['method']}/{result['path']}, {result['context']:,} tokens"
-                        f"{_batch(result)}, "
-                        f"{document['provenance'].get('device')} "
-                        f"({result['clock']}{'' if result['graphs'] else ', eager'})")
-    table.add_column("component")
-    table.add_column("ms / step", justify="right")
-    for name, ms in sorted(result["ms_per_step"].items(), key=lambda kv: -kv[1]):
-        table.add_row(name, f"{ms:.3f}")
-    table.add_row("wall time", f"{result['wall_ms_per_step']:.3f}")
+    title = (f"sfibench profile: {result['method']}/{result['path']}, {result['context']:,} tokens{_batch(result)}, "
+             f"{document['provenance'].get('device')} ({result['clock']}{'' if result['graphs'] else ', eager'})")
+    columns = ("component", "ms / step", "fastest", "slowest") if wide else ("component", "ms / step")
+    table = styled_table(title, columns, right=columns[1:])
+    ranges = {"wall time": tuple(result.get("wall_ms_range", (None, None))), **result.get("ms_per_step_range", {})}
+    timed = sorted(result["ms_per_step"].items(), key=lambda kv: -kv[1]) + [("wall time", result["wall_ms_per_step"])]
+    for name, ms in timed:
+        spread = tuple(number(v, missing="-") for v in ranges.get(name, (None, None)))
+        table.add_row(name, f"{ms:.3f}", *(spread if wide else ()))
     for name, ms in result.get("per_refresh_ms", {}).items():  # the optimized SFI's refresh, once per slow step
-        table.add_row(f"per refresh: {name}", f"{ms:,.3f}" if name != "candidates" else f"{ms:,}")
+        table.add_row(f"per refresh: {name}", f"{ms:,.3f}" if name != "candidates" else f"{ms:,}",
+                      *(("", "") if wide else ()))
     return table

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from sfibench.reporting.formatting import styled_table
 from sfibench.reporting.quality_plots import plot_all
 from sfibench.reporting.quality_summary import markdown, read_scope
 from sfibench.reporting.results import read_results, write_text_atomically
@@ -27,14 +28,25 @@ def _read(cell: dict) -> float:
     return cell["measured_retention"] if cell.get("measured_retention_global") is None else cell["measured_retention_global"]
 
 
-def results_table(cells: list[dict]) -> Table:
-    """The terminal summary: one row per cell ("read": over the global layers, where a model has sliding ones)."""
-    table = Table(title="sfibench quality")
-    for column in ("task", "context", "method", "retention", "read", "accuracy [95% CI]", "KL", "top-1", "ppl"):
-        table.add_column(column)
+WIDE_COLUMNS = ("task", "context", "method", "retention", "read", "accuracy [95% CI]", "KL", "top-1", "ppl")
+COMPACT_COLUMNS = ("task", "context", "method", "retention", "score", "KL")
+
+
+def results_table(cells: list[dict], wide: bool = False) -> Table:
+    """The terminal summary, one row per cell: a task's score (accuracy, or perplexity for ppl) and the KL to
+    Full-KV; `wide` adds tokens read / context ("read": over the global layers, where a model has sliding
+    ones), top-1 agreement, and accuracy and perplexity apart."""
+    table = styled_table("sfibench quality", WIDE_COLUMNS if wide else COMPACT_COLUMNS,
+                         right=("context", "retention", "read", "KL", "top-1", "ppl"))
+    if not wide:
+        table.caption = "score: accuracy [95% CI], or perplexity (ppl) for a perplexity task"
     for c in cells:
-        acc = "–" if c["accuracy"] is None else f"{c['accuracy']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
-        table.add_row(c["task"], str(c["context"]), c["method"], "1" if c["retention"] is None else f"{c['retention']:g}",
-                      f"{_read(c):.3f}", acc, f"{c['kl']:.3f}", f"{c['top1_agreement']:.2f}",
-                      "–" if c["perplexity"] is None else f"{c['perplexity']:.2f}")
+        acc = None if c["accuracy"] is None else f"{c['accuracy']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
+        ppl = None if c["perplexity"] is None else f"{c['perplexity']:.2f}"
+        head = (c["task"], str(c["context"]), c["method"], "1" if c["retention"] is None else f"{c['retention']:g}")
+        if wide:
+            table.add_row(*head, f"{_read(c):.3f}", acc or "–", f"{c['kl']:.3f}", f"{c['top1_agreement']:.2f}",
+                          ppl or "–")
+        else:
+            table.add_row(*head, acc or (f"ppl {ppl}" if ppl else "–"), f"{c['kl']:.3f}")
     return table

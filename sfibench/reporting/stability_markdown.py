@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from sfibench.reporting.formatting import commit_label, number, percent
+from sfibench.reporting.formatting import commit_label, number, percent, styled_table
 from sfibench.reporting.stability_plots import MEMORY_LABELS, PLOTS
 
 DRIFT_ROWS = (1, 2, 4, 8, 16, 32)  # offsets shown in the drift table, plus the last (open) bin
@@ -119,17 +119,19 @@ def write_report(run_dir: Path | str, document: dict) -> Path:
     return path
 
 
-def terminal_table(document: dict) -> Table:
-    """What `sfibench stability` prints when it finishes: consecutive-step overlaps and memory recall."""
+def terminal_table(document: dict, wide: bool = False) -> Table:
+    """What `sfibench stability` prints when it finishes: consecutive-step overlaps and memory recall; `wide`
+    adds the Jaccard indices and the overlap two random top-k sets would have."""
     cfg, results = document["config"], document["results"]
-    table = Table(title=f"sfibench stability: {results['model']}, {results['steps']} steps ({results['mode']})")
-    for column in ("measure", "within sentence", "across boundary"):
-        table.add_column(column)
+    table = styled_table(f"sfibench stability: {results['model']}, {results['steps']} steps ({results['mode']})",
+                         ("measure", "within sentence", "across boundary"), right=("within sentence", "across boundary"))
     for kind, name in (("topk", f"top-{cfg['topk_frac']:g}L"), ("mass", f"{cfg['mass']:g}-mass")):
-        for metric in ("overlap", "jaccard"):
+        for metric in ("overlap", "jaccard") if wide else ("overlap",):
             sides = results["consecutive"][kind]
             table.add_row(f"consecutive {metric}, {name}",
                           *(number(sides[side][f"{metric}_mean"]) for side in ("within", "across")))
+    if wide:
+        table.add_row(f"chance overlap, top-{cfg['topk_frac']:g}L", number(results["chance_topk_overlap"]), "")
     for memory, name in (("stale", "SFI selection from t0"), ("fresh", "SFI selection at t"),
                          ("streaming", "StreamingLLM, same tokens")):
         table.add_row(f"recall: {name}", number(results["recall"][memory]["mean"]), "")

@@ -12,7 +12,7 @@ from matplotlib.ticker import ScalarFormatter
 from rich.table import Table
 
 from sfibench.metrics.nvml import best_energy
-from sfibench.reporting.formatting import commit_label
+from sfibench.reporting.formatting import commit_label, styled_table
 from sfibench.reporting.plot_style import context_axis, legend_below, save, yerr
 
 COLUMNS = ("method", "path", "ctx", "batch", "tok/s", "spread", "ms fast/dense", "ms slow", "floor ms",
@@ -78,13 +78,26 @@ def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
     return out
 
 
-def terminal_table(document: dict) -> Table:
-    """The run's rows as the rich table `sfibench throughput` prints when it finishes."""
-    table = Table(title=f"sfibench throughput: {document['config']['model']} on {document['provenance'].get('device')}")
-    for column in COLUMNS:
-        table.add_column(column)
+COMPACT_COLUMNS = ("method", "path", "ctx", "batch", "tok/s", "speedup", "tokens read")
+NUMERIC = ("ctx", "batch", "tok/s", "spread", "ms fast/dense", "ms slow", "floor ms", "x floor", "tokens read", "GB/s",
+           "% roofline", "speedup", "roofline speedup")
+# Bytes per second against a GPU's measured copy bandwidth; a CPU's caches make the same figures meaningless.
+GPU_ONLY = ("GB/s", "% roofline", "roofline speedup")
+
+
+def terminal_table(document: dict, wide: bool = False) -> Table:
+    """The run's rows as `sfibench throughput` prints them when it finishes: the columns read first (tok/s
+    with its spread over the passes), or with `wide` every column of report.md (less the bandwidth ones on
+    a CPU)."""
+    on_cpu = document["provenance"].get("device") == "cpu"
+    columns = tuple(c for c in COLUMNS if not (on_cpu and c in GPU_ONLY)) if wide else COMPACT_COLUMNS
+    title = f"sfibench throughput: {document['config']['model']} on {document['provenance'].get('device')}"
+    table = styled_table(title, columns, NUMERIC)
     for cells in table_rows(document["results"]["rows"]):
-        table.add_row(*cells)
+        named = dict(zip(COLUMNS, cells))
+        if not wide:
+            named["tok/s"] = f"{named['tok/s']} {named['spread']}"
+        table.add_row(*(named[c] for c in columns))
     return table
 
 
