@@ -15,7 +15,7 @@ from sfibench.commands.common import (
     console,
     user_errors,
 )
-from sfibench.sfi.config import SelectorConfig, SFIConfig, TriggerConfig
+from sfibench.config import SelectorConfig, SFIConfig, TriggerConfig
 from sfibench.core.errors import UsageError
 from sfibench.options import (
     check_choice,

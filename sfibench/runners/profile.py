@@ -22,14 +22,14 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from sfibench.engine.method import MethodSpec
+from sfibench.config import MethodSpec
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
-from sfibench.registry import create_method
+from sfibench.methods import create_method
 from sfibench.metrics.memory import check_fits, estimate_memory
 from sfibench.options import check_context_limit
 from sfibench.reporting.report_run import render
