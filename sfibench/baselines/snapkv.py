@@ -4,38 +4,71 @@ After prefill, the last `window` prompt queries vote for earlier prompt position
 averaged over the window rows and the GQA group), the votes are smoothed by 1-D pooling so that
 neighbours of a strong position survive together, and the top positions per KV head are kept along
 with the window itself. Decoding reads the kept prompt tokens plus everything generated since.
+
+The optimized path copies the kept rows once after prefill into a compact buffer (with the tail's first
+rows up to a tile edge, as SFI's refresh fills its own) and reads it with the two-segment kernel.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from sfibench.engine.cache import KVCache
-from sfibench.engine.context import StepContext
-from sfibench.engine.prefill import Prefilled
-from sfibench.methods import AttentionMethod, register
+from sfibench.baselines.tail_segment import TwoSegmentPath
+from sfibench.core.budget import BudgetError
+from sfibench.engine.method import AttentionMethod, MethodConfig, MethodDef
+from sfibench.optimized.decode_attention import tile_rows
+from sfibench.optimized.triton_device import require_triton_device
 from sfibench.reference.sparse_memory import TailPlan, attend_fixed_plus_tail
 
 POOLINGS = ("max", "avg")
+INDEX_BYTES = 8  # kept positions are int64
 
 
-@register("snapkv", "reference")
+@dataclass(frozen=True)
+class SnapKVConfig(MethodConfig):
+    """One-shot prompt compression after prefill (SPEC section 6)."""
+
+    window: int = 64  # last prompt queries that vote, and are always kept
+    kernel: int = 7
+    pooling: str = "max"  # max | avg
+    budget: int = 2308  # prompt tokens kept per KV head, window included
+
+    def with_budget(self, budget: int) -> SnapKVConfig:
+        if budget <= self.window:
+            raise BudgetError(f"a budget of {budget} tokens is not more than SnapKV's {self.window}-token "
+                              "observation window, which it always keeps; raise it")
+        return dataclasses.replace(self, budget=budget)
+
+    def tokens_read(self, context: int) -> int:
+        return min(self.budget, context)
+
+    def state_bytes(self, model_config, path: str, dtype_bytes: int, tile_rows: int) -> tuple[int, int]:
+        mc, keep = model_config, self.budget - self.window
+        positions = mc.num_layers * mc.num_kv_heads * keep * INDEX_BYTES
+        if path != "optimized":
+            return 0, positions
+        rows = keep + min(-keep % tile_rows, self.window)  # OptimizedSnapKV.start's compact buffer
+        return 0, positions + 2 * mc.num_layers * mc.num_kv_heads * rows * mc.head_dim * dtype_bytes
+
+
 class SnapKV(AttentionMethod):
     name = "snapkv"
 
-    def __init__(self, spec, model_config, tokenizer):
-        super().__init__(spec, model_config, tokenizer)
-        cfg = spec.snapkv
+    def __init__(self, config, model_config, tokenizer):
+        super().__init__(config, model_config, tokenizer)
+        cfg = config
         if cfg.pooling not in POOLINGS:
             raise ValueError(f"unknown SnapKV pooling {cfg.pooling!r}; valid: {', '.join(POOLINGS)}")
         if cfg.budget <= cfg.window:
             raise ValueError(f"SnapKV budget ({cfg.budget}) must exceed its observation window ({cfg.window})")
         if cfg.kernel % 2 == 0:
             raise ValueError(f"SnapKV pooling kernel must be odd, got {cfg.kernel}")
-        self.cfg = cfg
 
-    def start(self, cache: KVCache, prefilled: Prefilled) -> None:
+    def start(self, cache, prefilled) -> None:
         mc, keep = self.model_config, self.cfg.budget - self.cfg.window
         device = cache.k.device
         self.state("kept", (mc.num_layers, cache.batch, mc.num_kv_heads, keep), torch.long, device)
@@ -72,10 +105,10 @@ class SnapKV(AttentionMethod):
         pool = F.max_pool1d if self.cfg.pooling == "max" else F.avg_pool1d
         return pool(votes[:, None], self.cfg.kernel, stride=1, padding=self.cfg.kernel // 2)[:, 0]
 
-    def plan(self, ctx: StepContext) -> TailPlan:
+    def plan(self, ctx) -> TailPlan:
         return TailPlan(tail_width=ctx.bucketed(int((ctx.kv_lengths_host - self.tail_start_host).max())))
 
-    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan: TailPlan) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, cache, ctx, plan: TailPlan) -> torch.Tensor:
         kept = self.kept[ctx.layer]
         valid = torch.arange(kept.shape[-1], device=q.device) < self.kept_count[:, None, None]
         out, read = attend_fixed_plus_tail(q, cache.k[ctx.layer], cache.v[ctx.layer], kept,
@@ -83,3 +116,39 @@ class SnapKV(AttentionMethod):
                                            plan.tail_width)
         ctx.tokens_read[ctx.layer] = read
         return out
+
+
+class OptimizedSnapKV(TwoSegmentPath, SnapKV):
+    def start(self, cache, prefilled) -> None:
+        require_triton_device(cache.k.device)
+        self.choose_splits(cache, self.cfg.budget)
+        super().start(cache, prefilled)  # chooses self.kept, self.kept_count and self.tail_start
+        mc, device, keep = self.model_config, cache.k.device, self.kept.shape[-1]
+        # As SFI's refresh does (SelectionState._rebuild_compact): the kept rows are followed by the tail's
+        # first rows up to a tile edge, and the tail is read after them: the same rows, no padded tile. A
+        # compressed row's tail holds at least the observation window when this runs.
+        moved = min(-keep % tile_rows(mc.head_dim, cache.k.element_size()), self.cfg.window)
+        compressed = (self.kept_count > 0).long() * moved  # [B]: rows that kept the whole prompt move nothing
+        window = self.tail_start[None, :, None, None] + torch.arange(moved, device=device)  # [1, B, 1, moved]
+        positions = torch.cat([self.kept, window.expand(mc.num_layers, -1, mc.num_kv_heads, -1)], dim=-1)
+        shape = (1, mc.num_layers, cache.batch, mc.num_kv_heads, keep + moved, mc.head_dim)
+        self.state("compact_k", shape, cache.k.dtype, device)
+        self.state("compact_v", shape, cache.k.dtype, device)
+        # (a row that kept its whole prompt reads no compact rows; its `window` may run past a short cache)
+        index = positions.clamp(max=cache.max_seq - 1)[..., None].expand(-1, -1, -1, -1, mc.head_dim)
+        self.compact_k[0] = cache.k.gather(3, index)  # [L, B, H_kv, keep + moved, D]
+        self.compact_v[0] = cache.v.gather(3, index)
+        self.state("counts", (1, mc.num_layers, cache.batch, mc.num_kv_heads), torch.int32, device)
+        self.counts.copy_((self.kept_count + compressed)[None, None, :, None].expand_as(self.counts))
+        self.state("tail", (1, cache.batch), torch.int32, device).copy_((self.tail_start + compressed)[None])
+        self.state("row_buffer", (cache.batch,), torch.int32, device)
+
+    def plan(self, ctx):
+        return AttentionMethod.plan(self, ctx)  # no static sizes: the kernel reads every length on the device
+
+    def compact(self, cache, layer: int):
+        return self.compact_k[:, layer], self.compact_v[:, layer]
+
+
+METHOD = MethodDef(name="snapkv", summary="prompt tokens kept once by the last prompt queries' votes, + the tail",
+                   config=SnapKVConfig, paths={"reference": SnapKV, "optimized": OptimizedSnapKV})

@@ -7,26 +7,44 @@ The budget is the tokens read per (layer, KV head): sinks + window, matched to S
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 
-from sfibench.engine.cache import KVCache
-from sfibench.engine.context import StepContext
-from sfibench.methods import AttentionMethod, register
+from sfibench.baselines.tail_segment import TwoSegmentPath
+from sfibench.core.budget import BudgetError
+from sfibench.engine.method import AttentionMethod, MethodConfig, MethodDef
+from sfibench.optimized.triton_device import require_triton_device
 from sfibench.reference.sparse_memory import attend_fixed_plus_tail
 
 
-@register("streaming_llm", "reference")
+@dataclass(frozen=True)
+class StreamingLLMConfig(MethodConfig):
+    """Sinks plus a recent window; budget = n_sink + window, matched to SFI's tokens read."""
+
+    n_sink: int = 4
+    budget: int = 2308  # tokens read per (layer, KV head): SFI's default 4 + 2048 + 256
+
+    def with_budget(self, budget: int) -> StreamingLLMConfig:
+        if budget <= self.n_sink:
+            raise BudgetError(f"a budget of {budget} tokens leaves StreamingLLM no window beside its "
+                              f"{self.n_sink} sinks; raise it")
+        return dataclasses.replace(self, budget=budget)
+
+    def tokens_read(self, context: int) -> int:
+        return min(self.budget, context)
+
+
 class StreamingLLM(AttentionMethod):
     name = "streaming_llm"
 
-    def __init__(self, spec, model_config, tokenizer):
-        super().__init__(spec, model_config, tokenizer)
-        cfg = spec.streaming
-        if cfg.budget <= cfg.n_sink:
-            raise ValueError(f"StreamingLLM budget ({cfg.budget}) must exceed its {cfg.n_sink} sink tokens")
-        self.cfg = cfg
+    def __init__(self, config, model_config, tokenizer):
+        super().__init__(config, model_config, tokenizer)
+        if config.budget <= config.n_sink:
+            raise ValueError(f"StreamingLLM budget ({config.budget}) must exceed its {config.n_sink} sink tokens")
 
-    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, cache, ctx, plan) -> torch.Tensor:
         # Every size comes from the configuration, so the default plan (no static sizes) serves every step.
         batch, kv_heads = cache.batch, cache.k.shape[2]
         sinks = torch.arange(self.cfg.n_sink, device=q.device).expand(batch, kv_heads, -1)
@@ -36,3 +54,30 @@ class StreamingLLM(AttentionMethod):
                                            window_start, ctx.kv_lengths, self.cfg.budget - self.cfg.n_sink)
         ctx.tokens_read[ctx.layer] = read
         return out
+
+
+class OptimizedStreamingLLM(TwoSegmentPath, StreamingLLM):
+    """The sinks already lie contiguous at the start of the cache: the kernel reads them in place (a view)."""
+
+    def start(self, cache, prefilled) -> None:
+        require_triton_device(cache.k.device)
+        self.choose_splits(cache, self.cfg.budget)
+        mc, device = self.model_config, cache.k.device
+        self.state("counts", (1, mc.num_layers, cache.batch, mc.num_kv_heads), torch.int32, device)
+        self.state("tail", (1, cache.batch), torch.int32, device)
+        self.state("row_buffer", (cache.batch,), torch.int32, device)
+
+    def compact(self, cache, layer: int):
+        sinks = slice(0, self.cfg.n_sink)
+        return cache.k[layer, :, :, sinks][None], cache.v[layer, :, :, sinks][None]
+
+    @property
+    def moving_segments(self) -> tuple[int, int]:
+        """(n_sink, window): the sinks are the first min(L, n_sink) slots, the window the last `window` slots
+        after them."""
+        return self.cfg.n_sink, self.cfg.budget - self.cfg.n_sink
+
+
+METHOD = MethodDef(name="streaming_llm", summary="attention sinks + a sliding window of recent tokens",
+                   config=StreamingLLMConfig,
+                   paths={"reference": StreamingLLM, "optimized": OptimizedStreamingLLM})

@@ -27,7 +27,7 @@ def user_errors():
     """
     from sfibench.core.device import DeviceUnavailableError
     from sfibench.engine.prefill import PromptError
-    from sfibench.methods import UnknownMethodError
+    from sfibench.registry import UnknownMethodError
     from sfibench.metrics.memory import MemoryEstimateError
     from sfibench.metrics.stability import StabilityInputError
     from sfibench.models.loading import MissingWeightsError

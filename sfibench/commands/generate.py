@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -21,15 +22,11 @@ from sfibench.commands.common import (
     err_console,
     user_errors,
 )
-from sfibench.config import (
-    Budget,
-    MethodSpec,
-    SamplingConfig,
-    SelectorConfig,
-    SFIConfig,
-    TriggerConfig,
-    apply_budget,
-)
+from sfibench import registry
+from sfibench.core.budget import Budget
+from sfibench.engine.method import MethodSpec
+from sfibench.engine.sampling import SamplingConfig
+from sfibench.sfi.config import SelectorConfig, SFIConfig, TriggerConfig
 from sfibench.core.errors import UsageError
 from sfibench.options import (
     check_session_options,
@@ -47,7 +44,7 @@ def method_spec(method: str, path: str, n_sink: int, n_recent: int, k_head: int,
     sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head, page=page, w_prefill=w_prefill,
                     layer_groups=layer_groups, bridge_steps=bridge_steps, publish=publish, trigger=triggers,
                     selector=selector)
-    return MethodSpec(name=method, path=path, sfi=sfi)
+    return MethodSpec(method, path, sfi if method == registry.BUDGET_REFERENCE else registry.default_config(method))
 
 
 
@@ -90,7 +87,7 @@ def generate(
 ):
     """Generate text with one method; slow (refresh) steps are highlighted, --json gives per-step stats."""
     from sfibench.engine.session import Session
-    from sfibench.methods import check_method
+    from sfibench.registry import check_method
     from sfibench.metrics.accounting import step_stats, summarize
     from sfibench.workloads.essay_prompt import DEFAULT_PROMPT_TOKENS, essay_prompt
 
@@ -120,12 +117,15 @@ def generate(
             err_console.print(f"[dim]no --prompt: continuing the first {len(ids):,} tokens of the shipped essays[/]")
         else:
             ids = tokenizer.encode(text, chat=chat)
-        spec.sfi.k_head = k_head_budget.resolve(len(ids), "--k-head", at_most_context=False)
+        config = spec.config
+        if isinstance(config, SFIConfig):
+            config = replace(config, k_head=k_head_budget.resolve(len(ids), "--k-head", at_most_context=False))
         if shared_budget is not None:
-            apply_budget(spec, shared_budget.resolve(len(ids)))
+            config = config.with_budget(shared_budget.resolve(len(ids)))
         prefilled = session.prefill([ids], max_new_tokens)
         streamer = TextStreamer(tokenizer, enabled=not json_out)
-        trace, summary = session.decode(spec, prefilled, max_new_tokens,
+        method_object = registry.create_method(replace(spec, config=config), session.loaded.config, tokenizer)
+        trace, summary = session.decode(method_object, prefilled, max_new_tokens,
                                         SamplingConfig(temperature=temperature, top_p=top_p, seed=seed),
                                         on_step=streamer)
     tokens = trace.sequence(0)

@@ -21,9 +21,10 @@ def profile(
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/profile-<time>)"),
     overwrite: bool = typer.Option(False, help="replace an earlier profile run in --out"),
+    wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
 ):
     """Where one decode step's time goes: attention, SFI selector, MLP, other ops, launch gaps."""
-    from sfibench.methods import check_method
+    from sfibench.registry import check_method
     from sfibench.models.presets import PRESETS
     from sfibench.reporting.profile_report import terminal_table
     from sfibench.reporting.results import read_results
@@ -37,5 +38,5 @@ def profile(
         run = ProfileRun(model=model, device=device, dtype=dtype, method=method, path=path, context=context,
                          steps=steps, batch=batch, out=out, overwrite=overwrite)
         run_dir = run_profile(run)
-    console.print(terminal_table(read_results(run_dir)))
+    console.print(terminal_table(read_results(run_dir), wide))
     console.print(f"[green]wrote[/] {run_dir}/results.json, report.md and profile.png")

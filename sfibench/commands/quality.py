@@ -20,7 +20,7 @@ from sfibench.commands.common import (
     err_console,
     user_errors,
 )
-from sfibench.config import SelectorConfig, SFIConfig
+from sfibench.sfi.config import SelectorConfig, SFIConfig
 from sfibench.core.errors import UsageError
 from sfibench.options import check_sfi_settings, split_list
 
@@ -51,6 +51,7 @@ def quality(
     path: str = typer.Option("reference", help="the path every method runs on: " + PATH_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/quality-<time>)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier quality run in --out"),
+    wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
     resume: bool = typer.Option(False, "--resume", help="continue a stopped run in --out (same settings) from its "
                                                         "first missing sample"),
     no_prior: bool = typer.Option(False, "--no-prior", help="SFI ablation: Selector without the prior"),
@@ -85,5 +86,5 @@ def quality(
                               None if retention is None else split_list(retention, "--retention"),
                               split_list(samples, "--samples"), out, overwrite, device, dtype, seed, batch, chat,
                               longbench, err_console, resume, variant, path, sfi_preset)
-    console.print(results_table(read_results(run_dir)["results"]["cells"]))
+    console.print(results_table(read_results(run_dir)["results"]["cells"], wide))
     console.print(f"report: {run_dir / 'report.md'}")

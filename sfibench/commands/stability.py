@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATH_HELP, console, user_errors
-from sfibench.config import SFIConfig
+from sfibench.sfi.config import SFIConfig
 from sfibench.options import check_session_options, check_top_p
 
 
@@ -32,9 +32,10 @@ def stability(
     path: str = typer.Option("reference", help="path of the Full-KV method the dense probe stands for: " + PATH_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/stability-<time>)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier stability run in --out"),
+    wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
 ):
     """Is the dominant attention support stable within a sentence? Dense attention over real text."""
-    from sfibench.methods import check_method
+    from sfibench.registry import check_method
     from sfibench.metrics.stability import StabilityConfig
     from sfibench.reporting.results import read_results
     from sfibench.reporting.stability_markdown import terminal_table
@@ -49,5 +50,5 @@ def stability(
         check_method("full_kv", path)
         check_top_p(top_p)
         run_dir = run_stability(cfg, out, overwrite)
-    console.print(terminal_table(read_results(run_dir)))
+    console.print(terminal_table(read_results(run_dir), wide))
     console.print(f"report: {run_dir / 'report.md'}")

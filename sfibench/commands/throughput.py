@@ -15,7 +15,7 @@ from sfibench.commands.common import (
     console,
     user_errors,
 )
-from sfibench.config import SelectorConfig, SFIConfig, TriggerConfig
+from sfibench.sfi.config import SelectorConfig, SFIConfig, TriggerConfig
 from sfibench.core.errors import UsageError
 from sfibench.options import (
     check_choice,
@@ -56,6 +56,7 @@ def throughput(
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/throughput-<time>)"),
     overwrite: bool = typer.Option(False, help="replace an earlier throughput run in --out"),
+    wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
 ):
     """Decode speed of every method: tok/s, ms/step by kind, GB/s against the measured roofline."""
     from sfibench.models.presets import PRESETS
@@ -91,5 +92,5 @@ def throughput(
                             dense_kernels=dense_kernels and gpu, k_head=parse_k_head(k_head, known), sfi=sfi,
                             out=out, overwrite=overwrite)
         run_dir = run_throughput(run, console)
-    console.print(terminal_table(read_results(run_dir)))
+    console.print(terminal_table(read_results(run_dir), wide))
     console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, throughput.png, latency.png")

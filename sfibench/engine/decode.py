@@ -15,7 +15,7 @@ from sfibench.engine.context import StepContext
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import Prefilled, PromptError
 from sfibench.engine.sampling import Sampler
-from sfibench.methods import AttentionMethod
+from sfibench.engine.method import AttentionMethod
 from sfibench.models.decoder import Decoder
 
 

@@ -25,7 +25,7 @@ from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.prefill import Prefilled, restore
 from sfibench.engine.sliding import window_decode_attention, window_tokens_read
-from sfibench.methods import AttentionMethod, StepPlan
+from sfibench.engine.method import AttentionMethod, StepPlan
 from sfibench.models.decoder import Decoder
 
 

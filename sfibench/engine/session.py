@@ -6,16 +6,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sfibench.config import MethodSpec, SamplingConfig
+from sfibench.engine.method import AttentionMethod
+from sfibench.engine.sampling import SamplingConfig
 from sfibench.core.device import resolve_device
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import Trace, generate
 from sfibench.engine.prefill import Prefilled, check_prompts, prefill
 from sfibench.engine.sampling import Sampler
-from sfibench.methods import create_method
 from sfibench.metrics.memory import available_device_memory
 from sfibench.models import fused
-from sfibench.models.decoder import fold_requested
 from sfibench.models.loading import LoadedModel, load_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,16 +41,10 @@ class Session:
         torch_dtype = parse_dtype(dtype, resolved)
         fuse = resolved.type == "cuda" if fuse is None else fuse
         fused.enable_fusion(fuse)
-        fold = "0"
-        if resolved.type == "cuda":
-            from sfibench.optimized import gemv, pdl
-
-            pdl.mode()  # a bad SFIBENCH_PDL is refused now, not at the first kernel launch of a long run
-            gemv.narrow_products_here()  # likewise a bad SFIBENCH_NARROW_GEMV
-            fold = fold_requested() if fuse else "0"  # likewise a bad SFIBENCH_FOLD_INPUT_NORM
         loaded = load_model(model, resolved, torch_dtype, seed)
-        if fold != "0" and loaded.model.fold_pays(resolved):  # Gemma-3, cuBLAS-narrow: unfolded
-            loaded.model.fold_input_norms(post_attention=fold == "1")
+        # The norm folds need the GEMV's epilogues: GPU decode with fusion on, and not Gemma-3's layers.
+        if fuse and resolved.type == "cuda" and loaded.model.fold_pays(resolved):
+            loaded.model.fold_input_norms()
         return cls(loaded, resolved, torch_dtype)
 
     @property
@@ -78,10 +71,9 @@ class Session:
             self.cache = KVCache(self.loaded.config, len(prompts), needed, self.device, self.dtype)
         return prefill(self.loaded.model, self.cache, prompts, evidence_rows=evidence_rows)
 
-    def decode(self, spec: MethodSpec, prefilled: Prefilled, max_new_tokens: int,
+    def decode(self, method: AttentionMethod, prefilled: Prefilled, max_new_tokens: int,
                sampling: SamplingConfig | None = None, forced: torch.Tensor | None = None,
                keep_logits: bool = False, on_step=None) -> tuple[Trace, dict]:
-        method = create_method(spec, self.loaded.config, self.loaded.tokenizer)
         sampler = Sampler(sampling or SamplingConfig(), self.device)
         trace = generate(self.loaded.model, self.cache, method, prefilled, max_new_tokens, sampler,
                          eos_token_id=self.loaded.tokenizer.eos_token_id, forced=forced,

@@ -21,7 +21,7 @@ from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import step_kinds
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import Prefilled
-from sfibench.methods import AttentionMethod
+from sfibench.engine.method import AttentionMethod
 from sfibench.models.decoder import Decoder
 
 

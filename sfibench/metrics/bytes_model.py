@@ -20,12 +20,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from sfibench.config import SFIConfig
 from sfibench.models.presets import ModelConfig
-from sfibench.sfi import geometry
 
 FLOAT32_BYTES = 4  # evidence logits and cached key norms are kept in float32
-INDEX_BYTES = 8  # selected positions are stored as int64
 
 
 def weight_bytes(model_cfg: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -83,51 +80,6 @@ def kv_append_bytes(model_cfg: ModelConfig, batch: int, dtype_bytes: int = 2) ->
     return batch * model_cfg.num_layers * model_cfg.num_kv_heads * per_layer_head
 
 
-def refresh_bytes(model_cfg: ModelConfig, candidates, k_head: int, batch: int, dtype_bytes: int = 2,
-                  evidence_rows: int | None = None, layers_refreshed: float | None = None,
-                  path: str = "optimized") -> float:
-    """Extra traffic of an SFI refresh beyond the slow step's dense attention read (which `kv_read_bytes`
-    counts), as each path actually moves it.
-
-    Per refreshed (layer, sequence, KV head), with C = `candidates`, K = min(k_head, C),
-    R = `evidence_rows` (default G query heads x 1 decode row), D = head_dim, b = dtype_bytes:
-
-        evidence   2 * R * C * 4   float32 logits over C written once, read by the Selector
-        norms          C * 4       the Selector reads the cached float32 key norms over C
-        selection      K * 8       the Selector writes the int64 selected positions
-      optimized:
-        rebuild    2 * K * 2*D*b   gather the K selected K and V rows and write them contiguous (compact buffer);
-                                   the dense kernel wrote the evidence in the same pass that read K
-      reference:
-        second K read  C * D * b   the logits are recomputed from the kept query and K over C after the
-                                   step (no compact buffer: fast steps gather through the position list)
-
-    This is the minimum for each path's algorithm (the Selector's internal stages assumed fused).
-    `candidates` is a scalar (same for every sequence) or one value per sequence. Only global layers
-    refresh (a sliding-window layer has no selection): `layers_refreshed` defaults to all of them, and
-    fewer models `layer_groups` = 2.
-    """
-    if path not in ("optimized", "reference"):
-        raise ValueError(f"unknown path {path!r}; valid: optimized, reference")
-    if hasattr(candidates, "detach"):
-        candidates = candidates.detach().cpu().numpy()
-    per_sequence = np.broadcast_to(np.asarray(candidates, dtype=np.float64), (batch,))
-    if (per_sequence < 0).any():
-        raise ValueError("candidates must be non-negative")
-    selected = np.minimum(per_sequence, k_head)
-    rows = model_cfg.group_size if evidence_rows is None else evidence_rows
-    layers = len(model_cfg.global_layers) if layers_refreshed is None else layers_refreshed
-    evidence = 2 * rows * per_sequence * FLOAT32_BYTES
-    norms = per_sequence * FLOAT32_BYTES
-    selection = selected * INDEX_BYTES
-    if path == "optimized":
-        moved = 2 * selected * 2 * model_cfg.head_dim * dtype_bytes
-    else:
-        moved = per_sequence * model_cfg.head_dim * dtype_bytes
-    per_layer_head = evidence + norms + selection + moved
-    return float(per_layer_head.sum()) * layers * model_cfg.num_kv_heads
-
-
 @dataclass(frozen=True)
 class StepBytes:
     """Bytes one decode step moves, by source."""
@@ -156,16 +108,6 @@ def step_bytes(model_cfg: ModelConfig, tokens_read, batch: int, dtype_bytes: int
         embedding_gather=float(embedding_gather_bytes(model_cfg, batch, dtype_bytes)),
         refresh=float(refresh),
     )
-
-
-def sfi_candidates(context_len: int, sfi: SFIConfig) -> int:
-    """|C| at a refresh (see sfibench.sfi.geometry)."""
-    return geometry.candidates(context_len, sfi)
-
-
-def sfi_tokens_read(context_len: int, sfi: SFIConfig) -> int:
-    """Tokens a fast step reads per (layer, KV head) right after a refresh (see sfibench.sfi.geometry)."""
-    return geometry.tokens_read_after_refresh(context_len, sfi)
 
 
 def roofline_ratio(W: float, kv_full: float, kv_sparse: float, batch: int, n_slow: float) -> float:

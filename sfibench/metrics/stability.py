@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sfibench.config import SFIConfig, parse_budget
+from sfibench.core.budget import parse_budget
+from sfibench.sfi.config import SFIConfig
 from sfibench.sfi.geometry import recent_start
 from sfibench.sfi.selector import select
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from sfibench.config import SelectorConfig
+from sfibench.sfi.config import SelectorConfig
 from sfibench.optimized import compact_kernels
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
 from sfibench.optimized.selector_kernels import SelectorTiles, fused_scores, fused_select

@@ -33,16 +33,15 @@ debug random Selector to `select`.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from sfibench.config import SelectorConfig
+from sfibench.sfi.config import SelectorConfig
 from sfibench.optimized.top_k_kernels import radix_top_k
-from sfibench.sfi.selector import DEBUG_RANDOM_SELECTION_ENV, keep_neighbours, select
+from sfibench.sfi.selector import keep_neighbours, select
 
 
 @dataclass(frozen=True)
@@ -347,9 +346,8 @@ def fused_select(logits: torch.Tensor, key_norms: torch.Tensor, lo: int, k: int,
                  outside_lse: torch.Tensor | None = None) -> torch.Tensor:
     """`select` (sfi/selector.py) through the kernels above; same arguments, same result up to rounding.
 
-    The --evidence-norm visible ablation and the debug random Selector go to `select` itself."""
-    if outside_lse is not None or cfg.evidence_norm != "candidates" or DEBUG_RANDOM_SELECTION_ENV in os.environ \
-            or logits.shape[-1] == 0 or logits.dim() != 4:
+    The --evidence-norm visible ablation goes to `select` itself."""
+    if outside_lse is not None or cfg.evidence_norm != "candidates" or logits.shape[-1] == 0 or logits.dim() != 4:
         return select(logits, key_norms, lo, k, cfg, outside_lse)
     scores = fused_scores(logits.float(), key_norms, cfg)
     if cfg.keep_neighbours > 1:

@@ -22,10 +22,10 @@ import torch
 
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
-from sfibench.methods import StepPlan, register
+from sfibench.engine.method import StepPlan
 from sfibench.optimized.compact_kernels import gather_compact
 from sfibench.optimized.decode_attention import tile_rows
-from sfibench.optimized.full_kv import require_triton_device
+from sfibench.optimized.triton_device import require_triton_device
 from sfibench.optimized.selector_kernels import fused_select
 from sfibench.optimized.step_state_kernel import take_published
 from sfibench.optimized.two_segment import dense_read_launch, fast_read_launch, two_segment_decode
@@ -40,7 +40,6 @@ class OptimizedSFIPlan(StepPlan):
     dense: bool = False  # some row may read its whole history: split the kernel for a long read
 
 
-@register("sfi", "optimized")
 class OptimizedSFI(SFIMethod):
     compact = staticmethod(gather_compact)
     select = staticmethod(fused_select)

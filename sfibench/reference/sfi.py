@@ -18,7 +18,7 @@ import torch
 
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
-from sfibench.methods import StepPlan, register
+from sfibench.engine.method import StepPlan
 from sfibench.reference.attention import dense_attention
 from sfibench.reference.sparse_memory import attend_fixed_plus_tail
 from sfibench.sfi.method import SFIMethod, candidate_logits
@@ -32,10 +32,9 @@ class ReferenceSFIPlan(StepPlan):
     keep_queries: bool = False  # some row refreshes after this step: keep each layer's query
 
 
-@register("sfi", "reference")
 class ReferenceSFI(SFIMethod):
-    def __init__(self, spec, model_config, tokenizer):
-        super().__init__(spec, model_config, tokenizer)
+    def __init__(self, config, model_config, tokenizer):
+        super().__init__(config, model_config, tokenizer)
         if self.cfg.publish != "next_step":
             raise ValueError("the reference path publishes every refresh for the next step; "
                              "--publish when_ready needs --path optimized")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from sfibench.core.labels import label
-from sfibench.methods import StepPlan
+from sfibench.engine.method import StepPlan
 from sfibench.reference.attention import gather_attention
 
 

@@ -22,14 +22,14 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from sfibench.config import MethodSpec
+from sfibench import registry
+from sfibench.engine.method import MethodSpec
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
-from sfibench.methods import create_method
 from sfibench.metrics.memory import check_fits, estimate_memory
 from sfibench.options import check_context_limit
 from sfibench.reporting.report_run import render
@@ -83,7 +83,7 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int, 
         prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
     else:
         prefilled = prefill(session.loaded.model, cache, take_rows(stream, 0, batch, context).tolist())
-    method = create_method(spec, cfg, tokenizer)
+    method = registry.create_method(spec, cfg, tokenizer)
     inputs = take_rows(stream, context, batch, steps + 4)  # as a throughput run's rows
     driver = StepDriver(session.loaded.model, cache, method)
     driver.start(prefilled)
@@ -160,7 +160,7 @@ def run_profile(run: ProfileRun) -> Path:
         session = Session.open(run.model, run.device, run.dtype)
         check_context_limit(session.loaded.config, [run.context], run.steps + PROFILE_MARGIN)
         _check_batch_fits(session, run.batch, run.context + run.steps + PROFILE_MARGIN)
-        result = profile_steps(session, MethodSpec(name=run.method, path=run.path), run.context, run.steps, run.batch)
+        result = profile_steps(session, registry.spec(run.method, run.path), run.context, run.steps, run.batch)
         write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": run.context,
                                            "method": run.method, "path": run.path, "steps": run.steps,
                                            "batch": run.batch}, result)

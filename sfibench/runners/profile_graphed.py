@@ -18,14 +18,14 @@ import statistics
 
 import torch
 
-from sfibench.config import MethodSpec
+from sfibench.engine.method import MethodSpec
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
-from sfibench.methods import create_method
+from sfibench.registry import create_method
 from sfibench.metrics.floor import graph_replay, weights_floor_seconds
 from sfibench.metrics.timing import StepTimer, time_region
 from sfibench.optimized import pdl
@@ -82,7 +82,7 @@ def profile_graphed(session: Session, spec: MethodSpec, context: int, steps: int
               "step_ms_by_kind": {k: statistics.median(v) for k, v in by_kind.items()},
               "wall_ms_per_step": step_ms, "wall_ms_range": [min(by_kind[main_kind]), max(by_kind[main_kind])],
               "clock": f"CUDA-graph replays, {main_kind} step, PDL {pdl.describe()}, {norms}", "graphs": True}
-    if spec.name == "sfi":
+    if method.has_slow_steps:  # a refresh: the Selector and the rebuild, timed apart
         result["per_refresh_ms"] = _refresh_parts(method, cache, int(cache.lengths_host[0]))
     return result
 

@@ -15,6 +15,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from sfibench import registry
 from sfibench.core.errors import RunInterrupted, UsageError
 from sfibench.core.provenance import provenance
 from sfibench.engine.session import Session
@@ -23,7 +24,8 @@ from sfibench.options import check_session_options, split_list
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import read_results
 from sfibench.reporting.run_dir import claimed_run_dir
-from sfibench.runners.quality_batch import conditions, evaluate_batch, preset_retention, sfi_settings
+from sfibench.runners.quality_batch import conditions, evaluate_batch
+from sfibench.sfi.config import preset_retention
 from sfibench.runners.quality_inputs import (
     SAME_ON_RESUME,
     QualityInputs,
@@ -38,7 +40,7 @@ from sfibench.runners.quality_ledger import QualityLedger
 from sfibench.workloads.base import PromptFormat, make_samples
 from sfibench.workloads.longbench import PREFIX, dataset_name, longbench_samples
 
-DEFAULT_METHODS = ("full_kv", "sfi", "streaming_llm", "snapkv")
+DEFAULT_METHODS = tuple(registry.names())
 DEFAULT_TASKS = ("niah_single", "niah_multiturn", "ppl")
 DEFAULT_CONTEXTS = ("2k",)
 DEFAULT_RETENTIONS = (0.15, 0.5)  # the paper: SFI matches Full-KV at 15-20%, eviction needs ~50%
@@ -55,8 +57,8 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
 
     `resume` continues a stopped run in `out` with the same settings: every record its results.json
     holds is kept, and only the missing ones run. `sfi_variant` changes SFI settings for an ablation
-    run (see quality_batch.apply_sfi_variant), e.g. {"use_nms": False}. `path` is the implementation
-    path every method runs on. `sfi_preset` (quality_batch.SFI_PRESETS, in place of `retentions`, one context)
+    run (see sfi/config.with_variant), e.g. {"use_nms": False}. `path` is the implementation
+    path every method runs on. `sfi_preset` (sfi/config.PRESETS, in place of `retentions`, one context)
     runs every method at the budget of the authors' operating point. Ctrl-C raises RunInterrupted once what
     is done is saved and rendered.
     """
@@ -85,8 +87,8 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
                   # what a report needs to say what a retention is over and what SFI ran with
                   "attention_layers": {"layers": model_cfg.num_layers, "global": len(model_cfg.global_layers),
                                        "sliding_window": model_cfg.sliding_window},
-                  "sfi_settings": [{"context": c, "retention": cond.retention, **sfi_settings(cond.spec)}
-                                   for c in contexts for cond in plan[c] if cond.method == "sfi"]}
+                  "sfi_settings": [{"context": c, "retention": cond.retention, **cond.spec.config.budget_facts()}
+                                   for c in contexts for cond in plan[c] if cond.method == registry.BUDGET_REFERENCE]}
         info = provenance()
         if earlier:
             check_resume(earlier["config"], {key: config[key] for key in SAME_ON_RESUME}, run_dir)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sfibench.config import BudgetError
+from sfibench.core.budget import BudgetError
 from sfibench.core.errors import UsageError
-from sfibench.methods import check_method
+from sfibench.registry import check_method
 from sfibench.models.presets import PRESETS
 from sfibench.options import parse_tokens
 from sfibench.runners.quality_batch import conditions

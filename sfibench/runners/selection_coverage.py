@@ -36,17 +36,19 @@ from pathlib import Path
 
 import torch
 
-from sfibench.config import MethodSpec
+from sfibench.baselines.full_kv import FullKVConfig
+from sfibench.engine.method import MethodSpec
 from sfibench.core.provenance import provenance
 from sfibench.engine.prefill import restore
 from sfibench.engine.session import Session
 from sfibench.engine.turns import Script, run_scripts
-from sfibench.methods import create_method
+from sfibench.registry import create_method
 from sfibench.metrics.quality import mean_ci
 from sfibench.reporting.formatting import commit_label
-from sfibench.runners.quality_batch import make_condition, preset_retention
+from sfibench.runners.quality_batch import make_condition
 from sfibench.runners.quality_inputs import parse_context
 from sfibench.sfi import geometry
+from sfibench.sfi.config import preset_retention
 from sfibench.sfi.selector import top_k_positions
 from sfibench.workloads.base import PromptFormat, make_samples
 
@@ -68,7 +70,7 @@ ROWS = [name for name, _ in SFI_VARIANTS] + [SNAPKV, RANDOM]
 def answer_attention(session: Session, prefilled, sample, stop: frozenset) -> tuple[dict, list[int]]:
     """Full-KV's greedy answer; per global layer, its G-pooled attention weights `[steps, H_kv, L_t]` (a list)."""
     cfg = session.loaded.config
-    method = create_method(MethodSpec(name="full_kv"), cfg, session.loaded.tokenizer)
+    method = create_method(MethodSpec("full_kv", "reference", FullKVConfig()), cfg, session.loaded.tokenizer)
     weights: dict[int, list[torch.Tensor]] = {layer: [] for layer in cfg.global_layers}
     attend = method.attend
 
@@ -104,7 +106,7 @@ def sfi_picks(session: Session, prefilled, spec: MethodSpec) -> dict[int, torch.
 def snapkv_picks(session: Session, prefilled, spec: MethodSpec, lo: int, hi: int, k: int) -> dict[int, torch.Tensor]:
     """SnapKV's pooled votes of its last `window` prompt queries, restricted to C, top K (SFI's tie rule)."""
     method = create_method(copy.deepcopy(spec), session.loaded.config, session.loaded.tokenizer)
-    prefix = int(prefilled.lengths[0]) - spec.snapkv.window
+    prefix = int(prefilled.lengths[0]) - spec.config.window
     return {layer: top_k_positions(method._votes(session.cache, prefilled, layer, 0, prefix)[:, lo:hi], k, lo)
             for layer in session.loaded.config.global_layers}
 
@@ -158,9 +160,9 @@ def run(model: str, tasks: list[str], context: int, retentions: list[float], nam
             length = int(prefilled.lengths[0])
             for retention, name in zip(retentions, names):
                 spec = make_condition("sfi", retention, context).spec
-                lo, hi = geometry.candidate_range(length, spec.sfi)
-                k = min(spec.sfi.k_head, hi - lo)
-                rows = {row: sfi_picks(session, prefilled, make_condition("sfi", retention, context, sfi_variant=v).spec)
+                lo, hi = geometry.candidate_range(length, spec.config)
+                k = min(spec.config.k_head, hi - lo)
+                rows = {row: sfi_picks(session, prefilled, make_condition("sfi", retention, context, variant=v).spec)
                         for row, v in SFI_VARIANTS}
                 rows[SNAPKV] = snapkv_picks(session, prefilled, make_condition("snapkv", retention, context).spec,
                                             lo, hi, k)

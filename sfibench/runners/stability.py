@@ -24,7 +24,8 @@ from rich.progress import (
 )
 
 from sfibench.baselines.full_kv import DensePlan
-from sfibench.config import MethodSpec, SamplingConfig, TriggerConfig
+from sfibench.engine.sampling import SamplingConfig
+from sfibench.sfi.config import TriggerConfig
 from sfibench.core.errors import RunInterrupted
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
@@ -32,7 +33,8 @@ from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import Prefilled
 from sfibench.engine.sampling import Sampler
 from sfibench.engine.session import Session
-from sfibench.methods import AttentionMethod, check_method
+from sfibench.engine.method import AttentionMethod
+from sfibench import registry
 from sfibench.metrics.stability import StabilityConfig, StabilityInputError, StabilityReducer, check_config
 from sfibench.models.presets import PRESETS
 from sfibench.options import read_text_file
@@ -110,7 +112,7 @@ def run_stability(cfg: StabilityConfig, out: Path | str | None = None, overwrite
     is one pass saved at its end, so Ctrl-C keeps nothing and says so (RunInterrupted).
     """
     check_config(cfg)
-    check_method("full_kv", cfg.path)
+    registry.check_method(registry.dense().name, cfg.path)
     text, source = load_text(cfg.text_file)
     # No tokenizer spends fewer than one byte per token (beyond a start token), so a text this short
     # is refused before the model loads; the exact count is checked once the tokenizer is there.
@@ -137,7 +139,7 @@ def _analyse(cfg: StabilityConfig, text: str, source: str, run_dir: Path, show_p
     began = time.perf_counter()
     prefilled = session.prefill([ids[:cfg.prefix]], cfg.steps)
     prefill_s = time.perf_counter() - began
-    probe = DenseProbe(MethodSpec(name="full_kv", path=cfg.path), mc, loaded.tokenizer)
+    probe = DenseProbe(None, mc, loaded.tokenizer)
     reducer = StabilityReducer(cfg, mc.num_layers, mc.num_kv_heads)
     stream, nll, decode_s = _decode(session, probe, reducer, cfg, ids, prefilled, show_progress)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from sfibench.config import SFIConfig
+from sfibench.sfi.config import SFIConfig
 from sfibench.core.budget import Budget
 from sfibench.engine.session import Session
-from sfibench.methods import available, check_method
+from sfibench.registry import available, check_method
 from sfibench.metrics.timing import measure_copy_bandwidth
 from sfibench.models import fused
 from sfibench.options import budget_record, check_context_limit

@@ -10,32 +10,25 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 
-from sfibench.config import MethodSpec, SFIConfig, SnapKVConfig, StreamingLLMConfig
+from sfibench import registry
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
+from sfibench.engine.method import MethodConfig, MethodSpec
 from sfibench.engine.prefill import Prefilled, prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
-from sfibench.methods import create_method
-from sfibench.metrics.bytes_model import (
-    kv_read_bytes,
-    refresh_bytes,
-    roofline_ratio,
-    sfi_candidates,
-    sfi_tokens_read,
-    step_bytes,
-)
+from sfibench.metrics.bytes_model import kv_read_bytes, roofline_ratio, step_bytes
 from sfibench.metrics.floor import weights_floor_seconds
 from sfibench.metrics.memory import MemoryEstimateError, check_fits, estimate_memory
 from sfibench.metrics.nvml import NvmlSampler, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer
-from sfibench.sfi.state import compact_rows
+from sfibench.optimized.decode_attention import tile_rows
 from sfibench.workloads.replay import load_replay, step_inputs, take_rows
 
 MAX_REDONE = 3  # timed passes run again because they had to capture a graph (measure)
@@ -54,39 +47,29 @@ class ThroughputConfig:
     prefill: str = "auto"  # real | synthetic | auto (synthetic from 16K tokens)
     graphs: bool = True
     length_bucket: int = 256
-    sfi: SFIConfig = field(default_factory=SFIConfig)
-    publish: list[str] = field(default_factory=lambda: ["next_step", "when_ready"])  # optimized SFI's modes
+    sfi: MethodConfig = field(default_factory=lambda: registry.default_config(registry.BUDGET_REFERENCE))
 
 
 def method_specs(cfg: ThroughputConfig, context: int) -> list[MethodSpec]:
-    """Every method at SFI's tokens read after a refresh: equal budgets, not nominal ratios.
-
-    The optimized SFI runs once per publish mode: synchronous (`next_step`, the Selector inside the
-    slow step) and asynchronous (`when_ready`, the Selector on a second stream)."""
-    budget = sfi_tokens_read(context, cfg.sfi)
+    """Every method at the budget reference's tokens read (SFI's right after a refresh): equal budgets, not
+    nominal ratios. `cfg.sfi` holds the budget reference's settings; every other method takes its own
+    settings at that budget. A method may time several variants on a path (the optimized SFI: its Selector
+    inside the slow step, and on a second stream)."""
+    budget = cfg.sfi.tokens_read(context)
     specs = []
     for name, path in cfg.methods:
-        modes = cfg.publish if (name, path) == ("sfi", "optimized") else ["next_step"]
-        specs += [MethodSpec(name=name, path=path, sfi=replace(cfg.sfi, publish=mode),
-                             streaming=StreamingLLMConfig(budget=budget),
-                             snapkv=SnapKVConfig(budget=max(budget, SnapKVConfig().window + 1)))
-                  for mode in modes]
+        own = cfg.sfi if name == registry.BUDGET_REFERENCE else registry.at_budget(name, path, budget).config
+        specs += [MethodSpec(name, path, variant) for variant in own.variants(path)]
     return specs
 
 
 def method_state_bytes(cfg: ThroughputConfig, dims, dtype_bytes: int) -> tuple[int, int]:
-    """(bytes per sequence and token, bytes per sequence) of the methods' own state, for the memory check.
-
-    The optimized SFI keeps a float32 evidence row per query head and slot, and two compact K/V buffers
-    (sinks + k_head rows, up to a whole tile: SelectionState._rebuild_compact)."""
-    if ("sfi", "optimized") not in cfg.methods:
-        return 0, 0
-    from sfibench.optimized.decode_attention import tile_rows  # Triton, which the optimized SFI needs anyway
-
-    evidence = dims.num_layers * dims.num_heads * 4
-    rows = compact_rows(cfg.sfi, tile_rows(dims.head_dim, dtype_bytes))
-    compact = 2 * dims.num_layers * dims.num_kv_heads * rows * dims.head_dim * 2 * dtype_bytes
-    return evidence, compact
+    """(bytes per sequence and token, bytes per sequence) of the largest method state the run allocates (one
+    method runs at a time), for the memory check; each method's MethodConfig.state_bytes counts its own."""
+    tile = tile_rows(dims.head_dim, dtype_bytes)
+    states = [spec.config.state_bytes(dims, spec.path, dtype_bytes, tile)
+              for spec in method_specs(cfg, max(cfg.contexts))]
+    return max(states, default=(0, 0), key=lambda state: state[0] * max(cfg.contexts) + state[1])
 
 
 def largest_batch(session: Session, cfg: ThroughputConfig, context: int) -> int:
@@ -147,7 +130,7 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
     """Decode `cfg.steps` teacher-forced steps per pass; one warm pass, then `cfg.repeats` timed ones.
     `inputs [cfg.steps + 1, B]`: step i's tokens are row i (replay.step_inputs)."""
     model, cache, device = session.loaded.model, session.cache, session.device
-    method = create_method(spec, session.loaded.config, tokenizer)
+    method = registry.create_method(spec, session.loaded.config, tokenizer)
     runner = StepDriver(model, cache, method, cfg.graphs, cfg.length_bucket)
     passes, kinds, read_sums, replays, refreshes = [], [], {}, 0, 0
     sampler = NvmlSampler(device.index or 0) if device.type == "cuda" else None
@@ -215,18 +198,15 @@ def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: 
                  for k, v in by_kind.items()}
     mean_read = sum(per_token[k] * len(v) for k, v in by_kind.items()) / len(kinds)
     slow_steps = len(by_kind.get("slow", []))
-    # one refresh per slow row (a slow step of a batch may refresh one row or several); under layer_groups = 2
-    # a refresh covers every other global layer
-    layers_refreshed = len(dims.global_layers) / (cfg.sfi.layer_groups if spec.name == "sfi" else 1)
-    refresh = refresh_bytes(dims, sfi_candidates(context, cfg.sfi), cfg.sfi.k_head, 1, session.cache_dtype_bytes,
-                            layers_refreshed=layers_refreshed, path=spec.path)
+    # one refresh per slow row (a slow step of a batch may refresh one row or several)
+    refresh = spec.config.refresh_bytes(dims, context, spec.path, session.cache_dtype_bytes)
     refresh *= facts["refreshes"] / len(kinds)
     nbytes = step_bytes(dims, mean_read, batch, session.cache_dtype_bytes, refresh)
     mean_step = statistics.fmean(step_seconds)
     tok_s = [batch * cfg.steps / t for t in totals]
     return {
         "method": spec.name, "path": spec.path, "context": context, "batch": batch,
-        "publish": spec.sfi.publish if spec.name == "sfi" else None,
+        **spec.config.row_facts(),
         "tokens_per_s": statistics.median(tok_s), "tokens_per_s_spread": spread(tok_s),
         "ms_per_step": {k: {q: v * 1e3 for q, v in percentiles(s).items() if q != "n"} | {"n": len(s)}
                         for k, s in by_kind.items()},
@@ -255,7 +235,7 @@ def add_comparisons(rows: list[dict], cfg: ThroughputConfig, dims, dtype_bytes: 
         if row.get("weights_floor"):  # SPEC 7: every step kind against weights floor + its K/V at copy bandwidth
             row["floor_ms"] = {kind: (row["weights_floor"]["seconds"] + kv_read_bytes(dims, read, row["batch"], dtype_bytes)
                                       / bandwidth) * 1e3 for kind, read in row["tokens_read_by_kind"].items()}
-        dense = [r for r in rows if r["method"] == "full_kv" and (r["context"], r["batch"]) == (row["context"], row["batch"])]
+        dense = [r for r in rows if r["method"] == registry.dense().name and (r["context"], r["batch"]) == (row["context"], row["batch"])]
         if not dense:
             continue
         best = max(dense, key=lambda r: r["tokens_per_s"])
@@ -263,7 +243,7 @@ def add_comparisons(rows: list[dict], cfg: ThroughputConfig, dims, dtype_bytes: 
         row["full_kv_reference_path"] = best["path"]
         row["speedup_supported"] = (row["tokens_read_mean"] <= 0.95 * best["tokens_read_mean"]
                                     and _separated(row["tokens_per_s_spread"], best["tokens_per_s_spread"]))
-        if row["method"] == "sfi":
+        if not registry.get(row["method"]).dense:
             w = best["bytes_per_step"]["weights"]
             kv_full = kv_read_bytes(dims, row["context"], 1, dtype_bytes)
             kv_sparse = kv_read_bytes(dims, row["tokens_read_by_kind"].get("fast", row["tokens_read_mean"]), 1, dtype_bytes)

@@ -15,9 +15,12 @@ accepts a Python int or an integer tensor (elementwise) for the lengths.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from sfibench.config import SFIConfig
+if TYPE_CHECKING:  # sfi/config.py imports this module for its budget rule
+    from sfibench.sfi.config import SFIConfig
 
 
 def recent_start(length, n_recent: int, page: int):

@@ -18,11 +18,12 @@ import torch
 from sfibench.core.labels import label
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
+from sfibench.engine.method import AttentionMethod, StepPlan
 from sfibench.engine.prefill import Prefilled
-from sfibench.methods import AttentionMethod, StepPlan
 from sfibench.sfi import geometry
+from sfibench.sfi.config import PUBLISH_POLICIES
 from sfibench.sfi.selector import select
-from sfibench.sfi.state import POLICIES, SelectionState
+from sfibench.sfi.state import SelectionState
 from sfibench.sfi.transfer import layer_index, pinned
 from sfibench.sfi.triggers import SlowStepScheduler, token_byte_table, token_classes
 
@@ -36,13 +37,12 @@ class SFIMethod(AttentionMethod):
     compact_align = 1  # ... whose rows it fills up to a multiple of this (SelectionState._rebuild_compact)
     select = staticmethod(select)  # the Selector; the optimized path swaps in its Triton version
 
-    def __init__(self, spec, model_config, tokenizer):
-        super().__init__(spec, model_config, tokenizer)
-        self.cfg = spec.sfi
+    def __init__(self, config, model_config, tokenizer):
+        super().__init__(config, model_config, tokenizer)
         if self.cfg.layer_groups not in (1, 2):
             raise ValueError(f"layer_groups must be 1 or 2, got {self.cfg.layer_groups}")
-        if self.cfg.publish not in POLICIES:
-            raise ValueError(f"unknown publish policy {self.cfg.publish!r}; valid: {', '.join(POLICIES)}")
+        if self.cfg.publish not in PUBLISH_POLICIES:
+            raise ValueError(f"unknown publish policy {self.cfg.publish!r}; valid: {', '.join(PUBLISH_POLICIES)}")
         self.token_bytes = token_byte_table(tokenizer.backend, model_config.vocab_size)
         self.is_ender, self.is_blank = token_classes(tokenizer.backend, model_config.vocab_size, self.token_bytes)
         self.sel: SelectionState | None = None

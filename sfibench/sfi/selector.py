@@ -23,20 +23,15 @@ A position that no evidence row may attend to gets f = 0, i.e. log f = -inf. Eve
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 
-from sfibench.config import SelectorConfig
 from sfibench.core.labels import label
+from sfibench.sfi.config import SelectorConfig
 
 NEG_INF = float("-inf")
 EVIDENCE_NORMS = ("candidates", "visible")  # what each evidence row's softmax is taken over (SelectorConfig)
-# Test hook for the regression gate (tests/test_check.py): when this environment variable holds a seed,
-# select() ignores the evidence and picks K candidates at random, a deliberately degraded Selector that
-# `sfibench check` must catch. Nothing in sfibench sets it.
-DEBUG_RANDOM_SELECTION_ENV = "SFIBENCH_DEBUG_RANDOM_SELECTION"
 
 
 def pool_evidence(logits: torch.Tensor, alpha: float, outside_lse: torch.Tensor | None = None) -> torch.Tensor:
@@ -231,8 +226,6 @@ def select(
     num_rows, num_positions = logits.shape[-2], logits.shape[-1]
     if num_positions == 0:
         return torch.empty(logits.shape[:-2] + (0,), dtype=torch.long, device=logits.device)
-    if DEBUG_RANDOM_SELECTION_ENV in os.environ:
-        return _debug_random_positions(logits.shape[:-2] + (num_positions,), k, lo, logits.device)
     # Each stage carries a label so `sfibench profile` can split the Selector's time.
     with label("sfibench.selector.pool"):
         log_s = pool_evidence(logits, cfg.alpha, outside_lse)
@@ -249,9 +242,3 @@ def select(
             log_s = cross_head_exclusivity(log_s, cfg.cross_temperature, cfg.cross_alpha, cfg.eps)
     with label("sfibench.selector.top_k"):  # the neighbour pool, when on, is counted with the top-K
         return top_k_positions(keep_neighbours(log_s, cfg.keep_neighbours), k, lo)
-
-
-def _debug_random_positions(shape: torch.Size, k: int, lo: int, device: torch.device) -> torch.Tensor:
-    """Seeded random candidates in place of the Selector's choice (see DEBUG_RANDOM_SELECTION_ENV)."""
-    generator = torch.Generator().manual_seed(int(os.environ[DEBUG_RANDOM_SELECTION_ENV]))
-    return top_k_positions(torch.rand(shape, generator=generator).to(device), k, lo)

@@ -10,7 +10,7 @@ into `live` on the main stream (inside the captured step), so every layer of a s
 consistent state, even while the refresh pipeline publishes from a side stream. `live = -1` means
 nothing was published yet: the row reads its whole history (the bridge before the bootstrap refresh).
 
-Policies (when a refresh becomes visible): `next_step`, the reference semantics, publishes before the
+Publish policies (when a refresh becomes visible): `next_step`, the reference semantics, publishes before the
 next step runs; `when_ready` lets the side stream publish whenever its work is done.
 """
 
@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from sfibench.config import SFIConfig
 from sfibench.sfi import geometry
+from sfibench.sfi.config import SFIConfig, compact_rows
 from sfibench.sfi.transfer import device_index
-
-POLICIES = ("next_step", "when_ready")
 
 
 class SelectionState:
@@ -123,12 +121,6 @@ class SelectionState:
         self.published_host[layers, row] = torch.tensor(buffers)
         for buffer, _, target in self._groups(layers, buffers, self.published.device):
             self.published[:, row].index_fill_(0, target, buffer)
-
-
-def compact_rows(cfg: SFIConfig, align: int) -> int:
-    """Rows of a compact buffer: sinks + k_head, rounded up to a multiple of `align` (_rebuild_compact
-    fills the last tile with the window's first rows)."""
-    return -(-(cfg.n_sink + cfg.k_head) // align) * align
 
 
 def gather_compact(k_cache: torch.Tensor, v_cache: torch.Tensor, compact_k: torch.Tensor,

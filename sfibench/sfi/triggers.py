@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from sfibench.config import TriggerConfig
+from sfibench.sfi.config import TriggerConfig
 
 ENDERS = (".", "?", "!", "。", "？", "！")
 POLICIES = ("punctuation_tmax", "fixed", "random", "bootstrap")

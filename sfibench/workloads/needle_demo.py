@@ -43,14 +43,14 @@ def needle_prompt(tokenizer: Tokenizer, target_tokens: int, seed: int, depth: fl
 def answers_at_retention(session, prompt: list[int], methods: list[str], retention: float,
                          max_new_tokens: int = 6) -> dict[str, tuple[str, float]]:
     """Prefill once, then each method's greedy answer and its measured mean retention (read / L)."""
-    from sfibench.config import MethodSpec, apply_budget
+    from sfibench import registry
 
     prefilled = session.prefill([prompt], max_new_tokens)
     out = {}
     for method in methods:
-        spec = MethodSpec(name=method)
-        apply_budget(spec, round(retention * len(prompt)))
-        trace, _ = session.decode(spec, prefilled, max_new_tokens)
+        spec = registry.at_budget(method, "reference", round(retention * len(prompt)))
+        trace, _ = session.decode(registry.create_method(spec, session.loaded.config, session.loaded.tokenizer),
+                                  prefilled, max_new_tokens)
         read = [float(r.tokens_read.float().mean()) / int(r.kv_lengths[0]) for r in trace.steps]
         out[method] = (session.loaded.tokenizer.decode(trace.sequence(0)), sum(read) / len(read))
     return out

@@ -1,0 +1,157 @@
+"""What a decoding method is to the engine: its step protocol, its settings and its budget rule.
+
+A method never owns the KV cache. After the prompt is prefilled it may look at the cache and at the
+last prompt queries (its bootstrap); then, at each decode step, it decides whether each sequence takes
+a slow step and returns the step's frozen plan (`plan`), which cached positions each query reads
+(`attend`, which also records the tokens read), what happens after the step (`after_step`, SFI's
+refresh), and it sees every emitted token (`observe`), which is how SFI's triggers work. The step
+driver in engine/driver.py calls these in that order, eagerly or as a CUDA-graph replay.
+
+Each method lives in one module that exports a `MethodDef`: its name, its settings dataclass (a
+`MethodConfig`, whose methods are the method's budget rule and bytes model) and a class per path.
+sfibench/registry.py lists them; everything else asks the registry, never a method by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The host-side facts one decode step's attention depends on: static sizes, and which kernels run.
+
+    Frozen and hashable because it *is* the CUDA-graph key: a captured step is replayed only for an
+    equal plan. Everything that changes from step to step without changing a size (lengths, which rows
+    are slow, the current selection) is device data the method keeps in its own tensors, so a batch
+    mixing slow and fast rows replays one graph. `graphable=False` asks the driver to run eagerly.
+    """
+
+    graphable: bool = True
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """A method's settings (SPEC's defaults), with its one budget rule and its bytes model.
+
+    The defaults here are a dense method's: it reads the whole context and keeps no state of its own.
+    """
+
+    def with_budget(self, budget: int) -> MethodConfig:
+        """These settings at `budget` tokens read per (layer, KV head); BudgetError where it cannot fit."""
+        return self
+
+    def tokens_read(self, context: int) -> int:
+        """Tokens a step reads per (layer, KV head) at `context` tokens (right after a refresh, if any)."""
+        return context
+
+    def state_bytes(self, model_config, path: str, dtype_bytes: int, tile_rows: int) -> tuple[int, int]:
+        """Device bytes of the method's own state: (per sequence and cached token, per sequence)."""
+        return 0, 0
+
+    def refresh_bytes(self, model_config, context: int, path: str, dtype_bytes: int) -> float:
+        """Traffic of one sequence's refresh beyond its dense read (0 for methods that never refresh)."""
+        return 0.0
+
+    def variants(self, path: str) -> list[MethodConfig]:
+        """The settings `sfibench throughput` times as separate rows on `path` (SFI: both publish modes)."""
+        return [self]
+
+    def row_facts(self) -> dict:
+        """Settings that tell a results row apart from another row of the same method and path."""
+        return {}
+
+    def with_variant(self, variant: dict | None) -> MethodConfig:
+        """These settings with an ablation's changes applied (settings of other methods are ignored)."""
+        return self
+
+    def budget_facts(self) -> dict:
+        """How the method spends its budget (sinks, picks, window, ...), for quality reports."""
+        return {}
+
+    def settings(self) -> dict:
+        """Every setting, as results.json records it."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """Which method runs, on which path, with which settings (None: the method's defaults)."""
+
+    name: str = "full_kv"
+    path: str = "reference"
+    config: Any = None
+
+
+@dataclass(frozen=True)
+class MethodDef:
+    """One method as the registry lists it."""
+
+    name: str
+    summary: str  # one line for --help, `sfibench models` and reports
+    config: type  # its MethodConfig subclass; instances with no arguments are SPEC's defaults
+    paths: dict  # path -> AttentionMethod subclass, or "module:Class" imported when first used
+    dense: bool = False  # reads every cached token each step: the reference every speedup is measured against
+
+    def path_class(self, path: str) -> type:
+        target = self.paths[path]
+        if isinstance(target, str):
+            module, _, name = target.partition(":")
+            target = getattr(importlib.import_module(module), name)
+        return target
+
+
+class AttentionMethod:
+    name = "abstract"
+    has_slow_steps = False  # True: each step is reported as "slow", "bridge" or "fast" per sequence
+    step_kind = "sparse"  # how steps are reported otherwise ("dense" for Full-KV)
+
+    def __init__(self, config: MethodConfig, model_config, tokenizer):
+        self.cfg = config
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+
+    def start(self, cache, prefilled) -> None:
+        """A new batch was prefilled (or restored from a snapshot): reset per-sequence state."""
+
+    def plan(self, ctx) -> StepPlan:
+        """Host side, before the step: decide each row's kind (`ctx.slow`), fill the method's device
+        inputs for this step in place, and return the step's plan."""
+        return StepPlan()
+
+    def begin_step(self, ctx, plan: StepPlan) -> None:
+        """Device side, once per step before the first layer (captured with the step): derive the
+        step's device tensors from `ctx.kv_lengths` and the method's state."""
+
+    def attend(self, q: torch.Tensor, cache, ctx, plan: StepPlan) -> torch.Tensor:
+        """Decode attention for layer `ctx.layer`; `ctx.tokens_read[ctx.layer]` must hold the tokens read
+        once the step is done (here or in `begin_step`). Reads no host state outside `plan`."""
+        raise NotImplementedError
+
+    def after_step(self, ctx, plan: StepPlan) -> None:
+        """Host side, after the step was launched: where a slow step hands its evidence to the refresh."""
+
+    def observe(self, tokens: torch.Tensor) -> None:
+        """The tokens `[B]` emitted by the step just run."""
+
+    def state(self, name: str, shape: tuple, dtype: torch.dtype, device, fill=0) -> torch.Tensor:
+        """A per-batch state tensor set to `fill`, reused in place when the shape allows.
+
+        A captured CUDA graph keeps reading the tensors it saw at capture, so state must be reset in
+        place between runs rather than replaced by a new allocation.
+        """
+        tensor = getattr(self, name, None)
+        if tensor is None or tensor.shape != torch.Size(shape) or tensor.dtype != dtype or tensor.device != device:
+            tensor = torch.empty(shape, dtype=dtype, device=device)
+            setattr(self, name, tensor)
+        return tensor.fill_(fill)
+
+    def summary(self) -> dict:
+        """Method-specific facts for reports (e.g. SFI's realised mean interval between slow steps)."""
+        return {}
