@@ -37,13 +37,14 @@ def check(
                                             "baseline's recorded commands into a temporary folder)"),
     update: bool = typer.Option(False, "--update", help="make the current runs the new baseline (needs --reason)"),
     reason: str = typer.Option(None, help="--update: why the numbers change; recorded with the date"),
+    wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
 ):
     """Regression gate: compare current runs with a baseline metric by metric; exit 1 on any regression."""
     from sfibench.reporting.check import RerunError, run_check
 
     with user_errors():
         try:
-            status = run_check(baseline, current, update, reason, console)
+            status = run_check(baseline, current, update, reason, console, wide)
         except RerunError as error:
             print_error(error)
             raise typer.Exit(code=error.code) from None
