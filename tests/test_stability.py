@@ -16,13 +16,15 @@ import torch
 from typer.testing import CliRunner
 
 from sfibench.cli import app
-from sfibench.config import MethodSpec, SamplingConfig, SelectorConfig, SFIConfig
+from sfibench.engine.method import MethodSpec
+from sfibench.engine.sampling import SamplingConfig
+from sfibench.sfi.config import SelectorConfig, SFIConfig
 from sfibench.core.errors import UsageError
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
 from sfibench.engine.prefill import prefill
 from sfibench.engine.sampling import Sampler
-from sfibench.methods import create_method
+from sfibench.registry import create_method
 from sfibench.metrics.stability import (
     StabilityConfig,
     StabilityInputError,
@@ -106,7 +108,7 @@ def test_recall_of_a_known_selection_is_exact():
     reducer = StabilityReducer(cfg, LAYERS, HEADS)
     picks, t0_length = [6, 15, 27], 48
     reducer.update(peaked_logits(t0_length, picks, height=30.0), torch.ones(LAYERS, HEADS, t0_length), True)
-    assert reducer.start["selected"][0, 0].nonzero().flatten().tolist() == picks
+    assert reducer.memories[0].start["selected"][0, 0].nonzero().flatten().tolist() == picks
 
     # The next step (offset 1), with 5 more tokens so the recent window has moved past t0's anchor.
     # Its weights are w_j = exp(logit_j) / Z: e^2 at the `heavy` positions, 1 elsewhere.

@@ -14,7 +14,7 @@ import torch
 
 from sfibench.baselines.tail_segment import TwoSegmentPath
 from sfibench.core.budget import BudgetError
-from sfibench.engine.method import AttentionMethod, MethodConfig, MethodDef
+from sfibench.engine.method import AttentionMethod, AttentionView, MethodConfig, MethodDef, RecallMemory
 from sfibench.optimized.triton_device import require_triton_device
 from sfibench.reference.sparse_memory import attend_fixed_plus_tail
 
@@ -34,6 +34,26 @@ class StreamingLLMConfig(MethodConfig):
 
     def tokens_read(self, context: int) -> int:
         return min(self.budget, context)
+
+    def recall_memory(self, selection_budget) -> RecallMemory:
+        return StreamingRecall(self)
+
+
+class StreamingRecall(RecallMemory):
+    """Sinks + the most recent tokens, as many in all as the budget reference's memory reads."""
+
+    names = ("streaming",)
+
+    def __init__(self, cfg: StreamingLLMConfig):
+        self.cfg = cfg
+
+    def masks(self, view: AttentionView) -> dict[str, torch.Tensor] | None:
+        if view.budget is None:
+            return None
+        length = view.logits.shape[-1]
+        positions = torch.arange(length, device=view.logits.device)
+        window = view.budget - self.cfg.n_sink
+        return {"streaming": (positions < self.cfg.n_sink) | (positions >= length - window)}
 
 
 class StreamingLLM(AttentionMethod):

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 
-
 @dataclass(frozen=True)
 class StepPlan:
     """The host-side facts one decode step's attention depends on: static sizes, and which kernels run.
@@ -78,6 +77,38 @@ class MethodConfig:
     def settings(self) -> dict:
         """Every setting, as results.json records it."""
         return dataclasses.asdict(self)
+
+    def recall_memory(self, selection_budget) -> RecallMemory | None:
+        """What this method's steps read, for `sfibench stability`'s recall comparison; None: nothing to
+        compare (a dense method reads everything; a method whose choice needs more than the analysis sees).
+        `selection_budget` is the analysis's `--k-head` (a core.budget.Budget) for methods that select."""
+        return None
+
+
+@dataclass
+class AttentionView:
+    """One decode step of one sequence as `sfibench stability` sees it.
+
+    `logits [layers, H_kv, G, L]` are the dense attention logits of every query head, `key_norms
+    [layers, H_kv, L]` the cached key norms, `sentence_start` whether the step opens a sentence, and
+    `budget [layers, H_kv, 1]` the tokens the budget reference's memory reads at this step, which every
+    other method is matched to (None while the reference has nothing to compare).
+    """
+
+    logits: torch.Tensor
+    key_norms: torch.Tensor
+    sentence_start: bool
+    budget: torch.Tensor | None = None
+
+
+class RecallMemory:
+    """The positions a method's step would read, as bool masks `[layers, H_kv, L]` named for reports."""
+
+    names: tuple[str, ...] = ()
+
+    def masks(self, view: AttentionView) -> dict[str, torch.Tensor] | None:
+        """This step's memories by name, or None when the step has nothing to compare."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)

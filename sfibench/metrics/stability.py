@@ -11,9 +11,9 @@ the group's attention each position gets), and reduces it to running sums:
   a new sentence (a boundary lies between the two steps) or not. The min denominator is |S|/k of SPEC
   when k is unchanged, and keeps a constant ranking at overlap 1 while k = topk_frac * L grows by one;
 - drift: the same overlap against the support at the sentence's first step t0, by offset t - t0;
-- recall: the share of step t's attention mass that a fast step's memory would read, for the memory
-  selected by the real SFI Selector at t0 (stale), one selected at t (fresh), and StreamingLLM's sinks
-  plus most recent tokens with as many tokens as the stale memory.
+- recall: the share of step t's attention mass that each method's memory reads (MethodConfig.recall_memory,
+  every registered method that has one): SFI's, selected by its real Selector at t0 (stale) and at t
+  (fresh), and the others' at as many tokens as the stale memory (StreamingLLM: sinks + recent tokens).
 
 Only the previous step's supports and the sentence start's supports and selection are kept (boolean
 masks per (layer, KV head)); everything else is sums, counts and fixed histograms, so memory does not
@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sfibench.core.budget import parse_budget
+from sfibench import registry
+from sfibench.core.budget import Budget, parse_budget
+from sfibench.engine.method import AttentionView, RecallMemory
 from sfibench.sfi.config import SFIConfig
 from sfibench.sfi.geometry import recent_start
-from sfibench.sfi.selector import select
 
 HIST_BINS = 20  # overlap histograms over [0, 1]
 
@@ -119,22 +120,13 @@ def set_overlap(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return inter / smaller.clamp_min(1), inter / union.clamp_min(1)
 
 
-def selection_mask(logits: torch.Tensor, key_norms: torch.Tensor, lo: int, hi: int, k: int,
-                   sfi: SFIConfig) -> torch.Tensor:
-    """What the real SFI Selector keeps from this step's evidence, as a bool mask `[..., H, L]`.
-
-    Evidence is exactly a decode slow step's: the raw logits of the G query heads (R = G rows, W = 1)
-    over C = [lo, hi), with the cached key norms for the prior.
-    """
-    picks = select(logits[..., lo:hi], key_norms[..., lo:hi], lo, k, sfi.selector)
-    mask = torch.zeros(logits.shape[:-2] + (logits.shape[-1],), dtype=torch.bool, device=logits.device)
-    return mask.scatter_(-1, picks, True)
-
-
-def memory_mask(fixed: torch.Tensor, n_sink: int, window_start: int) -> torch.Tensor:
-    """sinks ∪ fixed ∪ [window_start, L): the positions a fast step reads (SPEC 2)."""
-    positions = torch.arange(fixed.shape[-1], device=fixed.device)
-    return fixed | (positions < n_sink) | (positions >= window_start)
+def recall_memories(cfg: StabilityConfig) -> list[RecallMemory]:
+    """The memories compared, the budget reference's first (its settings are `cfg.sfi`): every registered
+    method that has one, each at the reference's tokens read."""
+    selection = cfg.k_head if isinstance(cfg.k_head, Budget) else Budget.parse(cfg.k_head, "--k-head")
+    others = [registry.default_config(name).recall_memory(selection) for name in registry.names()
+              if name != registry.BUDGET_REFERENCE]
+    return [cfg.sfi.recall_memory(selection), *(memory for memory in others if memory is not None)]
 
 
 class Mean:
@@ -171,7 +163,6 @@ def _grow(mask: torch.Tensor, length: int) -> torch.Tensor:
 
 KINDS = ("topk", "mass")  # the two support definitions
 SIDES = ("within", "across")  # step t continues the sentence of t-1, or opens a new one
-MEMORIES = ("stale", "fresh", "streaming")
 
 
 class StabilityReducer:
@@ -179,21 +170,23 @@ class StabilityReducer:
 
     def __init__(self, cfg: StabilityConfig, num_layers: int, num_kv_heads: int):
         self.cfg = cfg
+        self.memories = recall_memories(cfg)
+        names = [name for memory in self.memories for name in memory.names]
         shape = (num_layers, num_kv_heads)
         bins = cfg.max_offset + 1  # index = offset t - t0; 0 (the start itself) stays empty
         self.step = 0
         self.prev: dict | None = None  # supports of the previous step
-        self.start: dict | None = None  # supports, selection and window anchor at the sentence start
+        self.start: dict | None = None  # the step and supports at the sentence start
         self.sentence_starts: list[int] = []
         self.consecutive = {(kind, side, metric): Mean(*shape)
                             for kind in KINDS for side in SIDES for metric in ("overlap", "jaccard")}
         self.hist = {key: torch.zeros(HIST_BINS, dtype=torch.float64) for key in self.consecutive}
         self.drift = {kind: Mean(bins) for kind in KINDS}
         self.layer_overlap = {side: Mean(num_layers) for side in SIDES}  # top-k, one sample per step pair
-        self.recall = {name: Mean(*shape) for name in MEMORIES}
-        self.recall_by_offset = {name: Mean(bins) for name in MEMORIES}
-        self.captured = {name: Mean(*shape) for name in MEMORIES}  # mass read inside C
-        self.tokens_read = {name: Mean() for name in MEMORIES}
+        self.recall = {name: Mean(*shape) for name in names}
+        self.recall_by_offset = {name: Mean(bins) for name in names}
+        self.captured = {name: Mean(*shape) for name in names}  # mass read inside C
+        self.tokens_read = {name: Mean() for name in names}
         self.candidate_mass = Mean(*shape)
         self.chance_overlap = Mean()  # k / |C|: expected overlap of two unrelated top-k sets, for scale
 
@@ -203,7 +196,7 @@ class StabilityReducer:
         `sentence_start`: this step's input token opens a new sentence (SPEC 3), so a boundary lies
         between this step and the previous one, and this step is t0 of the new sentence.
         """
-        cfg, sfi = self.cfg, self.cfg.sfi
+        cfg, sfi = self.cfg, self.cfg.sfi  # the candidate range C is SFI's (SPEC 8)
         self.step += 1
         length = logits.shape[-1]
         pooled = pooled_attention(logits)
@@ -222,31 +215,29 @@ class StabilityReducer:
                     self.hist[kind, side, metric] += torch.histc(values.double().cpu(), HIST_BINS, 0, 1)
                 if kind == "topk":
                     self.layer_overlap[side].add(overlap.mean(dim=-1))
+        view = AttentionView(logits, key_norms, sentence_start)
+        memories = self.memories[0].masks(view)  # the budget reference's: the others read as many tokens
+        if memories is not None:
+            view.budget = next(iter(memories.values())).sum(dim=-1, keepdim=True)
+            for memory in self.memories[1:]:
+                memories.update(memory.masks(view) or {})
         if sentence_start:
-            k_sel = parse_budget(cfg.k_head, length, "--k-head", at_most_context=False)
-            self.start = {"step": self.step, "supports": current, "anchor": hi, "k": k_sel,
-                          "selected": selection_mask(logits, key_norms, lo, hi, k_sel, sfi)}
+            self.start = {"step": self.step, "supports": current}
             self.sentence_starts.append(self.step)
         elif self.start is not None:  # steps before the first boundary belong to no observed sentence
-            self._within_sentence(logits, key_norms, pooled, current, lo, hi)
+            self._within_sentence(pooled, current, lo, hi, memories or {})
         self.prev = current
 
-    def _within_sentence(self, logits, key_norms, pooled, current: dict, lo: int, hi: int) -> None:
-        sfi, start = self.cfg.sfi, self.start
-        length = pooled.shape[-1]
+    def _within_sentence(self, pooled, current: dict, lo: int, hi: int, memories: dict) -> None:
+        start, length = self.start, pooled.shape[-1]
         offset = min(self.step - start["step"], self.cfg.max_offset)
         for kind, support in current.items():
             overlap, _ = set_overlap(support, _grow(start["supports"][kind], length))
             self.drift[kind].add(overlap.mean(), offset)
-        # Stale: what fast steps after a refresh at t0 read; the window stays anchored at t0's start.
-        stale = memory_mask(_grow(start["selected"], length), sfi.n_sink, min(start["anchor"], hi))
-        fresh = memory_mask(selection_mask(logits, key_norms, lo, hi, start["k"], sfi), sfi.n_sink, hi)
         positions = torch.arange(length, device=pooled.device)
-        recent_share = stale.sum(dim=-1, keepdim=True) - sfi.n_sink  # budget-matched to the stale memory
-        streaming = (positions < sfi.n_sink) | (positions >= length - recent_share)
         candidates = (positions >= lo) & (positions < hi)
         self.candidate_mass.add((pooled * candidates).sum(dim=-1))
-        for name, memory in (("stale", stale), ("fresh", fresh), ("streaming", streaming)):
+        for name, memory in memories.items():
             recall = (pooled * memory).sum(dim=-1)
             self.recall[name].add(recall)
             self.recall_by_offset[name].add(recall.mean(), offset)
@@ -276,7 +267,7 @@ class StabilityReducer:
             "candidate_per_layer_head": (self.captured[name].total / candidate_mass.clamp_min(1e-30)).tolist(),
             "by_offset": self.recall_by_offset[name].mean()[1:].tolist(),
             "by_offset_ci95": self.recall_by_offset[name].ci95()[1:].tolist(),  # over sentences
-        } for name in MEMORIES}
+        } for name in self.recall}
         starts = torch.tensor(self.sentence_starts, dtype=torch.float64)
         return {
             "steps": self.step,

@@ -115,6 +115,11 @@ class SFIConfig(MethodConfig):
     def row_facts(self) -> dict:
         return {"publish": self.publish}
 
+    def recall_memory(self, selection_budget):
+        from sfibench.sfi.recall import SFIRecall  # the Selector (recall.py imports it) imports this module
+
+        return SFIRecall(self, selection_budget)
+
     def with_variant(self, variant: dict | None) -> SFIConfig:
         return with_variant(self, variant)
 
