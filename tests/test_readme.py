@@ -1,8 +1,10 @@
-"""README's claims, checked where a test can: its command list, the needle demo's methods, which
-commands run with no arguments, and that README, docs/ and --help point only inside the repository."""
+"""README's and docs/' claims, checked where a test can: the command list, the needle demo's methods, which
+commands run with no arguments, that every link resolves inside the repository, that every committed run
+is cited, that the generated results blocks are current, and that no page tells development history."""
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from pathlib import Path
 
@@ -16,12 +18,15 @@ from sfibench.workloads.needle_demo import DEMO_METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+FINDINGS = (ROOT / "docs" / "findings.md").read_text(encoding="utf-8")
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BASELINES = {"ci", "ci-h200"}  # the regression gate's baselines: kept whether or not a page cites them
 COMMANDS = sorted(get_command(app).commands)
 NAMES = {"full_kv": "Full-KV", "sfi": "SFI", "streaming_llm": "StreamingLLM", "snapkv": "SnapKV"}
 
 
-def section(title: str) -> str:
-    return README.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+def section(title: str, text: str = README) -> str:
+    return text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
 def test_the_command_list_is_the_clis():
@@ -30,7 +35,7 @@ def test_the_command_list_is_the_clis():
 
 
 def test_the_needle_demo_runs_the_methods_readme_names():
-    demo = section("SFI sees a needle that StreamingLLM evicted")
+    demo = section("SFI sees a needle that StreamingLLM evicted", FINDINGS)
     printed = re.findall(r"^ +(\w+)  retention", demo, flags=re.MULTILINE)
     assert printed == list(DEMO_METHODS)
     named = " and ".join([", ".join(NAMES[m] for m in DEMO_METHODS[:-1]), NAMES[DEMO_METHODS[-1]]])
@@ -56,32 +61,93 @@ def test_the_no_argument_sentence_names_real_commands():
     assert set(no_argument_commands()) <= set(COMMANDS)
 
 
-def test_readme_docs_and_help_point_only_inside_the_repository():
+def test_readme_docs_and_help_name_no_contract_document():
     helps = [CliRunner().invoke(app, [*command, "--help"]).output for command in [[], *([c] for c in COMMANDS)]]
-    docs = [path.read_text(encoding="utf-8") for path in (ROOT / "docs").glob("*.md")]
-    for text in [README, *docs, *helps]:
-        assert "SPEC.md" not in text and "DESIGN.md" not in text and "../" not in text
-    for page, text in [(ROOT / "README.md", README), *zip((ROOT / "docs").glob("*.md"), docs)]:
-        for target in re.findall(r"\]\(([^)#]+)\)", text):
-            if not target.startswith("http"):
-                assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+    for text in [*(page.read_text(encoding="utf-8") for page in PAGES), *helps]:
+        assert "SPEC.md" not in text and "DESIGN.md" not in text
 
 
-def test_readme_results_blocks_are_what_the_committed_reports_generate():
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_every_relative_link_resolves_to_a_file_inside_the_repository(page):
+    for target in re.findall(r"\]\(([^)#\s]+)[^)]*\)", page.read_text(encoding="utf-8")):
+        if target.startswith(("http://", "https://", "mailto:")):
+            continue
+        resolved = (page.parent / target).resolve()
+        assert resolved.is_relative_to(ROOT), f"{page.name} links outside the repository: {target}"
+        assert resolved.exists(), f"{page.name} links to missing {target}"
+
+
+def test_every_committed_run_is_cited_by_readme_docs_or_the_reports_index():
+    cited = "\n".join(page.read_text(encoding="utf-8") for page in [*PAGES, ROOT / "reports" / "README.md"])
+    patterns = set(re.findall(r"[\w.-]+-\*", cited))  # `quality-smollm2-ablation-*/` cites a family
+    for entry in (ROOT / "reports").iterdir():
+        if entry.name in BASELINES | {"README.md"}:
+            continue
+        assert entry.name in cited or any(fnmatch.fnmatch(entry.name, p) for p in patterns), \
+            f"reports/{entry.name} is cited by no page: cite it, or git rm -r it (git history keeps it)"
+
+
+def test_no_page_report_or_benchmark_tells_development_history():
+    roots = [ROOT / "README.md", ROOT / "docs", ROOT / "reports", ROOT / "benchmarks"]
+    files = [f for r in roots for f in ([r] if r.is_file() else r.rglob("*")) if f.is_file()]
+    session = re.compile(r"session ?[0-9]+", re.IGNORECASE)
+    for file in files:
+        relative = file.relative_to(ROOT)
+        if relative.parts[:2] in {("reports", name) for name in BASELINES} or file.suffix == ".png":
+            continue
+        assert not session.search(file.name), f"{relative}: a file named after a development session"
+        match = session.search(file.read_text(encoding="utf-8", errors="ignore"))
+        assert match is None, f"{relative} names a development session ({match.group(0)!r}); say it as a fact with its commit"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.relative_to(ROOT).as_posix())
+def test_results_blocks_are_what_the_committed_reports_generate(page):
+    from sfibench.reporting.readme_results import regenerate
+
+    current, fresh = regenerate(page, ROOT / "reports")
+    assert fresh == current, f"{page.name}'s results blocks are stale: run python -m sfibench.reporting.readme_results"
+
+
+def test_readme_shows_the_headline_findings_as_generated_blocks():
+    assert re.search(r"<!-- results:begin \w* ?throughput-qwen3-4b-h200 -->", README)
+    assert re.search(r"<!-- results:begin [^>]*quality-gemma3-[^>]*-->", README)
+    assert re.search(r"<!-- results:begin [^>]*stability-smollm2[^>]*-->", README)
+    assert len(README.splitlines()) <= 250
+
+
+def test_every_results_run_shows_its_conditions_and_in_the_full_view_its_plot():
+    runs = 0
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for view, block in re.findall(r"<!-- results:begin (\w+ )?[^>]*-->\n(.*?)<!-- results:end -->", text, re.DOTALL):
+            for run in re.split(r"\n(?=\*\*\[)", block.strip()):
+                runs += 1
+                assert re.match(r"\*\*\[[\w.-]+\]\((\.\./)?reports/[\w.-]+/report\.md\)\*\*: ", run), run[:80]
+                has_plot = re.search(r"!\[[^\]]*\]\((\.\./)?reports/[\w.-]+/\w+\.png\)", run)
+                assert bool(has_plot) == (view.strip() in ("", "full")), f"plot or not, by view, in {run[:80]}"
+    assert runs >= 8
+
+
+def test_views_of_a_throughput_run():
     from sfibench.reporting.readme_results import generate
 
-    assert README.count("<!-- results:begin ") >= 5
-    assert generate(README, ROOT / "reports") == README, \
-        "README.md's results blocks are stale: run python -m sfibench.reporting.readme_results"
+    def block(view: str) -> str:
+        return generate(f"<!-- results:begin {view} throughput-qwen3-0.6b-h200 -->\n<!-- results:end -->\n",
+                        ROOT / "reports")
+
+    full, compact, floors = block("full"), block("compact"), block("floors")
+    assert "| sfi | reference |" in full and "![throughput]" in full
+    assert "| sfi | reference |" not in compact and "![throughput]" not in compact
+    assert "| sfi sync | optimized |" in compact and "roofline speedup" in compact
+    cells = re.findall(r"\| (\d+\.\d{3}) \((\d+\.\d\d)x\)", floors)
+    assert cells and all(float(ratio) > 0.5 for _, ratio in cells)
 
 
-def test_every_readme_results_run_shows_its_plot_and_conditions():
-    blocks = re.findall(r"<!-- results:begin [^>]*-->\n(.*?)<!-- results:end -->", README, flags=re.DOTALL)
-    runs = [run for block in blocks for run in re.split(r"\n(?=\*\*\[)", block.strip())]
-    assert len(runs) >= 8
-    for run in runs:
-        assert re.match(r"\*\*\[[\w.-]+\]\(reports/[\w.-]+/report\.md\)\*\*: ", run), run[:80]
-        assert re.search(r"!\[[^\]]*\]\(reports/[\w.-]+/\w+\.png\)", run), f"no plot in {run[:80]}"
+def test_the_floors_view_refuses_a_run_that_is_not_a_throughput_run():
+    from sfibench.reporting.readme_results import generate
+
+    with pytest.raises(ValueError, match="floors"):
+        generate("<!-- results:begin floors stability-smollm2 -->\n<!-- results:end -->\n", ROOT / "reports")
 
 
 def test_readme_results_refuse_a_missing_or_garbled_results_json(tmp_path):

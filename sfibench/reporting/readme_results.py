@@ -1,26 +1,29 @@
-"""README.md's results, generated from the committed reports so they can never drift from them.
+"""The results tables of README.md and docs/*.md, generated from the committed reports so they can never
+drift from them.
 
-README.md marks each generated block with two comments; the first names the report folders to show:
+A page marks each generated block with two comments; the first names the report folders to show,
+optionally after a view (`full`, the default; `compact`; `floors`: readme_tables.VIEWS):
 
-    <!-- results:begin throughput-qwen3-4b-h200 throughput-qwen3-0.6b-h200 -->
-    (generated: each run's conditions, a link to its folder, its table and plot)
+    <!-- results:begin compact throughput-qwen3-4b-h200 throughput-qwen3-0.6b-h200 -->
+    (generated: each run's conditions, a link to its folder, its table, and in the full view its plot)
     <!-- results:end -->
 
-Only the text between the markers is rewritten; everything else in the README is prose written by
+Only the text between the markers is rewritten; everything else on the page is prose written by
 hand. Regenerate after committing new reports (any folder under reports/ may be named):
 
-    python -m sfibench.reporting.readme_results            # rewrite README.md
-    python -m sfibench.reporting.readme_results --check    # exit 1 if README.md is out of date
+    python -m sfibench.reporting.readme_results            # rewrite README.md and docs/*.md
+    python -m sfibench.reporting.readme_results --check    # exit 1 if a page is out of date
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
 
 from sfibench.core.errors import UsageError
-from sfibench.reporting.readme_tables import run_block
+from sfibench.reporting.readme_tables import VIEWS, run_block
 from sfibench.reporting.results import (
     RESULTS_FILENAME,
     InvalidResultsError,
@@ -45,11 +48,12 @@ def generate(readme: str, reports: Path, link_root: str = "reports") -> str:
     pieces, last = [], 0
     for block in blocks:
         names = block["names"].split()
+        view = names.pop(0) if names and names[0] in VIEWS else "full"
         if not names:
             raise ReadmeResultsError("a results:begin marker names no report folder; list them after "
                                      "`results:begin`, e.g. `<!-- results:begin stability-smollm2 -->`")
         body = [line for name in names for line in run_block(reports / name, f"{link_root}/{name}",
-                                                             _load(reports / name))]
+                                                             _load(reports / name), view)]
         pieces += [readme[last:block.start("body")], "\n".join(body)]
         last = block.end("body")
     return "".join(pieces) + readme[last:]
@@ -65,28 +69,43 @@ def _load(folder: Path) -> dict:
         raise ReadmeResultsError(f"README.md shows {folder.name}, but {error}") from None
 
 
+def pages(root: Path) -> list[Path]:
+    """The pages whose results blocks are generated: README.md and every docs/*.md."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def regenerate(page: Path, reports: Path) -> tuple[str, str]:
+    """`page`'s text now and with its blocks regenerated, links written relative to the page."""
+    current = page.read_text(encoding="utf-8")
+    link_root = Path(os.path.relpath(reports, page.parent)).as_posix()
+    return current, generate(current, reports, link_root)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite README.md in the current directory (a checkout's root), or with --check only compare."""
+    """Rewrite the pages of the current directory (a checkout's root), or with --check only compare."""
     args = sys.argv[1:] if argv is None else argv
     if set(args) - {"--check"}:
         print("usage: python -m sfibench.reporting.readme_results [--check]", file=sys.stderr)
         return 2
-    readme = Path("README.md")
-    try:
-        current = readme.read_text(encoding="utf-8")
-        fresh = generate(current, Path("reports"))
-    except (OSError, UsageError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    if "--check" in args:
-        if fresh != current:
-            print("README.md's results blocks differ from reports/; run python -m sfibench.reporting.readme_results",
-                  file=sys.stderr)
-            return 1
-        return 0
-    if fresh != current:
-        write_text_atomically(readme, fresh)
-    print(f"README.md: {len(BLOCK.findall(fresh))} results blocks {'rewritten' if fresh != current else 'up to date'}")
+    stale = []
+    for page in pages(Path(".")):
+        try:
+            current, fresh = regenerate(page, Path("reports"))
+        except (OSError, UsageError) as error:
+            print(f"error: {page}: {error}", file=sys.stderr)
+            return 2
+        if fresh == current:
+            continue
+        stale.append(page)
+        if "--check" not in args:
+            write_text_atomically(page, fresh)
+            print(f"{page}: {len(BLOCK.findall(fresh))} results blocks rewritten")
+    if "--check" in args and stale:
+        print(f"{', '.join(map(str, stale))}: results blocks differ from reports/; "
+              "run python -m sfibench.reporting.readme_results", file=sys.stderr)
+        return 1
+    if not stale:
+        print("README.md and docs/: every results block up to date")
     return 0
 
 

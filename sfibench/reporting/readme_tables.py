@@ -1,8 +1,10 @@
-"""Markdown for the README's results blocks: one committed run each, its conditions, a link, its main plot
-and its table.
+"""Markdown for the results blocks of README.md and docs/: one committed run each, its conditions, a link,
+its main plot and its table.
 
-Only the run's results.json is read, so the README says exactly what the committed reports hold; the
-prose around the blocks interprets the numbers and is written by hand.
+Only the run's results.json is read, so the pages say exactly what the committed reports hold; the
+prose around the blocks interprets the numbers and is written by hand. A block may name a view first:
+`full` (the default: plot and whole table), `compact` (no plot; a throughput run shows its optimized
+rows only) or `floors` (a throughput run's graphed steps against their floors).
 """
 
 from __future__ import annotations
@@ -14,28 +16,42 @@ from sfibench.reporting.plot_style import context_label
 from sfibench.reporting.run_metrics import device_identity
 from sfibench.reporting.throughput_report import dense_kernel_verdicts, method_label
 
+VIEWS = ("full", "compact", "floors")
 
-def run_block(folder: Path, link: str, document: dict) -> list[str]:
-    """The lines for one run: a heading line with its conditions, then the command's table."""
+
+def run_block(folder: Path, link: str, document: dict, view: str = "full") -> list[str]:
+    """The lines for one run: a heading line with its conditions, then the command's table in `view`."""
     command = document["command"]
     if command not in TABLES:
-        raise ValueError(f"{folder} holds a `{command}` run; a README results block shows "
-                         f"{', '.join(TABLES)} runs")
-    conditions, table = TABLES[command](link, document)
+        raise ValueError(f"{folder} holds a `{command}` run; a results block shows {', '.join(TABLES)} runs")
+    if view == "floors" and command != "throughput":
+        raise ValueError(f"{folder} holds a `{command}` run; the `floors` view is for throughput runs")
+    conditions, table = TABLES[command](link, document, view)
+    if view != "full":  # the plot is one click away, in report.md
+        table = [line for line in table if not line.startswith("![")]
+        table = table[1:] if table and table[0] == "" else table
     prov = document["provenance"]
     where = (f"{device_identity(prov)}, commit {commit_label(prov)}, "
              f"{str(prov.get('timestamp_utc'))[:10]}")
     return [f"**[{folder.name}]({link}/report.md)**: {conditions}; {where}.", "", *table, ""]
 
 
-def _throughput(link: str, document: dict) -> tuple[str, list[str]]:
+def _throughput(link: str, document: dict, view: str) -> tuple[str, list[str]]:
     cfg, results = document["config"], document["results"]
     rows = results["rows"]
+    if view != "full" and any(r["path"] == "optimized" for r in rows):
+        rows = [r for r in rows if r["path"] == "optimized"]
     shapes = sorted({(r["batch"], r["context"]) for r in rows})
     series = list(dict.fromkeys((method_label(r), r["path"]) for r in rows))
     conditions = (f"{cfg['model']} ({results['weights']}), {results['dtype']}, {cfg['steps']} decode steps x "
-                  f"{cfg['repeats']} timed passes, copy bandwidth {results['copy_bandwidth_gb_s']:,.0f} GB/s; "
-                  "tok/s, median of the passes (speedup over the fastest Full-KV where the run supports one)")
+                  f"{cfg['repeats']} timed passes, copy bandwidth {results['copy_bandwidth_gb_s']:,.0f} GB/s; ")
+    cell = _tokens_per_s
+    if view == "floors":
+        conditions += ("graphed step p50 in ms (x its floor: the weights floor measured in the run + the "
+                       "step's K/V bytes at copy bandwidth); SFI's fast step, the other methods' only step")
+        cell = _against_floor
+    else:
+        conditions += "tok/s, median of the passes (speedup over the fastest Full-KV where the run supports one)"
     lines = [f"![throughput]({link}/throughput.png)", "",
              "| method | path | " + " | ".join(f"{context_label(c)} B={b}" for b, c in shapes) + " |",
              "| --- | --- |" + " --- |" * len(shapes)]
@@ -44,8 +60,10 @@ def _throughput(link: str, document: dict) -> tuple[str, list[str]]:
         for batch, context in shapes:
             row = next((r for r in rows if (method_label(r), r["path"], r["batch"], r["context"])
                         == (label, path, batch, context)), None)
-            cells.append("-" if row is None else _tokens_per_s(row))
+            cells.append("-" if row is None else cell(row))
         lines.append(f"| {label} | {path} | " + " | ".join(cells) + " |")
+    if view == "floors":
+        return conditions, lines
     roofline = {}  # bytes bound of SFI's first row at each shape: it depends on that row's measured slow rate
     for r in rows:
         if r.get("roofline_speedup"):
@@ -54,7 +72,7 @@ def _throughput(link: str, document: dict) -> tuple[str, list[str]]:
         lines.append("| sfi roofline speedup (bytes) | | "
                      + " | ".join(f"{roofline[s]:.2f}x" if s in roofline else "-" for s in shapes) + " |")
     verdicts = dense_kernel_verdicts(results.get("dense_kernels") or [])
-    if verdicts:
+    if verdicts and view == "full":
         lines += ["", "Full-KV's kernel against the fastest SDPA backend, one layer's K/V bytes over time (GB/s): "
                   + "; ".join(f"{context_label(c)} B={b} {ours['gb_s']:,.0f} vs {best['gb_s']:,.0f} "
                               f"({best['kernel']})" for b, c, ours, best in verdicts) + "."]
@@ -68,7 +86,16 @@ def _tokens_per_s(row: dict) -> str:
     return text
 
 
-def _quality(link: str, document: dict) -> tuple[str, list[str]]:
+def _against_floor(row: dict) -> str:
+    steps = row.get("ms_per_step") or {}
+    kind = next((k for k in ("fast", "sparse", "dense") if k in steps), None)  # the step a row mostly takes
+    step, floor = steps.get(kind), (row.get("floor_ms") or {}).get(kind)
+    if not step or not floor:
+        return "-"
+    return f"{step['p50']:.3f} ({step['p50'] / floor:.2f}x)"
+
+
+def _quality(link: str, document: dict, view: str) -> tuple[str, list[str]]:
     cfg, cells = document["config"], document["results"]["cells"]
     methods = list(dict.fromkeys(["full_kv", *cfg["methods"]]))
     retentions = " / ".join(f"{r:g}" for r in cfg["retentions"])
@@ -78,11 +105,12 @@ def _quality(link: str, document: dict) -> tuple[str, list[str]]:
     if layers and layers["global"] < layers["layers"]:
         retentions = f"(budget / context on the {layers['global']} global layers of {layers['layers']}) {retentions}"
     variant = cfg.get("sfi_variant")
+    measure = ("accuracy (ppl: KL to Full-KV in nats, Full-KV: perplexity)" if "ppl" in cfg["tasks"] else "accuracy")
     conditions = (f"{cfg['model']}, {', '.join(cfg['tasks'])}, samples {'/'.join(map(str, cfg['samples']))} per "
                   f"context, {cfg.get('path', 'reference')} path"
                   + (f", SFI with {', '.join(f'{k}={v}' for k, v in variant.items())}" if variant else "")
                   + ("" if document["results"].get("complete", True) else ", **stopped early (partial)**")
-                  + f"; accuracy (ppl: KL to Full-KV in nats, Full-KV: perplexity) at retention {retentions}")
+                  + f"; {measure} at retention {retentions}")
     plot = ("accuracy_vs_retention.png" if set(cfg["tasks"]) - {"ppl"} else "fidelity_vs_retention.png")
     lines = [f"![{plot.removesuffix('.png').replace('_', ' ')}]({link}/{plot})", "",
              "| task | context | " + " | ".join(methods) + " |", "| --- | --- |" + " --- |" * len(methods)]
@@ -111,7 +139,7 @@ def _quality_cell(cells: list[dict], method: str, retentions: list[float]) -> st
     return " / ".join(values)
 
 
-def _stability(link: str, document: dict) -> tuple[str, list[str]]:
+def _stability(link: str, document: dict, view: str) -> tuple[str, list[str]]:
     cfg, results = document["config"], document["results"]
     topk, mass, recall = results["consecutive"]["topk"], results["consecutive"]["mass"], results["recall"]
     drift = results["drift"]["topk_overlap"]
@@ -135,4 +163,24 @@ def _stability(link: str, document: dict) -> tuple[str, list[str]]:
     return conditions, lines
 
 
-TABLES = {"throughput": _throughput, "quality": _quality, "stability": _stability}
+def _profile(link: str, document: dict, view: str) -> tuple[str, list[str]]:
+    cfg, results = document["config"], document["results"]
+    parts, ranges = results["ms_per_step"], results.get("ms_per_step_range") or {}
+    conditions = (f"{cfg['model']}, {cfg['method']} on the {cfg['path']} path, {context_label(cfg['context'])} "
+                  f"tokens, B={cfg['batch']}, {cfg['steps']} steps; {results['clock']}")
+    lines = [f"![profile]({link}/profile.png)", "", "| part of a step | ms per step | fastest / slowest step |",
+             "| --- | --- | --- |"]
+    ranges = {**ranges, "wall time": results.get("wall_ms_range")}
+    for part, ms in [*parts.items(), ("wall time", results["wall_ms_per_step"])]:
+        spread = f"{ranges[part][0]:.3f} / {ranges[part][1]:.3f}" if ranges.get(part) else "-"
+        lines.append(f"| {part} | {ms:.3f} | {spread} |")
+    refresh = results.get("per_refresh_ms") or {}
+    for part, ms in refresh.items():
+        if part != "candidates":
+            lines.append(f"| per refresh: {part} (timed alone, eager) | {ms:.3f} | |")
+    if "slow" in (results.get("step_ms_by_kind") or {}):
+        lines.append(f"| a whole slow step (median) | {results['step_ms_by_kind']['slow']:.3f} | |")
+    return conditions, lines
+
+
+TABLES = {"throughput": _throughput, "quality": _quality, "stability": _stability, "profile": _profile}
