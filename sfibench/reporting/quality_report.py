@@ -39,7 +39,7 @@ def results_table(cells: list[dict], wide: bool = False) -> Table:
     table = styled_table("sfibench quality", WIDE_COLUMNS if wide else COMPACT_COLUMNS,
                          right=("context", "retention", "read", "KL", "top-1", "ppl"))
     if not wide:
-        table.caption = "score: accuracy [95% CI], or perplexity (ppl) for a perplexity task"
+        table.caption = "score: accuracy [95% CI], or perplexity (ppl)"
     for c in cells:
         acc = None if c["accuracy"] is None else f"{c['accuracy']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
         ppl = None if c["perplexity"] is None else f"{c['perplexity']:.2f}"
