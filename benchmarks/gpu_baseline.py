@@ -47,7 +47,7 @@ ARGV = ["throughput", "--model", "qwen3-0.6b", "--device", "cuda", "--dtype", "b
 ACCOUNTING = [(pattern, how) for pattern, how in EXACT if pattern.startswith("throughput/")]
 # Twice the range of one key across separate device calls on unchanged 8K B=1 code paths: StreamingLLM's
 # speedup was 1.158 (ee3f00d's baseline runs), 1.152 and 1.151 (the 0.6B reports at 28a8103 and e2dd341),
-# 1.149 (session 17's check at b16b423, which the in-call rules of ee3f00d failed: 0.32% allowed): 0.8%.
+# 1.149 (a check at b16b423, which the in-call rules of ee3f00d failed: 0.32% allowed): 0.8%.
 SPEEDUP_FLOOR = 0.016
 FLOOR_NOTE = f"; at least {100 * SPEEDUP_FLOOR:.1f}%, how far separate device calls move unchanged code"
 
@@ -142,7 +142,7 @@ if __name__ == "__main__":
         path = OUT / "baseline.json"
         save_manifest(OUT, apply_floor(json.loads(path.read_text()), (
             f"speedup tolerances raised to at least {100 * SPEEDUP_FLOOR:.1f}% (gpu_baseline.SPEEDUP_FLOOR), "
-            "no new runs: a check in a later device call (session 17, b16b423) failed StreamingLLM's and "
+            "no new runs: a check in a later device call (b16b423) failed StreamingLLM's and "
             "SnapKV's 8K speedups by 0.8% and 0.6% on code paths unchanged since these runs")))
     else:
         main()

@@ -1,21 +1,15 @@
 #!/usr/bin/env bash
-# Gemma-3-270M quality on the H200 (issue 12). Its GGUF (241 MiB) is larger than one call may carry
-# (64 MiB with the tree), so it travels in six parts (`split -n 6 -d -a 2 GGUF .devweights/g.`; five
-# were enough until the tree passed 14 MiB): six back-to-back calls each copy theirs with
-# `mkdir -p /root/g && cp .devweights/g.0N /root/g/` while the machine stays warm, and this script, run
-# from the exported tree (.devtree) with `.whl` carried, assembles and checks the file, then runs
-# `sfibench quality` at each context (one run per context: the authors' presets fix the budget in
-# tokens) while time is left.
-# `.whl` holds gguf-0.19.0 and transformers-5.23.0 (pure-Python wheels): the device's transformers 5.17
-# converts Gemma-3's GGUF tokenizer into two-character pieces (reports/diagnostics/gemma3-h200-mismatch),
-# which sfibench refuses at load; 5.23 with the device's tokenizers 0.23.2 and huggingface_hub 1.33 is right.
-#   bash benchmarks/h200_gemma_quality.sh SECONDS CONTEXTS   (e.g. 540 16384,31744,8192)
-# Optional environment: TASKS (default niah_single,niah_multiturn; e.g. TASKS=niah_multiturn,niah_multikey,
-# niah_multiquery EXTRA="--methods full_kv" TAG=-probe finds which multi-key/multi-turn task Full-KV solves);
-# EXTRA="--methods sfi --no-nms --keep-neighbours 7" (replaces the methods list: an
-# ablation run, its folder named with TAG, e.g. TAG=-no-nms-keep7); RESUME=DIR continues a stopped run
-# (e.g. RESUME=reports/quality-gemma3-32k-h200 with that folder exported into the tree: its copy in $OUT
-# gets `--resume`).
+# Usage: bash benchmarks/h200_gemma_quality.sh SECONDS CONTEXTS   (e.g. 540 16384,31744)
+# Gemma-3-270M quality on an H200 machine without network access: reports/quality-gemma3-*-h200*.
+# Expects the GGUF in parts under /root/g (g.00, g.01, ...: `split -n 6 -d -a 2 GGUF g.`, since one
+# device call carries at most 64 MiB), and ../.whl holding the gguf-0.19.0 and transformers-5.23.0 wheels:
+# transformers 5.17 converts Gemma-3's GGUF tokenizer into two-character pieces
+# (reports/diagnostics/gemma3-h200-mismatch), which sfibench refuses at load. Assembles and checks the
+# file, then runs `sfibench quality` at each context (one run per context: the authors' presets fix the
+# budget in tokens) while time is left, writing OUT/quality-gemma3-CTX-h200TAG.tar.
+# Environment: TASKS (default niah_single,niah_multiturn); EXTRA replaces the methods list, e.g.
+# EXTRA="--methods sfi --no-nms --keep-neighbours 7" TAG=-no-nms-keep7; RESUME=DIR continues a stopped
+# run with --resume.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 started=$SECONDS

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# A report call (sessions 6-7): `bash benchmarks/h200_report_run.sh 4b|0.6b` runs the README throughput
-# report for that model shape (every method, both paths, sync + async SFI; 8K, 32K, 128K; B = 1 and the
-# largest batch), then, in the time left of the call, the optimized SFI's profile at 128K.
+# Usage: bash benchmarks/h200_report_run.sh 4b|0.6b [THROUGHPUT_SECONDS [TOTAL_SECONDS]]
+# Makes reports/throughput-qwen3-{4b,0.6b}-h200 (every method, both paths, sync + async SFI; 8K, 32K,
+# 128K; B = 1 and the largest batch), then, in the time left, reports/profile-qwen3-*-optimized-h200
+# (the optimized SFI's graphed step at 128K). Run from the repository root on the GPU with OUT set to an
+# empty folder; each run comes back as OUT/NAME.tar, to unpack under reports/. DEVICE_COMMIT, when
+# present, names the exported commit.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 started=$SECONDS
