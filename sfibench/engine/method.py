@@ -115,7 +115,7 @@ class RecallMemory:
 class MethodSpec:
     """Which method runs, on which path, with which settings (None: the method's defaults)."""
 
-    name: str = "full_kv"
+    name: str
     path: str = "reference"
     config: Any = None
 

@@ -21,11 +21,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from sfibench import registry
 from sfibench.reporting.plot_style import context_label, legend_below, save, yerr
 from sfibench.reporting.results import read_results
 from sfibench.reporting.run_metrics import interval
 
-COLORS = {"full_kv": "black", "sfi": "tab:red", "streaming_llm": "tab:blue", "snapkv": "tab:green"}
+# one colour per method, in the registry's order (the dense method black)
+COLORS = dict(zip(registry.names(), ("black", "tab:red", "tab:blue", "tab:green", "tab:orange", "tab:purple",
+                                     "tab:brown", "tab:pink")))
 STYLES = ["-", "--", ":", "-."]
 FIDELITY = [("kl", "KL(full || method) (nats)"), ("top1_agreement", "top-1 agreement (share of steps)"),
             ("token_agreement", "greedy-token agreement (share of tokens)")]
@@ -70,13 +73,13 @@ def plot_accuracy(cells: list[dict], path: Path, scope: dict) -> Path | None:
     contexts = sorted({c["context"] for c in scored})
     if not tasks:
         return None
-    methods = sorted({c["method"] for c in scored} - {"full_kv"})
+    methods = sorted({c["method"] for c in scored} - {registry.dense().name})
     fig, axes = plt.subplots(len(tasks), len(contexts), figsize=(4.2 * len(contexts), 3.0 * len(tasks) + 0.6),
                              squeeze=False, sharex=True, sharey=True, layout="constrained")
     for i, task in enumerate(tasks):
         for j, context in enumerate(contexts):
             ax = axes[i][j]
-            for full in _series(scored, task, context, "full_kv"):
+            for full in _series(scored, task, context, registry.dense().name):
                 ax.axhline(full["accuracy"], color="black", lw=1.2, label="full_kv (band: 95% CI)")
                 ax.axhspan(full["ci_low"], full["ci_high"], color="black", alpha=0.08)
             for method in methods:
@@ -101,7 +104,7 @@ def plot_accuracy(cells: list[dict], path: Path, scope: dict) -> Path | None:
 
 def plot_fidelity(cells: list[dict], intervals: dict, path: Path) -> Path | None:
     """One row per task (answers and prose differ in scale), one column per metric; line style = context."""
-    sparse = [c for c in cells if c["method"] != "full_kv"]
+    sparse = [c for c in cells if c["method"] != registry.dense().name]
     if not sparse:
         return None
     tasks, contexts = sorted({c["task"] for c in sparse}), sorted({c["context"] for c in sparse})
@@ -139,11 +142,11 @@ def plot_perplexity(cells: list[dict], intervals: dict, path: Path, scope: dict)
     fig, axes = plt.subplots(1, len(contexts), figsize=(4.2 * len(contexts), 3.8), squeeze=False, layout="constrained")
     for j, context in enumerate(contexts):
         ax = axes[0][j]
-        for c in _series(ppl, "ppl", context, "full_kv"):
+        for c in _series(ppl, "ppl", context, registry.dense().name):
             ax.axhline(c["perplexity"], color="black", lw=1.2, label="full_kv (band: 95% CI)")
-            low, high = intervals.get(("ppl", context, "full_kv", None, "perplexity"), (c["perplexity"],) * 2)
+            low, high = intervals.get(("ppl", context, registry.dense().name, None, "perplexity"), (c["perplexity"],) * 2)
             ax.axhspan(low, high, color="black", alpha=0.08)
-        for method in sorted({c["method"] for c in ppl} - {"full_kv"}):
+        for method in sorted({c["method"] for c in ppl} - {registry.dense().name}):
             series = _series(ppl, "ppl", context, method)
             ax.errorbar([c[scope["key"]] for c in series], [c["perplexity"] for c in series],
                         yerr=_bars(series, "perplexity", intervals), marker="o", ms=4, capsize=3,

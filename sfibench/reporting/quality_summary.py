@@ -12,6 +12,7 @@ import math
 from collections import defaultdict
 from functools import partial
 
+from sfibench import registry
 from sfibench.metrics.quality import mean_ci
 from sfibench.reporting.formatting import commit_label, number
 
@@ -54,21 +55,21 @@ def summarise(records: list[dict]) -> list[dict]:
         if nlls:
             cell["perplexity"] = math.exp(sum(nlls) / len(nlls))
         cells.append(cell)
-    return sorted(cells, key=lambda c: (c["task"], c["context"], c["method"] != "full_kv", c["method"],
+    return sorted(cells, key=lambda c: (c["task"], c["context"], c["method"] != registry.dense().name, c["method"],
                                         c["retention"] or 0))
 
 
 def claim_check(cells: list[dict]) -> tuple[list[dict], list[str]]:
     """Per solved (task, context): the smallest retention at which each method matches Full-KV."""
     rows, unsolved = [], []
-    for full in (c for c in cells if c["method"] == "full_kv" and c["accuracy"] is not None):
+    for full in (c for c in cells if c["method"] == registry.dense().name and c["accuracy"] is not None):
         key = (full["task"], full["context"])
         if full["accuracy"] < SOLVED:
             unsolved.append(f"{key[0]} @ {key[1]} (Full-KV {full['accuracy']:.2f})")
             continue
-        row = {"task": key[0], "context": key[1], "full_kv": full["accuracy"], "smallest_matching_retention": {}}
+        row = {"task": key[0], "context": key[1], "dense": full["accuracy"], "smallest_matching_retention": {}}
         for c in cells:
-            if (c["task"], c["context"]) == key and c["method"] != "full_kv":
+            if (c["task"], c["context"]) == key and c["method"] != registry.dense().name:
                 best = row["smallest_matching_retention"].get(c["method"])
                 if c["accuracy"] >= full["accuracy"] - MATCH_TOLERANCE and (best is None or c["retention"] < best):
                     row["smallest_matching_retention"][c["method"]] = c["retention"]
@@ -93,7 +94,7 @@ def read_scope(config: dict, cells: list[dict]) -> dict:
     if layers:
         sliding = layers["layers"] - layers["global"]
     else:
-        sliding = any(c["measured_retention"] < 0.999 for c in cells if c["method"] == "full_kv")
+        sliding = any(c["measured_retention"] < 0.999 for c in cells if c["method"] == registry.dense().name)
     if not sliding:
         return {"key": "measured_retention", "sliding": False, "short": "read",
                 "label": "tokens read / KV length per decode step, averaged; every layer is global"}
@@ -147,7 +148,7 @@ def _partial_note(results: dict) -> list[str]:
 def markdown(results: dict, plots: list[str]) -> str:
     cfg, cells = results["config"], results["results"]["cells"]
     prov = results["provenance"]
-    methods = [m for m in cfg["methods"] if m != "full_kv"]
+    methods = [m for m in cfg["methods"] if m != registry.dense().name]
     scope = read_scope(cfg, cells)
     per_layer = "global layer" if scope["sliding"] else "layer"
     lines = [f"# sfibench quality — {cfg['model']}", "",
@@ -189,7 +190,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                   "|---|---|---|" + "---|" * len(methods)]
         for row in checks:
             found = [row["smallest_matching_retention"].get(m) for m in methods]
-            lines.append(f"| {row['task']} | {row['context']} | {row['full_kv']:.2f} | "
+            lines.append(f"| {row['task']} | {row['context']} | {row['dense']:.2f} | "
                          + " | ".join(f"none up to {max(cfg['retentions']):g}" if r is None else f"{r:g}"
                                       for r in found) + " |")
     else:
@@ -206,7 +207,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                                                                            for x in contexts) + " |",
                   "|---|---|" + "---|" * len(contexts)]
         for method, retention in sorted({(c["method"], c["retention"]) for c in cells if c["task"] == task},
-                                        key=lambda k: (k[0] != "full_kv", k[0], k[1] or 0)):
+                                        key=lambda k: (k[0] != registry.dense().name, k[0], k[1] or 0)):
             row = []
             for x in contexts:
                 c = next((c for c in cells if (c["task"], c["context"], c["method"], c["retention"])
@@ -229,12 +230,12 @@ def markdown(results: dict, plots: list[str]) -> str:
               + " KL (nats) | top-1 agree | greedy-token agree | perplexity |",
               "|---|---|---|---|---|" + ("---|" if both else "") + "---|---|---|---|"]
     for c in cells:
-        if c["method"] != "full_kv":
+        if c["method"] != registry.dense().name:
             lines.append(f"| {c['task']} | {c['method']} | {c['retention']:g} | {c['context']} | "
                          f"{c[scope['key']]:.3f} | " + (f"{c['measured_retention']:.3f} | " if both else "")
                          + f"{cell(c['kl'])} | {cell(c['top1_agreement'])} | "
                          f"{cell(c['token_agreement'])} | {cell(c['perplexity'], 2)} |")
-    fulls = [c for c in cells if c["method"] == "full_kv" and c["perplexity"] is not None]
+    fulls = [c for c in cells if c["method"] == registry.dense().name and c["perplexity"] is not None]
     if fulls:
         lines += ["", "Full-KV perplexity: " + ", ".join(f"{c['context']} tok {c['perplexity']:.2f}" for c in fulls) + "."]
     lines += [""] + [f"![{p}]({p})" for p in plots]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sfibench import registry
 from sfibench.reporting.formatting import commit_label, number, percent
 from sfibench.reporting.plot_style import context_label
 from sfibench.reporting.run_metrics import device_identity
@@ -81,7 +82,7 @@ def _throughput(link: str, document: dict, view: str) -> tuple[str, list[str]]:
 
 def _tokens_per_s(row: dict) -> str:
     text = f"{row['tokens_per_s']:,.1f}"
-    if row["method"] != "full_kv" and row.get("speedup_vs_full_kv") and row.get("speedup_supported"):
+    if row["method"] != registry.dense().name and row.get("speedup_vs_full_kv") and row.get("speedup_supported"):
         text += f" ({row['speedup_vs_full_kv']:.2f}x)"
     return text
 
@@ -97,7 +98,7 @@ def _against_floor(row: dict) -> str:
 
 def _quality(link: str, document: dict, view: str) -> tuple[str, list[str]]:
     cfg, cells = document["config"], document["results"]["cells"]
-    methods = list(dict.fromkeys(["full_kv", *cfg["methods"]]))
+    methods = list(dict.fromkeys([registry.dense().name, *cfg["methods"]]))
     retentions = " / ".join(f"{r:g}" for r in cfg["retentions"])
     if cfg.get("sfi_preset"):  # the budget of the authors' operating point, named
         retentions += f" (SFI preset {cfg['sfi_preset'].replace(',', ' / ')})"
@@ -124,8 +125,8 @@ def _quality(link: str, document: dict, view: str) -> tuple[str, list[str]]:
 
 
 def _quality_cell(cells: list[dict], method: str, retentions: list[float]) -> str:
-    if method == "full_kv":
-        dense = next((c for c in cells if c["method"] == "full_kv"), None)
+    if method == registry.dense().name:
+        dense = next((c for c in cells if c["method"] == method), None)
         if dense is None:
             return "-"
         return number(dense["accuracy"], 2) if dense["accuracy"] is not None else f"ppl {number(dense['perplexity'], 2)}"

@@ -13,6 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import partial
 
+from sfibench import registry
 from sfibench.metrics.quality import mean_ci
 from sfibench.reporting.throughput_report import method_label, speedup_range
 
@@ -75,7 +76,7 @@ def _quality(document: dict) -> list[Metric]:
         series = f"{task} {method}" + ("" if retention is None else f"@{retention:g}")
         for field, name, better, unit in QUALITY_METRICS:
             values = [r[field] for r in records if r.get(field) is not None]
-            if values and not (method == "full_kv" and name in ("kl", "top1_agreement", "token_agreement")):
+            if values and not (method == registry.dense().name and name in ("kl", "top1_agreement", "token_agreement")):
                 mean, low, high = interval(values, scores=name == "accuracy")
                 metrics.append(Metric("quality", series, context, name, mean, better, unit, low, high))
         nlls = [r["nll"] for r in records if r.get("nll") is not None]
@@ -83,7 +84,7 @@ def _quality(document: dict) -> list[Metric]:
             mean, low, high = interval(nlls)  # perplexity is exp(mean NLL): its interval maps through exp
             metrics.append(Metric("quality", series, context, "perplexity", math.exp(mean), LOWER, "",
                                   math.exp(low), math.exp(high)))
-        if method == "sfi":
+        if any(kind in r["steps_by_kind"] for r in records for kind in ("slow", "fast")):  # a refreshing method
             steps = defaultdict(int)
             for record in records:
                 for kind, count in record["steps_by_kind"].items():
@@ -106,7 +107,7 @@ def interval(values: list[float], scores: bool = False) -> tuple[float, float, f
 
 def _cell_order(item: tuple) -> tuple:
     task, context, method, retention = item[0]
-    return task, context, method != "full_kv", method, retention or 0.0
+    return task, context, method != registry.dense().name, method, retention or 0.0
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import ScalarFormatter
 from rich.table import Table
 
+from sfibench import registry
 from sfibench.metrics.nvml import best_energy
 from sfibench.reporting.formatting import commit_label, styled_table
 from sfibench.reporting.plot_style import context_axis, legend_below, save, yerr
@@ -20,9 +21,10 @@ COLUMNS = ("method", "path", "ctx", "batch", "tok/s", "spread", "ms fast/dense",
 
 
 def method_label(row: dict) -> str:
-    """SFI's optimized rows say how refreshes are published: sync (Selector in the slow step) or async."""
-    if row["method"] == "sfi" and row["path"] == "optimized":
-        return "sfi async" if row.get("publish") == "when_ready" else "sfi sync"
+    """Optimized rows of a refreshing method say how refreshes are published: sync (the Selector inside the
+    slow step) or async (on a second stream)."""
+    if row.get("publish") and row["path"] == "optimized":
+        return f"{row['method']} {'async' if row['publish'] == 'when_ready' else 'sync'}"
     return row["method"]
 
 
@@ -122,7 +124,7 @@ def latency_energy_rows(rows: list[dict]) -> list[tuple[str, ...]]:
 def speedup_range(row: dict, rows: list[dict]) -> tuple[float | None, float | None]:
     """Bounds of a row's speedup over the timed passes: its slowest pass against Full-KV's fastest, and the
     reverse (the speedup is a ratio of pass medians, so the passes' extremes bound it)."""
-    full = [r for r in rows if r["method"] == "full_kv" and (r["context"], r["batch"]) == (row["context"], row["batch"])
+    full = [r for r in rows if r["method"] == registry.dense().name and (r["context"], r["batch"]) == (row["context"], row["batch"])
             and r["path"] == row.get("full_kv_reference_path", r["path"])]
     if not full:
         return None, None

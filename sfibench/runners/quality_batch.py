@@ -39,7 +39,7 @@ class Condition:
 
 
 def condition_label(method: str, retention: float | None) -> str:
-    """'full_kv', 'sfi@0.15': how reports, progress lines and a resumed run's records name a condition."""
+    """'<method>' (dense) or '<method>@0.15': how reports, progress lines and a resumed run's records name a condition."""
     return method if retention is None else f"{method}@{retention:g}"
 
 

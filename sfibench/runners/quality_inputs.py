@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from sfibench import registry
 from sfibench.core.budget import BudgetError
 from sfibench.core.errors import UsageError
-from sfibench.registry import check_method
 from sfibench.models.presets import PRESETS
 from sfibench.options import parse_tokens
+from sfibench.registry import check_method
 from sfibench.runners.quality_batch import conditions
 from sfibench.workloads.base import ContextSizeError, get_task
 from sfibench.workloads.longbench import PREFIX, load_records, longbench_files
@@ -102,7 +103,7 @@ def check_inputs(model: str, methods, tasks, contexts, retentions, samples, batc
     retentions = parse_retentions(retentions)
     if not methods:
         raise UsageError("--methods is empty; give at least one of full_kv, sfi, streaming_llm, snapkv")
-    methods = list(dict.fromkeys(["full_kv", *methods]))
+    methods = list(dict.fromkeys([registry.dense().name, *methods]))
     for method in methods:
         check_method(method, path)
     tasks = list(dict.fromkeys(tasks))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.resources
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,18 +24,15 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from sfibench.baselines.full_kv import DensePlan
-from sfibench.engine.sampling import SamplingConfig
-from sfibench.sfi.config import TriggerConfig
+from sfibench import registry
 from sfibench.core.errors import RunInterrupted
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.driver import StepDriver
+from sfibench.engine.method import AttentionMethod, StepPlan
 from sfibench.engine.prefill import Prefilled
-from sfibench.engine.sampling import Sampler
+from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.engine.session import Session
-from sfibench.engine.method import AttentionMethod
-from sfibench import registry
 from sfibench.metrics.stability import StabilityConfig, StabilityInputError, StabilityReducer, check_config
 from sfibench.models.presets import PRESETS
 from sfibench.options import read_text_file
@@ -42,9 +40,15 @@ from sfibench.reference.attention import dense_attention
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import write_results
 from sfibench.reporting.run_dir import claimed_run_dir
+from sfibench.sfi.config import TriggerConfig
 from sfibench.sfi.triggers import SlowStepScheduler, token_classes
 
 SHIPPED_TEXT = "essays_en.txt"
+
+
+@dataclass(frozen=True)
+class ProbePlan(StepPlan):
+    capacity: int = 0  # the sequence's length: the probe runs eagerly, so every step reads exactly it
 
 
 class DenseProbe(AttentionMethod):
@@ -61,10 +65,10 @@ class DenseProbe(AttentionMethod):
         self.logits = torch.zeros(mc.num_layers, mc.num_kv_heads, mc.group_size, cache.max_seq,
                                   device=cache.k.device, dtype=torch.float32)
 
-    def plan(self, ctx: StepContext) -> DensePlan:
-        return DensePlan(capacity=int(ctx.kv_lengths_host[0]), graphable=False)
+    def plan(self, ctx: StepContext) -> ProbePlan:
+        return ProbePlan(capacity=int(ctx.kv_lengths_host[0]), graphable=False)
 
-    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan: DensePlan) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, cache: KVCache, ctx: StepContext, plan: ProbePlan) -> torch.Tensor:
         layer, length = ctx.layer, plan.capacity
         ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
         keys = cache.k[layer, 0, :, :length].float()  # [H_kv, L, D]
