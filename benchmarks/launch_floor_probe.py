@@ -35,13 +35,14 @@ import torch
 import triton
 import triton.language as tl
 
-from sfibench.config import MethodSpec, StreamingLLMConfig
+from sfibench.baselines.streaming_llm import StreamingLLMConfig
+from sfibench.engine.method import MethodSpec
 from sfibench.core.provenance import provenance
 from sfibench.engine.cache import KVCache
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
-from sfibench.methods import create_method
+from sfibench.registry import create_method
 from sfibench.metrics.bytes_model import kv_read_bytes
 from sfibench.metrics.floor import step_floor_seconds, weights_floor_seconds
 from sfibench.metrics.timing import measure_copy_bandwidth, time_region
@@ -109,18 +110,15 @@ def main(model: str, context: int, budgets: str, out: str) -> None:
 
     variants = [("no attention", 2308, no_attention, {}, {}), ("one launch", 2308, one_launch, {}, {})]
     variants += [(f"streaming_llm budget {b}", int(b), None, {}, {}) for b in budgets.split(",")]
-    if os.environ.get("PROBE_AB"):  # split counts (session 22 also A/B'd a qkv epilogue mode here, e7351c0)
+    if os.environ.get("PROBE_AB"):  # the fast-step kernel's split counts at SFI's budget
         variants += [(f"ab splits={n}: budget 2308", 2308, None, {}, {"num_splits": n, "one_loop": True})
                      for n in (8, 12, 16, 24, 32)]
     # PROBE_SWEEP="splits:block_n:stages:warps,...": the fast-step kernel's launch at budget 2,308 under each
-    # (one loop); PROBE_SWEEP_PDL=1 adds the default launch, PDL off for attention (SFIBENCH_PDL=products).
+    # (one loop).
     for item in filter(None, os.environ.get("PROBE_SWEEP", "").split(",")):
         splits, block_n, stages, warps = (int(part) for part in item.split(":"))
         variants.append((f"sweep {item}: budget 2308", 2308, None, {}, {
             "num_splits": splits, "one_loop": True, "config": KernelConfig(block_n, warps, stages, None)}))
-    if os.environ.get("PROBE_SWEEP_PDL"):
-        variants.append(("sweep pdl=products: budget 2308", 2308, None, {"SFIBENCH_PDL": "products"}, {}))
-    # (session 22 also A/B'd SFIBENCH_L2_PREFETCH's modes here, PROBE_PREFETCH=1, at 87ac263: reverted)
     rows = []
     for name, budget, attend, env, launch in variants:
         saved = {key: os.environ.get(key) for key in env}
