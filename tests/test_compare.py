@@ -15,7 +15,7 @@ from sfibench.cli import app
 from sfibench.reporting.results import read_results
 
 REPORTS = Path(__file__).resolve().parents[1] / "reports"
-RUNS = ["stability-smollm2", "quality-smollm2-ablation-w64", "throughput-qwen3-4b-h200", "profile-qwen3-4b-h200"]
+RUNS = ["stability-smollm2", "quality-smollm2-ablation-w64", "throughput-qwen3-4b-h200", "profile-qwen3-4b-optimized-h200"]
 
 
 def copy_results(name: str, target: Path, edit=None) -> Path:
