@@ -6,7 +6,7 @@ method's `MethodDef` / `MethodConfig` (engine/method.py); none of them names a m
 
 from __future__ import annotations
 
-from sfibench.baselines import full_kv, snapkv, streaming_llm
+from sfibench.baselines import full_kv, quest, snapkv, streaming_llm, tidaldecode
 from sfibench.core.errors import UsageError
 from sfibench.engine.method import AttentionMethod, MethodConfig, MethodDef, MethodSpec
 from sfibench.sfi import config as sfi
@@ -16,6 +16,8 @@ METHODS: tuple[MethodDef, ...] = (
     sfi.METHOD,
     streaming_llm.METHOD,
     snapkv.METHOD,
+    quest.METHOD,
+    tidaldecode.METHOD,
 )
 
 # Every sparse method is compared at the tokens this method reads per (layer, KV head) (SPEC 6).

@@ -10,8 +10,10 @@ import dataclasses
 
 from sfibench import registry
 from sfibench.baselines.full_kv import FullKVConfig
+from sfibench.baselines.quest import QuestConfig
 from sfibench.baselines.snapkv import SnapKVConfig
 from sfibench.baselines.streaming_llm import StreamingLLMConfig
+from sfibench.baselines.tidaldecode import TidalDecodeConfig
 from sfibench.engine.method import MethodSpec
 from sfibench.sfi.config import SFIConfig, TriggerConfig
 
@@ -20,6 +22,9 @@ SMALL_CONFIGS = {
     "sfi": SFIConfig(n_sink=4, n_recent=16, k_head=12, page=4, w_prefill=8, trigger=TriggerConfig(t_max=12, min_gap=4)),
     "streaming_llm": StreamingLLMConfig(budget=36),
     "snapkv": SnapKVConfig(budget=36, window=8),
+    # the tiny models have 2-3 layers: no dense first layers, one selection layer
+    "quest": QuestConfig(page=4, budget=20, dense_layers=0),
+    "tidaldecode": TidalDecodeConfig(budget=20, dense_layers=0, selection_layer=0, reselection_fraction=None),
 }
 
 METHOD_PATHS = registry.available()  # every (method, path) pair

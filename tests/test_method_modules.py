@@ -70,9 +70,10 @@ def test_budget_rule_reads_the_budget(name):
     if registry.get(name).dense:
         assert config.with_budget(500).tokens_read(8192) == 8192
         return
-    slack = getattr(config, "page", 1) - 1
+    # a page-aligned window (SFI) or set of pages and a partial current page (Quest) is off by less than two
+    page = getattr(config, "page", 1)
     for budget in (400, 1000, 2308):
-        assert budget <= config.with_budget(budget).tokens_read(8192) <= budget + slack
+        assert abs(config.with_budget(budget).tokens_read(8192 + 5) - budget) < 2 * page
 
 
 def test_unknown_method_and_path_are_named():

@@ -2,32 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from method_matrix import METHOD_PATHS, SMALL_CONFIGS, SPARSE_PATHS, small_spec
 
-from sfibench.config import (
-    MethodSpec,
-    SamplingConfig,
-    SFIConfig,
-    SnapKVConfig,
-    StreamingLLMConfig,
-    TriggerConfig,
-)
+from sfibench import registry
+from sfibench.baselines.snapkv import SnapKVConfig
+from sfibench.baselines.streaming_llm import StreamingLLMConfig
+from sfibench.core.budget import BudgetError
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
+from sfibench.engine.method import MethodSpec
 from sfibench.engine.prefill import prefill
-from sfibench.engine.sampling import Sampler
-from sfibench.methods import UnknownMethodError, available, check_method, create_method
+from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.reference import sparse_memory
+from sfibench.registry import UnknownMethodError, check_method, create_method
+from sfibench.sfi.config import SFIConfig
 
-METHODS = available()
-
-
-def small_spec(name: str, path: str) -> MethodSpec:
-    """Budgets far below the context, so every sparse method really drops tokens."""
-    sfi = SFIConfig(n_sink=4, n_recent=16, k_head=12, page=4, w_prefill=8, trigger=TriggerConfig(t_max=12, min_gap=4))
-    return MethodSpec(name=name, path=path, sfi=sfi, streaming=StreamingLLMConfig(budget=36),
-                      snapkv=SnapKVConfig(budget=36, window=8))
+SPARSE_NAMES = sorted({name for name, _ in SPARSE_PATHS})
 
 
 def run(loaded, prompts, spec, n=24):
@@ -45,15 +39,53 @@ def prompts_for(loaded, batch):
 
 
 def test_registry_has_every_method_and_errors_list_valid_ones():
-    assert {name for name, _ in METHODS} >= {"full_kv", "sfi", "streaming_llm", "snapkv"}
+    assert {name for name, _ in METHOD_PATHS} >= {"full_kv", "sfi", "streaming_llm", "snapkv"}
     with pytest.raises(UnknownMethodError, match="valid methods: .*full_kv"):
         check_method("h2o", "reference")
     with pytest.raises(UnknownMethodError, match="no 'fancy' path"):
         check_method("sfi", "fancy")
 
 
+def test_the_test_matrix_has_one_row_of_the_right_type_per_registered_method():
+    assert set(SMALL_CONFIGS) == set(registry.names())
+    for method in registry.METHODS:
+        assert type(SMALL_CONFIGS[method.name]) is method.config, method.name
+        assert isinstance(method.config(), method.config)  # SPEC's defaults need no arguments
+
+
+# Contexts are whole multiples of 16, SFI's default page: its recent window is page-aligned and so holds
+# n_recent to n_recent + page - 1 tokens right after a refresh (SPEC 2); at a page-aligned context it holds
+# exactly n_recent, which is what the budget counts.
+@pytest.mark.parametrize("name", registry.names())
+@pytest.mark.parametrize("settings", ["defaults", "small"])
+@pytest.mark.parametrize("budget", [40, 100, 300, 2308, 5000])
+def test_each_budget_rule_reads_at_most_its_budget_above_it(name, settings, budget):
+    base = registry.default_config(name) if settings == "defaults" else SMALL_CONFIGS[name]
+    try:
+        config = base.with_budget(budget)
+    except BudgetError as error:  # a budget the method cannot fit is refused, never silently stretched
+        assert str(budget) in str(error) and "raise it" in str(error)
+        return
+    assert type(config) is type(base)
+    for context in (-(-(budget + 1) // 16) * 16, 2 * budget // 16 * 16 + 16, 32768):
+        read = config.tokens_read(context)
+        if registry.get(name).dense:
+            assert read == context
+        else:
+            assert 1 <= read <= budget, (name, budget, context, read)
+
+
+@pytest.mark.parametrize("name", SPARSE_NAMES)
+def test_a_budget_too_small_for_a_sparse_method_is_a_budget_error(name):
+    with pytest.raises(BudgetError, match="raise it"):
+        registry.default_config(name).with_budget(1)
+    config = registry.at_budget(name, "reference", 2308).config
+    page = getattr(config, "page", 1)  # a method reading whole pages reads the budget to within two pages
+    assert 2308 - 2 * page < config.tokens_read(4096 + 5) <= 2308
+
+
 @pytest.mark.parametrize("model_name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
-@pytest.mark.parametrize("name,path", METHODS)
+@pytest.mark.parametrize("name,path", METHOD_PATHS)
 @pytest.mark.parametrize("batch", [1, 3])
 def test_matrix_every_method_runs_and_batched_rows_match_single(tiny_models, model_name, name, path, batch):
     loaded = tiny_models[model_name]
@@ -63,14 +95,14 @@ def test_matrix_every_method_runs_and_batched_rows_match_single(tiny_models, mod
     for record in trace.steps:
         lengths = record.kv_lengths[None, :, None]
         assert ((record.tokens_read >= 1) & (record.tokens_read <= lengths)).all()
-    if name != "full_kv":  # a small budget must actually save reads at this context
+    if not registry.get(name).dense:  # a small budget must actually save reads at this context
         assert trace.steps[-1].tokens_read.float().mean() < trace.steps[-1].kv_lengths.float().mean()
     if batch == 3:
         alone, _ = run(loaded, prompts[2:], small_spec(name, path))
         assert trace.tokens[2].tolist() == alone.tokens[0].tolist()
 
 
-@pytest.mark.parametrize("name", ["sfi", "streaming_llm", "snapkv"])
+@pytest.mark.parametrize("name", SPARSE_NAMES)
 def test_sparse_methods_read_exactly_the_tokens_they_report(tiny_models, monkeypatch, name):
     loaded = tiny_models["tiny-qwen3"]
     counted = []  # per attention call: distinct positions read, [B, H_kv]
@@ -86,11 +118,17 @@ def test_sparse_methods_read_exactly_the_tokens_they_report(tiny_models, monkeyp
         return original(q, k, v, positions, valid)
 
     monkeypatch.setattr(sparse_memory, "gather_attention", spy)
-    spec = small_spec(name, "reference")
-    spec.sfi.trigger.policy = "bootstrap"  # only fast steps, so every read goes through the spy
+    # SFI takes only fast steps (no dense slow step), so every read goes through the spy
+    trigger = dataclasses.replace(SMALL_CONFIGS["sfi"].trigger, policy="bootstrap")
+    bootstrap = {"trigger": trigger} if name == "sfi" else {}
+    spec = small_spec(name, "reference", **bootstrap)
     trace, _ = run(loaded, prompts_for(loaded, 2), spec, n=12)
+    # every layer read either densely (a method's dense or selection layers: the whole history) or
+    # through the spy, in order
+    sparse = [layer for record in trace.steps for layer in record.tokens_read
+              if not torch.equal(layer, record.kv_lengths[:, None].expand_as(layer))]
+    assert sparse and torch.equal(torch.stack(counted), torch.stack(sparse))
     reported = torch.stack([layer for record in trace.steps for layer in record.tokens_read])
-    assert torch.equal(torch.stack(counted), reported)
     assert reported.float().mean() < trace.steps[-1].kv_lengths.float().mean()
 
 
@@ -107,8 +145,7 @@ def test_sfi_slow_steps_read_densely_and_are_reported_so(tiny_models):
 
 def test_sfi_layer_groups_alternate_refreshed_layers(tiny_models):
     loaded = tiny_models["tiny-qwen3"]  # 3 layers
-    spec = small_spec("sfi", "reference")
-    spec.sfi.layer_groups = 2
+    spec = small_spec("sfi", "reference", layer_groups=2)
     trace, _ = run(loaded, prompts_for(loaded, 1), spec, n=40)
     slow = [record for record in trace.steps if record.kinds[0] == "slow"]
     assert len(slow) >= 2
@@ -121,15 +158,15 @@ def test_sfi_layer_groups_alternate_refreshed_layers(tiny_models):
 def test_bad_method_settings_are_refused(tiny_models):
     loaded = tiny_models["tiny-llama"]
     with pytest.raises(ValueError, match="layer_groups"):
-        create_method(MethodSpec(name="sfi", sfi=SFIConfig(layer_groups=3)), loaded.config, loaded.tokenizer)
+        create_method(MethodSpec("sfi", "reference", SFIConfig(layer_groups=3)), loaded.config, loaded.tokenizer)
     with pytest.raises(ValueError, match="must exceed its observation window"):
-        create_method(MethodSpec(name="snapkv", snapkv=SnapKVConfig(budget=32, window=64)), loaded.config,
+        create_method(MethodSpec("snapkv", "reference", SnapKVConfig(budget=32, window=64)), loaded.config,
                       loaded.tokenizer)
     with pytest.raises(ValueError, match="pooling"):
-        create_method(MethodSpec(name="snapkv", snapkv=SnapKVConfig(pooling="median")), loaded.config,
+        create_method(MethodSpec("snapkv", "reference", SnapKVConfig(pooling="median")), loaded.config,
                       loaded.tokenizer)
     with pytest.raises(ValueError, match="sink"):
-        create_method(MethodSpec(name="streaming_llm", streaming=StreamingLLMConfig(budget=4)), loaded.config,
+        create_method(MethodSpec("streaming_llm", "reference", StreamingLLMConfig(budget=4)), loaded.config,
                       loaded.tokenizer)
 
 
@@ -137,8 +174,7 @@ def test_sfi_copies_its_step_masks_only_when_they_change_and_the_device_always_h
     from sfibench.sfi import method as sfi_method
 
     loaded = tiny_models["tiny-qwen3"]
-    spec = small_spec("sfi", "reference")
-    spec.sfi.layer_groups = 2  # successive slow steps refresh different layers: the masks change between them
+    spec = small_spec("sfi", "reference", layer_groups=2)  # successive slow steps refresh different layers: the masks change between them
     sfi = create_method(spec, loaded.config, loaded.tokenizer)
     copies, checked = [], []
     original_pinned, original_plan = sfi_method.pinned, sfi.plan
@@ -196,8 +232,7 @@ def test_optimized_snapkv_moves_the_tails_first_rows_into_its_compact_segment(ti
     from sfibench.optimized.decode_attention import tile_rows
 
     loaded = tiny_models["tiny-qwen3"]
-    spec = small_spec("snapkv", "optimized")
-    spec.snapkv = SnapKVConfig(budget=budget, window=window)
+    spec = small_spec("snapkv", "optimized", budget=budget, window=window)
     prompts = prompts_for(loaded, 2)
     cache = KVCache(loaded.config, 2, max(map(len, prompts)) + 4, "cpu", torch.float32)
     snapkv = create_method(spec, loaded.config, loaded.tokenizer)

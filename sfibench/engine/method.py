@@ -54,6 +54,10 @@ class MethodConfig:
         """Device bytes of the method's own state: (per sequence and cached token, per sequence)."""
         return 0, 0
 
+    def step_bytes(self, model_config, context: int, dtype_bytes: int) -> float:
+        """Bytes every step reads beside the K/V tokens it attends to (Quest: its page metadata)."""
+        return 0.0
+
     def refresh_bytes(self, model_config, context: int, path: str, dtype_bytes: int) -> float:
         """Traffic of one sequence's refresh beyond its dense read (0 for methods that never refresh)."""
         return 0.0

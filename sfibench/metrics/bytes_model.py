@@ -89,24 +89,27 @@ class StepBytes:
     kv_append: float
     embedding_gather: float
     refresh: float
+    method: float = 0.0  # what the method reads beside K/V every step (MethodConfig.step_bytes)
 
     @property
     def total(self) -> float:
-        return self.weights + self.kv_read + self.kv_append + self.embedding_gather + self.refresh
+        return self.weights + self.kv_read + self.kv_append + self.embedding_gather + self.refresh + self.method
 
     def to_dict(self) -> dict:
         return {**asdict(self), "total": self.total}
 
 
 def step_bytes(model_cfg: ModelConfig, tokens_read, batch: int, dtype_bytes: int = 2,
-               refresh: float = 0.0) -> StepBytes:
-    """All bytes of one decode step; pass `refresh` = `refresh_bytes(...)` on SFI slow steps."""
+               refresh: float = 0.0, method: float = 0.0) -> StepBytes:
+    """All bytes of one decode step; `refresh` is a refreshing method's extra traffic on its slow steps
+    (MethodConfig.refresh_bytes), `method` what the method reads beside K/V every step."""
     return StepBytes(
         weights=float(weight_bytes(model_cfg, dtype_bytes)),
         kv_read=kv_read_bytes(model_cfg, tokens_read, batch, dtype_bytes),
         kv_append=float(kv_append_bytes(model_cfg, batch, dtype_bytes)),
         embedding_gather=float(embedding_gather_bytes(model_cfg, batch, dtype_bytes)),
         refresh=float(refresh),
+        method=float(method),
     )
 
 

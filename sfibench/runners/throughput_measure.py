@@ -201,7 +201,8 @@ def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: 
     # one refresh per slow row (a slow step of a batch may refresh one row or several)
     refresh = spec.config.refresh_bytes(dims, context, spec.path, session.cache_dtype_bytes)
     refresh *= facts["refreshes"] / len(kinds)
-    nbytes = step_bytes(dims, mean_read, batch, session.cache_dtype_bytes, refresh)
+    own = spec.config.step_bytes(dims, context, session.cache_dtype_bytes) * batch
+    nbytes = step_bytes(dims, mean_read, batch, session.cache_dtype_bytes, refresh, own)
     mean_step = statistics.fmean(step_seconds)
     tok_s = [batch * cfg.steps / t for t in totals]
     return {

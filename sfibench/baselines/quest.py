@@ -1,0 +1,163 @@
+"""Quest (Tang et al., ICML 2024): per-step page retrieval from the full cache, by an upper bound of q.k.
+
+The whole cache is kept. It is viewed in pages of 16 tokens, and per (layer, KV head, page) Quest keeps
+the element-wise max M and min m of the page's cached (post-RoPE) keys, updated whenever a key is
+written: at prefill, and at every decode append, the partial last page included. For a query q,
+`sum_i max(q_i M_i, q_i m_i)` bounds q.k from above over every key of the page, so a page holding a key
+with a large score cannot get a small bound. At every decode step each sparse layer reads the top
+`budget / 16 - 1` pages by that bound plus the current (last, possibly partial) page; layers 0 and 1
+read densely, as the authors run it, and so does prefill.
+
+The paper's models are MHA. With GQA there is one page set per KV head, chosen by the bound summed over
+the group's query heads (SGLang's port averages them, which selects the same pages). The authors' code
+also reads at least 3 pages (their issue 22); that minimum is not part of the method and is not copied.
+Bytes per step beyond the pages read: the metadata of every page, 2 key vectors per 16 tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from sfibench.core.budget import BudgetError
+from sfibench.engine.method import AttentionMethod, MethodConfig, MethodDef, StepPlan
+from sfibench.reference.attention import dense_attention
+from sfibench.reference.sparse_memory import attend_fixed_plus_tail
+
+
+@dataclass(frozen=True)
+class QuestConfig(MethodConfig):
+    """Page retrieval at every step (SPEC 6); the budget is tokens read per (layer, KV head) in sparse layers."""
+
+    page: int = 16
+    budget: int = 2308  # SFI's default 4 + 2048 + 256: (budget // page - 1) pages + the current one
+    dense_layers: int = 2  # the first layers read densely
+
+    @property
+    def pages(self) -> int:
+        """Pages chosen by their bound at each step, besides the current page."""
+        return self.budget // self.page - 1
+
+    def with_budget(self, budget: int) -> QuestConfig:
+        if budget < 2 * self.page:
+            raise BudgetError(f"a budget of {budget} tokens is less than Quest's two {self.page}-token pages "
+                              "(one chosen, the current one); raise it")
+        return dataclasses.replace(self, budget=budget)
+
+    def tokens_read(self, context: int) -> int:
+        """Tokens a sparse layer reads at `context`: the chosen pages and the current page's tokens."""
+        current = (context - 1) % self.page + 1
+        full_pages = (context - current) // self.page
+        return min(self.pages, full_pages) * self.page + current
+
+    def state_bytes(self, model_config, path: str, dtype_bytes: int, tile_rows: int) -> tuple[int, int]:
+        mc = model_config
+        return -(-2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * dtype_bytes // self.page), 0
+
+    def step_bytes(self, model_config, context: int, dtype_bytes: int) -> float:
+        """The page metadata every sparse layer reads to score the pages: M and m of every page."""
+        mc = model_config
+        sparse = len([layer for layer in mc.global_layers if layer >= self.dense_layers])
+        return sparse * mc.num_kv_heads * -(-context // self.page) * 2 * mc.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class QuestPlan(StepPlan):
+    capacity: int = 0  # slots the dense layers read (the longest length, bucketed)
+    masked: bool = False  # some sequence is shorter than the capacity
+
+
+def page_bounds(keys: torch.Tensor, lengths: torch.Tensor, page: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Element-wise max and min of the keys of every page: keys `[B, H_kv, S, D]` -> two `[B, H_kv, P, D]`.
+
+    Slots at or past a sequence's length do not count (an empty page's bounds are -inf / +inf)."""
+    batch, heads, slots, dim = keys.shape
+    pages = -(-slots // page)
+    padded = torch.nn.functional.pad(keys, (0, 0, 0, pages * page - slots)).view(batch, heads, pages, page, dim)
+    valid = (torch.arange(pages * page, device=keys.device) < lengths[:, None]).view(batch, 1, pages, page, 1)
+    highest = padded.masked_fill(~valid, float("-inf")).amax(dim=3)
+    lowest = padded.masked_fill(~valid, float("inf")).amin(dim=3)
+    return highest, lowest
+
+
+def page_scores(q: torch.Tensor, highest: torch.Tensor, lowest: torch.Tensor) -> torch.Tensor:
+    """Quest's bound per page, summed over each KV head's G query heads: q `[B, H_q, D]`, bounds
+    `[B, H_kv, P, D]` -> `[B, H_kv, P]` in float32."""
+    batch, q_heads, dim = q.shape
+    kv_heads = highest.shape[1]
+    grouped = q.float().view(batch, kv_heads, q_heads // kv_heads, 1, dim)
+    bound = torch.maximum(grouped * highest.float()[:, :, None], grouped * lowest.float()[:, :, None])
+    return bound.sum(dim=-1).sum(dim=2)
+
+
+def choose_pages(scores: torch.Tensor, kv_lengths: torch.Tensor, page: int, count: int) -> tuple[torch.Tensor,
+                                                                                                  torch.Tensor]:
+    """The top `count` full pages by score (the current page excluded): page indices `[B, H_kv, count]`
+    and whether each is real (a sequence with fewer full pages reads them all)."""
+    full = (kv_lengths - 1) // page  # [B]: pages before the current one
+    candidate = torch.arange(scores.shape[-1], device=scores.device) < full[:, None]
+    ranked = scores.masked_fill(~candidate[:, None], float("-inf"))
+    count = min(count, scores.shape[-1])
+    chosen = ranked.topk(count, dim=-1).indices
+    return chosen, chosen < full[:, None, None]
+
+
+class Quest(AttentionMethod):
+    name = "quest"
+
+    def __init__(self, config, model_config, tokenizer):
+        super().__init__(config, model_config, tokenizer)
+        if config.pages < 1:
+            raise ValueError(f"Quest budget ({config.budget}) must hold a chosen page beside the current one "
+                             f"({2 * config.page} tokens)")
+
+    def start(self, cache, prefilled) -> None:
+        mc, cfg = self.model_config, self.cfg
+        shape = (mc.num_layers, cache.batch, mc.num_kv_heads, -(-cache.max_seq // cfg.page), mc.head_dim)
+        self.state("highest", shape, cache.k.dtype, cache.k.device)
+        self.state("lowest", shape, cache.k.dtype, cache.k.device)
+        lengths = prefilled.lengths.to(cache.k.device)
+        for layer in self.sparse_layers():
+            self.highest[layer], self.lowest[layer] = page_bounds(cache.k[layer], lengths, cfg.page)
+
+    def sparse_layers(self) -> list[int]:
+        return [layer for layer in self.model_config.global_layers if layer >= self.cfg.dense_layers]
+
+    def plan(self, ctx) -> QuestPlan:
+        capacity = ctx.bucketed(int(ctx.kv_lengths_host.max()))
+        return QuestPlan(capacity=capacity, masked=bool((ctx.kv_lengths_host != capacity).any()))
+
+    def update_bounds(self, cache, ctx) -> None:
+        """Fold this step's key into its page's bounds (a new page starts from the key alone)."""
+        layer, page = ctx.layer, self.cfg.page
+        position = ctx.kv_lengths - 1  # [B]: the slot this step wrote
+        heads, dim = cache.k.shape[2], cache.k.shape[-1]
+        key = cache.k[layer].gather(2, position[:, None, None, None].expand(-1, heads, 1, dim))  # [B, H, 1, D]
+        where = (position // page)[:, None, None, None].expand(-1, heads, 1, dim)
+        fresh = (position % page == 0)[:, None, None, None]
+        for bounds, pick in ((self.highest[layer], torch.maximum), (self.lowest[layer], torch.minimum)):
+            old = bounds.gather(2, where)
+            bounds.scatter_(2, where, torch.where(fresh, key, pick(old, key)))
+
+    def attend(self, q: torch.Tensor, cache, ctx, plan: QuestPlan) -> torch.Tensor:
+        layer, cfg = ctx.layer, self.cfg
+        k, v = cache.k[layer], cache.v[layer]
+        if layer < cfg.dense_layers:
+            ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
+            return dense_attention(q, k, v, ctx.kv_lengths, plan.capacity, plan.masked)
+        self.update_bounds(cache, ctx)
+        scores = page_scores(q[:, :, 0], self.highest[layer], self.lowest[layer])
+        chosen, real = choose_pages(scores, ctx.kv_lengths, cfg.page, cfg.pages)
+        offsets = torch.arange(cfg.page, device=q.device)
+        fixed = (chosen[..., None] * cfg.page + offsets).flatten(2)  # [B, H_kv, pages * page]
+        fixed_valid = real[..., None].expand(-1, -1, -1, cfg.page).flatten(2)
+        current = (ctx.kv_lengths - 1) // cfg.page * cfg.page
+        out, read = attend_fixed_plus_tail(q, k, v, fixed, fixed_valid, current, ctx.kv_lengths, cfg.page)
+        ctx.tokens_read[layer] = read
+        return out
+
+
+METHOD = MethodDef(name="quest", summary="every step, the pages whose key bounds score highest (+ the current)",
+                   config=QuestConfig, paths={"reference": Quest})

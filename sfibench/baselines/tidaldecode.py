@@ -1,0 +1,115 @@
+"""TidalDecode (Yang et al., ICLR 2025): token selection in two layers of a step, reused by the others.
+
+The whole cache is kept. At every decode step the first layers read densely; the selection layer (layer
+2) reads densely too, and takes the exact top-k token positions of its q.K scores per KV head (the
+group's query heads' scores summed); one re-selection layer in the middle of the stack (the authors'
+layer 13 of 32, scaled to the model's depth) does the same again; every other layer reads the positions
+chosen by the last selection layer before it, plus the current token. The selection layers' dense reads
+count in the tokens read. Only global layers select or reuse (a sliding-window layer reads its window).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from sfibench.core.budget import BudgetError
+from sfibench.engine.method import AttentionMethod, MethodConfig, MethodDef, StepPlan
+from sfibench.reference.attention import dense_attention
+from sfibench.reference.sparse_memory import attend_fixed_plus_tail
+
+
+@dataclass(frozen=True)
+class TidalDecodeConfig(MethodConfig):
+    """Selection layers and the tokens the other layers read (SPEC 6)."""
+
+    budget: int = 2308  # tokens a reusing layer reads per KV head: budget - 1 selected + the current token
+    dense_layers: int = 2  # the first layers read densely
+    selection_layer: int = 2
+    reselection_fraction: float | None = 13 / 32  # the authors' layer 13 of 32, scaled to the model's depth;
+    #                                              None: layer `selection_layer` alone selects
+
+    def with_budget(self, budget: int) -> TidalDecodeConfig:
+        if budget < 2:
+            raise BudgetError(f"a budget of {budget} tokens leaves TidalDecode no selected token beside the "
+                              "current one; raise it")
+        return dataclasses.replace(self, budget=budget)
+
+    def tokens_read(self, context: int) -> int:
+        """Tokens a reusing layer reads at `context`."""
+        return min(self.budget, context)
+
+    def state_bytes(self, model_config, path: str, dtype_bytes: int, tile_rows: int) -> tuple[int, int]:
+        return 0, model_config.num_kv_heads * max(self.budget - 1, 1) * (8 + 1)  # int64 positions + valid flags
+
+    def selection_layers(self, model_config) -> list[int]:
+        """The layers that select: the first global layers at or after `selection_layer` and at or after the
+        scaled middle of the stack."""
+        globals_ = [layer for layer in model_config.global_layers if layer >= self.dense_layers]
+        wanted = [self.selection_layer]
+        if self.reselection_fraction is not None:
+            wanted.append(max(round(self.reselection_fraction * model_config.num_layers), self.selection_layer + 1))
+        picked = [next((layer for layer in globals_ if layer >= at), None) for at in wanted]
+        return sorted({layer for layer in picked if layer is not None})
+
+
+@dataclass(frozen=True)
+class TidalPlan(StepPlan):
+    capacity: int = 0  # slots the dense and selection layers read (the longest length, bucketed)
+    masked: bool = False
+
+
+class TidalDecode(AttentionMethod):
+    name = "tidaldecode"
+
+    def __init__(self, config, model_config, tokenizer):
+        super().__init__(config, model_config, tokenizer)
+        self.selecting = config.selection_layers(model_config)
+        if not self.selecting:
+            raise ValueError(f"{model_config.name} has no global layer at or after layer {config.selection_layer} "
+                             "to select in")
+
+    def start(self, cache, prefilled) -> None:
+        mc = self.model_config
+        chosen = max(self.cfg.budget - 1, 1)
+        self.state("chosen", (cache.batch, mc.num_kv_heads, chosen), torch.long, cache.k.device)
+        self.state("chosen_valid", (cache.batch, mc.num_kv_heads, chosen), torch.bool, cache.k.device)
+
+    def plan(self, ctx) -> TidalPlan:
+        capacity = ctx.bucketed(int(ctx.kv_lengths_host.max()))
+        return TidalPlan(capacity=capacity, masked=bool((ctx.kv_lengths_host != capacity).any()))
+
+    def select(self, q: torch.Tensor, keys: torch.Tensor, kv_lengths: torch.Tensor, capacity: int) -> None:
+        """Top-k positions of the group-summed q.k scores per KV head, the current token excluded."""
+        batch, q_heads, dim = q.shape
+        capacity = min(capacity, keys.shape[2])
+        kv_heads = keys.shape[1]
+        grouped = q.float().view(batch, kv_heads, q_heads // kv_heads, dim)
+        scores = torch.einsum("bhgd,bhnd->bhn", grouped, keys[:, :, :capacity].float())
+        older = torch.arange(capacity, device=q.device) < (kv_lengths - 1)[:, None]  # [B, N]
+        scores = scores.masked_fill(~older[:, None], float("-inf"))
+        count = min(self.chosen.shape[-1], capacity)
+        top = scores.topk(count, dim=-1).indices
+        self.chosen.zero_()
+        self.chosen_valid.zero_()
+        self.chosen[..., :count] = top
+        self.chosen_valid[..., :count] = top < (kv_lengths - 1)[:, None, None]
+
+    def attend(self, q: torch.Tensor, cache, ctx, plan: TidalPlan) -> torch.Tensor:
+        layer = ctx.layer
+        k, v = cache.k[layer], cache.v[layer]
+        if layer < self.cfg.dense_layers or layer < self.selecting[0] or layer in self.selecting:
+            if layer in self.selecting:
+                self.select(q[:, :, 0], k, ctx.kv_lengths, plan.capacity)
+            ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
+            return dense_attention(q, k, v, ctx.kv_lengths, plan.capacity, plan.masked)
+        out, read = attend_fixed_plus_tail(q, k, v, self.chosen, self.chosen_valid, ctx.kv_lengths - 1,
+                                           ctx.kv_lengths, 1)
+        ctx.tokens_read[layer] = read
+        return out
+
+
+METHOD = MethodDef(name="tidaldecode", summary="every step, top-k tokens chosen in two layers, reused by the rest",
+                   config=TidalDecodeConfig, paths={"reference": TidalDecode})
