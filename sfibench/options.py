@@ -197,10 +197,10 @@ def check_sfi_settings(evidence_norm: str | None, keep_neighbours: int | None, p
                        path: str) -> None:
     """The SFI settings whose bad values typer cannot catch by itself."""
     from sfibench.sfi.selector import EVIDENCE_NORMS
-    from sfibench.sfi.state import POLICIES
+    from sfibench.sfi.config import PUBLISH_POLICIES
 
     if publish is not None:
-        check_choice(publish, POLICIES, "--publish")
+        check_choice(publish, PUBLISH_POLICIES, "--publish")
         if publish == "when_ready" and path != "optimized":
             raise UsageError("--publish when_ready runs the Selector on a side stream, which only the optimized "
                              "path has; add --path optimized or leave --publish out")
