@@ -234,10 +234,10 @@ class Decoder(nn.Module):
 
     def fold_pays(self, device) -> bool:
         """Whether folding the norms saves launches on `device`: the sums of squares the folds need come
-        from down_proj's and o_proj's Triton epilogues. Where those run on cuBLAS (products too narrow to
-        give every SM a program) they would cost launches of their own, more than the norm kernel they replace: folded that way,
-        qwen3-0.6b's fast step spent 0.34 ms outside weights and attention against 0.179 unfolded
-        (reports/fold-qwen3-0.6b-h200 against session 12's profile)."""
+        from down_proj's and o_proj's Triton epilogues. Where those products run on cuBLAS instead
+        (gemv.decode_config gives them no tile) the sums would cost launches of their own, more than the
+        norm kernel they replace: on an H200, qwen3-0.6b's fast step folded that way spent 0.34 ms outside
+        weights and attention against 0.179 unfolded."""
         from sfibench.optimized import gemv
 
         cfg, device = self.config, torch.device(device)

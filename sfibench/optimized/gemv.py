@@ -23,10 +23,10 @@ for the post-attention norm), and the 1 / rms scales the product's output (`inpu
 from partial sums of squares that the product before writes in its `add_squares` epilogue (down_proj,
 o_proj), each program for its own columns: no program waits for another, unlike add_rms_norm's last one.
 
-With programmatic dependent launch on (pdl.py; off by default, as measured there) the kernel may start
-while the kernel before it finishes, and waits for it before its first load. (Loading the first weight
-tile before that wait, which nothing forbids since no kernel writes weights, measured slower at B = 5
-and no faster at B = 1 on an H200, session 9: dropped.)
+With programmatic dependent launch (pdl.py: on for the products where the GPU has it) the kernel may
+start while the kernel before it finishes, and waits for it before its first load. The first weight tile
+is loaded after that wait too: loading it before, which nothing forbids since no kernel writes weights,
+measured slower at B = 5 and no faster at B = 1 on an H200.
 
 Every program owns BLOCK_N output columns and loops over K, BLOCK_K at a time: a [BLOCK_N, BLOCK_K]
 weight tile (rows are contiguous in K: the loads coalesce) times the [16, BLOCK_K] input tile (rows
