@@ -9,9 +9,10 @@ import pytest
 import torch
 from matplotlib.container import ErrorbarContainer
 
-from sfibench.config import SFIConfig
+from sfibench.core.budget import Budget
 from sfibench.metrics.stability import Mean, StabilityConfig, StabilityReducer
 from sfibench.reporting import stability_plots
+from sfibench.sfi.config import SFIConfig
 
 
 def test_mean_keeps_the_95_percent_interval_of_its_samples():
@@ -30,7 +31,8 @@ def test_mean_keeps_the_95_percent_interval_of_its_samples():
 def results() -> dict:
     """A reducer fed random attention for 60 steps, a sentence every 6 steps (only its summary is plotted)."""
     generator = torch.Generator().manual_seed(0)
-    cfg = StabilityConfig(topk_frac=0.05, k_head="20", max_offset=8, sfi=SFIConfig(n_sink=2, n_recent=16, page=4))
+    cfg = StabilityConfig(topk_frac=0.05, k_head=Budget(tokens=20), max_offset=8,
+                          sfi=SFIConfig(n_sink=2, n_recent=16, page=4))
     reducer = StabilityReducer(cfg, num_layers=3, num_kv_heads=2)
     for step in range(60):
         length = 80 + step

@@ -16,15 +16,13 @@ import torch
 from typer.testing import CliRunner
 
 from sfibench.cli import app
-from sfibench.engine.method import MethodSpec
-from sfibench.engine.sampling import SamplingConfig
-from sfibench.sfi.config import SelectorConfig, SFIConfig
+from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
+from sfibench.engine.method import MethodSpec
 from sfibench.engine.prefill import prefill
-from sfibench.engine.sampling import Sampler
-from sfibench.registry import create_method
+from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.metrics.stability import (
     StabilityConfig,
     StabilityInputError,
@@ -34,7 +32,9 @@ from sfibench.metrics.stability import (
     set_overlap,
     supports,
 )
-from sfibench.runners.stability import DenseProbe, run_stability
+from sfibench.registry import create_method
+from sfibench.runners.stability import DenseProbe, StabilityRun, run_stability
+from sfibench.sfi.config import SelectorConfig, SFIConfig
 from sfibench.sfi.geometry import recent_start
 
 SMALL = SFIConfig(n_sink=2, n_recent=8, page=4, selector=SelectorConfig(use_cross_head=False))
@@ -56,7 +56,8 @@ def feed(reducer: StabilityReducer, first_length: int, peaks_per_step: list[list
 
 
 def small_config(**overrides) -> StabilityConfig:
-    return StabilityConfig(**{"topk_frac": 0.055, "k_head": "3", "max_offset": 4, "prefix": 48, "sfi": SMALL,
+    return StabilityConfig(**{"topk_frac": 0.055, "k_head": Budget(tokens=3), "max_offset": 4, "prefix": 48,
+                              "sfi": SMALL,
                               **overrides})
 
 
@@ -104,7 +105,7 @@ def test_support_jumping_at_a_boundary_counts_as_across():
 
 def test_recall_of_a_known_selection_is_exact():
     """The Selector at t0 must pick the three peaks; recall at t is then a sum of known softmax weights."""
-    cfg = small_config(k_head="3")
+    cfg = small_config(k_head=Budget(tokens=3))
     reducer = StabilityReducer(cfg, LAYERS, HEADS)
     picks, t0_length = [6, 15, 27], 48
     reducer.update(peaked_logits(t0_length, picks, height=30.0), torch.ones(LAYERS, HEADS, t0_length), True)
@@ -156,7 +157,7 @@ def test_end_to_end_on_tiny_llama(tmp_path):
     text = "The lamp was lit at dusk. Ships passed the rock!  Was anyone awake? " * 4
     (tmp_path / "text.txt").write_text(text)
     cfg = small_config(model="tiny-llama", text_file=str(tmp_path / "text.txt"), steps=60, prefix=48, max_offset=8)
-    run_dir = run_stability(cfg, out=tmp_path / "run", show_progress=False)
+    run_dir = run_stability(StabilityRun(cfg, out=tmp_path / "run"), show_progress=False)
     document = json.loads((run_dir / "results.json").read_text())
     results = document["results"]
     assert document["command"] == "stability" and results["steps"] == 60
@@ -167,20 +168,20 @@ def test_end_to_end_on_tiny_llama(tmp_path):
     for name in ("report.md", "overlap_vs_offset.png", "within_vs_across.png", "recall_heatmap.png"):
         assert (run_dir / name).stat().st_size > 0
     with pytest.raises(FileExistsError):  # an earlier run is never overwritten silently
-        run_stability(cfg, out=run_dir, show_progress=False)
+        run_stability(StabilityRun(cfg, out=run_dir), show_progress=False)
 
 
 def test_bad_text_and_context_are_clear_errors(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n")
     with pytest.raises(UsageError, match="--text-file .* is empty"):  # the shared text-file check
-        run_stability(small_config(model="tiny-llama", text_file=str(empty)), out=tmp_path / "a")
+        run_stability(StabilityRun(small_config(model="tiny-llama", text_file=str(empty)), out=tmp_path / "a"))
     short = tmp_path / "short.txt"
     short.write_text("Too short. " * 5)
     with pytest.raises(StabilityInputError, match="tokens but"):
-        run_stability(small_config(model="tiny-llama", text_file=str(short), steps=10), out=tmp_path / "b")
+        run_stability(StabilityRun(small_config(model="tiny-llama", text_file=str(short), steps=10), out=tmp_path / "b"))
     with pytest.raises(StabilityInputError, match="context of 4096 tokens"):
-        run_stability(small_config(model="tiny-llama", steps=5000), out=tmp_path / "c")
+        run_stability(StabilityRun(small_config(model="tiny-llama", steps=5000), out=tmp_path / "c"))
 
 
 def test_cli_reports_bad_input_without_traceback():
@@ -191,6 +192,7 @@ def test_cli_reports_bad_input_without_traceback():
 
 def test_generate_mode_analyses_the_models_own_tokens(tmp_path):
     cfg = small_config(model="tiny-llama", generate=True, steps=20, prefix=48)
-    results = json.loads((run_stability(cfg, out=tmp_path / "gen", show_progress=False) / "results.json").read_text())
+    run_dir = run_stability(StabilityRun(cfg, out=tmp_path / "gen"), show_progress=False)
+    results = json.loads((run_dir / "results.json").read_text())
     assert results["results"]["mode"] == "generated" and results["results"]["perplexity"] is None
     assert 1 <= results["results"]["steps"] <= 20  # a sampled end-of-sequence token ends the run early

@@ -7,8 +7,8 @@ from pathlib import Path
 import typer
 
 from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATH_HELP, console, user_errors
+from sfibench.options import check_session_options, check_top_p, parse_k_head
 from sfibench.sfi.config import SFIConfig
-from sfibench.options import check_session_options, check_top_p
 
 
 def stability(
@@ -35,20 +35,21 @@ def stability(
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
 ):
     """Is the dominant attention support stable within a sentence? Dense attention over real text."""
-    from sfibench.registry import check_method
     from sfibench.metrics.stability import StabilityConfig
+    from sfibench.registry import check_method
     from sfibench.reporting.results import read_results
     from sfibench.reporting.stability_markdown import terminal_table
-    from sfibench.runners.stability import run_stability
+    from sfibench.runners.stability import StabilityRun, run_stability
 
-    cfg = StabilityConfig(model=model, text_file=None if text_file is None else str(text_file), generate=generate,
-                          steps=steps, prefix=prefix, topk_frac=topk_frac, mass=mass, k_head=k_head,
-                          max_offset=max_offset, temperature=temperature, top_p=top_p, seed=seed, device=device,
-                          dtype=dtype, path=path, sfi=SFIConfig(n_sink=n_sink, n_recent=n_recent, page=page))
     with user_errors():
         check_session_options(model, device, dtype)
         check_method("full_kv", path)
         check_top_p(top_p)
-        run_dir = run_stability(cfg, out, overwrite)
+        analysis = StabilityConfig(
+            model=model, text_file=None if text_file is None else str(text_file), generate=generate, steps=steps,
+            prefix=prefix, topk_frac=topk_frac, mass=mass, k_head=parse_k_head(k_head), max_offset=max_offset,
+            temperature=temperature, top_p=top_p, seed=seed, device=device, dtype=dtype, path=path,
+            sfi=SFIConfig(n_sink=n_sink, n_recent=n_recent, page=page))
+        run_dir = run_stability(StabilityRun(analysis, out=out, overwrite=overwrite))
     console.print(terminal_table(read_results(run_dir), wide))
     console.print(f"report: {run_dir / 'report.md'}")

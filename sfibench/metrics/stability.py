@@ -27,15 +27,16 @@ from dataclasses import dataclass, field
 import torch
 
 from sfibench import registry
-from sfibench.core.budget import Budget, parse_budget
+from sfibench.core.budget import Budget
 from sfibench.engine.method import AttentionView, RecallMemory
 from sfibench.sfi.config import SFIConfig
 from sfibench.sfi.geometry import recent_start
 
 HIST_BINS = 20  # overlap histograms over [0, 1]
+DEFAULT_K_HEAD = Budget(percent=10.0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class StabilityConfig:
     """Every knob of `sfibench stability`; defaults are the CLI defaults."""
 
@@ -46,7 +47,7 @@ class StabilityConfig:
     prefix: int = 512  # prompt tokens prefilled first, so candidates exist from the first step
     topk_frac: float = 0.02  # support size as a fraction of the context
     mass: float = 0.9  # the second support: smallest candidate set holding this share of their mass
-    k_head: str = "10%"  # selected tokens per KV head: tokens ("300") or a percentage of L at t0 ("10%")
+    k_head: Budget = DEFAULT_K_HEAD  # selected tokens per KV head: tokens (300) or a percentage of L at t0
     max_offset: int = 64  # drift is binned by t - t0 up to this; later offsets share the last bin
     temperature: float = 0.7  # --generate only: greedy decoding of a 135M model loops
     top_p: float = 0.95
@@ -77,7 +78,7 @@ def check_config(cfg: StabilityConfig) -> None:
             f"a {cfg.prefix}-token prefix leaves no candidate positions between the {cfg.sfi.n_sink} sinks and "
             f"the {cfg.sfi.n_recent}-token recent window; use --prefix {cfg.sfi.n_sink + cfg.sfi.n_recent + cfg.sfi.page} "
             "or more")
-    parse_budget(cfg.k_head, cfg.prefix, "--k-head", at_most_context=False)  # raises on a malformed value
+    cfg.k_head.resolve(cfg.prefix, "--k-head", at_most_context=False)  # a percentage must give a token at the start
 
 
 def pooled_attention(logits: torch.Tensor) -> torch.Tensor:
@@ -123,7 +124,7 @@ def set_overlap(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.T
 def recall_memories(cfg: StabilityConfig) -> list[RecallMemory]:
     """The memories compared, the budget reference's first (its settings are `cfg.sfi`): every registered
     method that has one, each at the reference's tokens read."""
-    selection = cfg.k_head if isinstance(cfg.k_head, Budget) else Budget.parse(cfg.k_head, "--k-head")
+    selection = cfg.k_head
     others = [registry.default_config(name).recall_memory(selection) for name in registry.names()
               if name != registry.BUDGET_REFERENCE]
     return [cfg.sfi.recall_memory(selection), *(memory for memory in others if memory is not None)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.resources
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -35,7 +35,7 @@ from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.engine.session import Session
 from sfibench.metrics.stability import StabilityConfig, StabilityInputError, StabilityReducer, check_config
 from sfibench.models.presets import PRESETS
-from sfibench.options import read_text_file
+from sfibench.options import budget_record, read_text_file
 from sfibench.reference.attention import dense_attention
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import write_results
@@ -49,6 +49,15 @@ SHIPPED_TEXT = "essays_en.txt"
 @dataclass(frozen=True)
 class ProbePlan(StepPlan):
     capacity: int = 0  # the sequence's length: the probe runs eagerly, so every step reads exactly it
+
+
+@dataclass(frozen=True)
+class StabilityRun:
+    """Everything `sfibench stability` runs with: the analysis (recorded in results.json) and where it goes."""
+
+    analysis: StabilityConfig
+    out: Path | None = None
+    overwrite: bool = False
 
 
 class DenseProbe(AttentionMethod):
@@ -108,13 +117,13 @@ def check_context(cfg: StabilityConfig, max_context: int, model: str) -> None:
             f"need {cfg.prefix + cfg.steps}; ask for fewer --steps or use a model with a longer context")
 
 
-def run_stability(cfg: StabilityConfig, out: Path | str | None = None, overwrite: bool = False,
-                  show_progress: bool = True) -> Path:
-    """Run the analysis of `cfg` and return the run directory (results.json, plots, report.md).
+def run_stability(run: StabilityRun, show_progress: bool = True) -> Path:
+    """Run the analysis and return the run directory (results.json, plots, report.md).
 
     Every setting, the text and the run directory are checked before the model loads. The analysis
     is one pass saved at its end, so Ctrl-C keeps nothing and says so (RunInterrupted).
     """
+    cfg = run.analysis
     check_config(cfg)
     registry.check_method(registry.dense().name, cfg.path)
     text, source = load_text(cfg.text_file)
@@ -123,7 +132,7 @@ def run_stability(cfg: StabilityConfig, out: Path | str | None = None, overwrite
     check_text_length(cfg, len(text.encode("utf-8")) + 1, exact=False)
     if cfg.model in PRESETS:
         check_context(cfg, PRESETS[cfg.model].max_context, cfg.model)
-    with claimed_run_dir(out, "stability", overwrite=overwrite) as run_dir:
+    with claimed_run_dir(run.out, "stability", overwrite=run.overwrite) as run_dir:
         try:
             _analyse(cfg, text, source, run_dir, show_progress)
         except KeyboardInterrupt:
@@ -152,7 +161,7 @@ def _analyse(cfg: StabilityConfig, text: str, source: str, run_dir: Path, show_p
         "model": mc.name, "text": source, "mode": "generated" if cfg.generate else "teacher-forced",
         "prefix_tokens": cfg.prefix, "context": {"first": cfg.prefix + 1, "last": cfg.prefix + reducer.step},
         "sfi_geometry": {"n_sink": cfg.sfi.n_sink, "n_recent": cfg.sfi.n_recent, "page": cfg.sfi.page,
-                         "k_head": cfg.k_head},
+                         "k_head": budget_record(cfg.k_head)},
         "perplexity": float(torch.tensor(nll).mean().exp()) if nll else None,
         "timing": {"load_s": load_s, "prefill_s": prefill_s, "decode_s": decode_s,
                    "steps_per_s": reducer.step / decode_s if decode_s > 0 else None,
@@ -160,7 +169,7 @@ def _analyse(cfg: StabilityConfig, text: str, source: str, run_dir: Path, show_p
         "decoded_text_head": loaded.tokenizer.decode(emitted[:200]),
         **reducer.summary(),
     }
-    write_results(run_dir, "stability", cfg, results)
+    write_results(run_dir, "stability", {**asdict(cfg), "k_head": budget_record(cfg.k_head)}, results)
     render(run_dir)  # plots and report come from the saved file, as `sfibench report` draws them
 
 
