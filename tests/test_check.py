@@ -3,7 +3,7 @@ input is one error line with exit 2 that leaves the baseline as it was.
 
 Most tests judge a copy of the committed H200 throughput run (a results.json of the real shape) edited
 the way a regression would change it; the slow ones rerun a small stability baseline on smollm2-135m
-with the Selector replaced by a seeded random choice (sfibench.sfi.selector's test hook).
+with the Selector replaced by a seeded random choice (the `random_selector` fixture).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typer.testing import CliRunner
 
 from sfibench.cli import app
 from sfibench.reporting.baseline import MANIFEST
-from sfibench.sfi.selector import DEBUG_RANDOM_SELECTION_ENV
 
 H200_RUN = Path(__file__).resolve().parents[1] / "reports" / "throughput-qwen3-4b-h200" / "results.json"
 RULES = [
@@ -246,8 +245,8 @@ STABILITY = ["stability", "--model", "smollm2-135m", "--device", "cpu", "--dtype
 
 
 # Two threads, and MKL not free to use fewer when the machine is busy (MKL_DYNAMIC), which would sum its products
-# in another order. A CI run of this test (session 16) saw perplexity move by 4e-4 between two runs of one tree
-# while three quiet reruns agreed exactly: fewer MKL threads under load is the likeliest cause, pinned here.
+# in another order: perplexity has moved by 4e-4 between two runs of one tree under load while quiet reruns
+# agreed exactly; fewer MKL threads under load is the likeliest cause, pinned here.
 PINNED_THREADS = {"OMP_NUM_THREADS": "2", "MKL_DYNAMIC": "FALSE"}
 
 
@@ -255,7 +254,6 @@ PINNED_THREADS = {"OMP_NUM_THREADS": "2", "MKL_DYNAMIC": "FALSE"}
 def stability_baseline(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("stability-baseline")
     env = {**os.environ, **PINNED_THREADS}
-    env.pop(DEBUG_RANDOM_SELECTION_ENV, None)
     subprocess.run([sys.executable, "-m", "sfibench", *STABILITY, "--out", str(folder / "stability")], check=True,
                    env=env, capture_output=True)
     # Tolerances for this test only: the rerun is the same computation, so only rounding may move it.
@@ -266,17 +264,40 @@ def stability_baseline(tmp_path_factory) -> Path:
     return folder
 
 
+# Loaded by every Python process started with its folder on PYTHONPATH (site.py imports `sitecustomize`): it
+# replaces the Selector, before anything imports it, by a seeded random choice of K candidates, a
+# deliberately degraded Selector that `sfibench check`'s rerun (a subprocess) must catch.
+RANDOM_SELECTOR = """
+import torch
+from sfibench.sfi import selector
+
+def random_select(logits, key_norms, lo, k, cfg, outside_lse=None):
+    shape = logits.shape[:-2] + (logits.shape[-1],)
+    if shape[-1] == 0:
+        return torch.empty(shape[:-1] + (0,), dtype=torch.long, device=logits.device)
+    scores = torch.rand(shape, generator=torch.Generator().manual_seed(0)).to(logits.device)
+    return selector.top_k_positions(scores, k, lo)
+
+selector.select = random_select
+"""
+
+
+@pytest.fixture
+def random_selector(tmp_path, monkeypatch):
+    """Processes started from here on (the check's reruns) select at random."""
+    (tmp_path / "sitecustomize.py").write_text(RANDOM_SELECTOR)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+
+
 @pytest.mark.slow
-def test_a_rerun_of_the_unchanged_tree_passes(stability_baseline, monkeypatch):
-    monkeypatch.delenv(DEBUG_RANDOM_SELECTION_ENV, raising=False)
+def test_a_rerun_of_the_unchanged_tree_passes(stability_baseline):
     status, output = check("--baseline", stability_baseline)
     assert status == 0, output
     assert "rerunning stability" in output and "PASS" in output
 
 
 @pytest.mark.slow
-def test_a_rerun_with_a_random_selector_fails(stability_baseline, monkeypatch):
-    monkeypatch.setenv(DEBUG_RANDOM_SELECTION_ENV, "0")
+def test_a_rerun_with_a_random_selector_fails(stability_baseline, random_selector):
     status, output = check("--baseline", stability_baseline)
     assert status == 1, output
     assert "recall.stale.mean" in output and "regressed" in output

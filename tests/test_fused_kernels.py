@@ -101,19 +101,17 @@ def test_decoder_with_the_qkv_epilogue_matches_torch(monkeypatch, name):
     assert len(launches) == 12 * model.config.num_layers  # every decode step of every layer took the one launch
 
 
-@pytest.mark.parametrize("post_attention", [False, True])
 @pytest.mark.parametrize("kernels", [False, True])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
-def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernels, post_attention):
-    """Decode with each layer's input norm folded into its qkv product (Decoder.fold_input_norms), and with
-    `post_attention` its post-attention norm into gate_up: the torch references of the folded ops, then every
-    decode op through its Triton kernel, give the logits the unfolded decoder gives; down_proj's add +
-    sums-of-squares launch replaces the add + norm kernel, and folding both, o_proj's replaces its add +
-    norm. The final norm is folded into the LM head either way."""
+def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernels):
+    """Decode with each layer's input norm folded into its qkv product and its post-attention norm into gate_up
+    (Decoder.fold_input_norms): the torch references of the folded ops, then every decode op through its
+    Triton kernel, give the logits the unfolded decoder gives; down_proj's and o_proj's add +
+    sums-of-squares launches replace the add + norm kernels. The final norm is folded into the LM head."""
     model = load_model(name, device=DEVICE).model
     tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0)).to(DEVICE)
     _, expected = decode(model, tokens, append=True)
-    model.fold_input_norms(post_attention=post_attention)
+    model.fold_input_norms()
     calls, normed_products, norms = [], [], []
     monkeypatch.setitem(fused.ops, "add_rms_norm", _Recording(fused.ops["add_rms_norm"], calls))
     monkeypatch.setitem(fused.ops, "rms_norm", _Recording(fused.ops["rms_norm"], norms))
@@ -130,43 +128,24 @@ def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernel
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     assert not calls  # no layer ran the separate add + norm
     assert not norms  # nor the final norm: the last down_proj and the LM head carry it
-    steps = 12  # of one token each
-    assert len(normed_products) == (0 if post_attention else steps * model.config.num_layers)
+    assert not normed_products  # o_proj's add + norm epilogue is not used either
 
 
-def test_the_fold_is_refused_where_the_layers_differ_and_its_switch_is_checked(monkeypatch):
-    from sfibench.core.errors import UsageError
-    from sfibench.models.decoder import FOLD_ENV, fold_requested
-
+def test_the_fold_is_refused_where_the_layers_differ():
     with pytest.raises(ValueError, match="Llama-family"):
         load_model("tiny-gemma3", device=DEVICE).model.fold_input_norms()
     assert not load_model("tiny-gemma3", device=DEVICE).model.can_fold_input_norms
     assert load_model("tiny-qwen3", device=DEVICE).model.can_fold_input_norms
-    monkeypatch.delenv(FOLD_ENV, raising=False)
-    assert fold_requested() == "1"  # both norms, by default (GPU sessions only: engine/session.py)
-    monkeypatch.setenv(FOLD_ENV, "input")
-    assert fold_requested() == "input"
-    monkeypatch.setenv(FOLD_ENV, "0")
-    assert fold_requested() == "0"
-    monkeypatch.setenv(FOLD_ENV, "yes")
-    with pytest.raises(UsageError, match="SFIBENCH_FOLD_INPUT_NORM='yes'"):
-        fold_requested()
 
 
-def test_the_fold_is_taken_only_where_down_proj_has_its_epilogue(monkeypatch):
-    """The fold's sums of squares come from down_proj's GEMV epilogue: with down_proj on cuBLAS (too
-    narrow for the GPU's SMs, as qwen3-0.6b's on an H200) they would cost launches of their own."""
+def test_the_fold_is_taken_only_where_down_proj_has_its_epilogue():
+    """The fold's sums of squares come from down_proj's GEMV epilogue: Gemma-3's layers and prefill-sized
+    products (cuBLAS's) have none."""
     from sfibench.optimized import gemv
 
-    monkeypatch.setenv(gemv.NARROW_ENV, "cublas")
-    model = load_model("tiny-qwen3", device=DEVICE).model
     assert not load_model("tiny-gemma3", device=DEVICE).model.fold_pays(DEVICE)
-    monkeypatch.setattr(gemv, "_sm_count", lambda device: 1)  # every product wide enough: the Triton GEMV
-    assert model.fold_pays(DEVICE)
-    monkeypatch.setattr(gemv, "_sm_count", lambda device: 10 ** 6)  # every product too narrow: cuBLAS
-    assert not model.fold_pays(DEVICE)
-    monkeypatch.delenv(gemv.NARROW_ENV)  # ... unless narrow products stay on the Triton GEMV (the default)
-    assert model.fold_pays(DEVICE)
+    assert load_model("tiny-qwen3", device=DEVICE).model.fold_pays(DEVICE)
+    assert gemv.decode_config(gemv.MAX_ROWS + 1, 64, 64, torch.device(DEVICE)) is None
 
 
 class _Recording:

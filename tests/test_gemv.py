@@ -177,22 +177,13 @@ def test_shapes_the_kernel_does_not_serve_go_to_the_reference():
     torch.testing.assert_close(gemv.linear(x, w), F.linear(x, w))
 
 
-def test_narrow_products_stay_on_this_kernel_unless_the_switch_sends_them_to_cublas(monkeypatch):
+def test_narrow_products_stay_on_this_kernel(monkeypatch):
     """qwen3-0.6b's o_proj (1,024 columns, 2,048 inputs) on an H200's 132 SMs: fewer programs than SMs, yet
-    it runs here by default (with its epilogues and the norm folds); SFIBENCH_NARROW_GEMV=cublas moves it."""
-    from sfibench.core.errors import UsageError
-
+    it runs here (with its epilogues and the norm folds); prefill stays cuBLAS's."""
     monkeypatch.setattr(gemv, "_sm_count", lambda device: 132)
     device = torch.device(DEVICE)
-    monkeypatch.setenv(gemv.NARROW_ENV, "cublas")
-    assert gemv.decode_config(1, 1024, 2048, device) is None
-    assert gemv.decode_config(1, 6144, 2560, device) == gemv.TUNED[(6144, 2560)]  # wide ones are unaffected
-    monkeypatch.delenv(gemv.NARROW_ENV)  # the default: narrow products run the Triton GEMV too
     assert gemv.decode_config(1, 1024, 2048, device) is not None
-    assert gemv.decode_config(gemv.MAX_ROWS + 1, 1024, 2048, device) is None  # prefill stays cuBLAS's
-    monkeypatch.setenv(gemv.NARROW_ENV, "yes")
-    with pytest.raises(UsageError, match="SFIBENCH_NARROW_GEMV='yes'"):
-        gemv.decode_config(1, 1024, 2048, device)
+    assert gemv.decode_config(gemv.MAX_ROWS + 1, 1024, 2048, device) is None
 
 
 def test_bad_inputs_are_named():
@@ -226,7 +217,7 @@ def test_tiles_are_fitted_to_shared_memory():
 def test_a_graphed_chain_with_pdl_matches_serial_launches(monkeypatch):
     """Each product reads the one before's output: with programmatic dependent launch (on where the GPU has
     it) a kernel that read its input before the previous kernel finished would give other numbers than
-    launches serialised the plain way (SFIBENCH_PDL=0)."""
+    launches serialised the plain way (no kind in pdl.WITH_PDL)."""
     from sfibench.optimized import pdl
 
     g = torch.Generator().manual_seed(11)
@@ -244,9 +235,9 @@ def test_a_graphed_chain_with_pdl_matches_serial_launches(monkeypatch):
                                                       down, stream, norm_w, 1e-6, config=SMALL)
         return normed
 
-    monkeypatch.setenv(pdl.ENV, "0")
+    monkeypatch.setattr(pdl, "WITH_PDL", frozenset())
     serial = chain()
-    monkeypatch.setenv(pdl.ENV, "1")
+    monkeypatch.setattr(pdl, "WITH_PDL", frozenset(pdl.KINDS))
     chain()  # compile the PDL variants before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

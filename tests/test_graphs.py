@@ -37,9 +37,9 @@ def decode(loaded, cache, pre, method, graphs: bool, inputs, runner=None):
 
 
 @cuda
-@pytest.mark.parametrize("pdl_mode", ["1", "short"])
+@pytest.mark.parametrize("every_kernel", [True, False])
 @pytest.mark.parametrize("name,path", available())
-def test_graph_replay_matches_eager(name, path, pdl_mode, monkeypatch):
+def test_graph_replay_matches_eager(name, path, every_kernel, monkeypatch):
     """Graphed steps (with programmatic dependent launch where the GPU has it: on every kernel, or the
     default's mix of launches with and without) against eager ones with plain serialised launches."""
     from sfibench.optimized import pdl
@@ -50,9 +50,10 @@ def test_graph_replay_matches_eager(name, path, pdl_mode, monkeypatch):
     pre = prefill(loaded.model, cache, prompts)
     inputs = torch.randint(0, 256, (2, 60), generator=torch.Generator().manual_seed(0)).cuda()
     method = create_method(spec(name, path), loaded.config, loaded.tokenizer)
-    monkeypatch.setenv(pdl.ENV, "0")
+    default = pdl.WITH_PDL
+    monkeypatch.setattr(pdl, "WITH_PDL", frozenset())  # serial launches
     eager_logits, eager_reads, _ = decode(loaded, cache, pre, method, False, inputs)
-    monkeypatch.setenv(pdl.ENV, pdl_mode)
+    monkeypatch.setattr(pdl, "WITH_PDL", frozenset(pdl.KINDS) if every_kernel else default)
     runner = StepDriver(loaded.model, cache, method, use_graphs=True, length_bucket=16)
     for _ in range(2):  # the second pass replays graphs captured in the first, after method.start()
         graph_logits, graph_reads, replayed = decode(loaded, cache, pre, method, True, inputs, runner)

@@ -1,4 +1,4 @@
-"""optimized/pdl.py's switch: which kernels launch with programmatic dependent launch, and bad values refused.
+"""optimized/pdl.py: which kernels launch with programmatic dependent launch, and unknown kinds refused.
 (That chains of PDL launches give serial launches' numbers is a GPU test: tests/test_gemv.py, test_graphs.py.)"""
 
 from __future__ import annotations
@@ -7,30 +7,22 @@ import pytest
 import torch
 from test_kernels import DEVICE
 
-from sfibench.core.errors import UsageError
 from sfibench.optimized import pdl
 
 
-def test_short_splits_by_default_and_never_on_the_cpu(monkeypatch):
-    monkeypatch.delenv(pdl.ENV, raising=False)
-    assert pdl.mode() == "short"
-    for value in pdl.MODES:
-        monkeypatch.setenv(pdl.ENV, value)
-        for kind in pdl.KINDS:
-            assert not pdl.enabled(torch.device("cpu"), kind)
-            assert pdl.launch_options(torch.device("cpu"), kind) == {"PDL": False}
+def test_never_on_the_cpu():
+    for kind in pdl.KINDS:
+        assert not pdl.enabled(torch.device("cpu"), kind)
+        assert pdl.launch_options(torch.device("cpu"), kind) == {"PDL": False}
 
 
-def test_modes_name_their_kernels():
-    assert pdl.MODES["0"] == set()
-    assert pdl.MODES["products"] == {"products"}
-    assert pdl.MODES["short"] == {"products", "short_attention"}  # dense reads launch without it
-    assert pdl.MODES["1"] == {"products", "short_attention", "attention"}
+def test_products_and_short_splits_launch_with_pdl_and_dense_reads_without():
+    assert pdl.WITH_PDL == {"products", "short_attention"}
+    assert set(pdl.KINDS) - pdl.WITH_PDL == {"attention"}
 
 
 def test_an_attention_launch_asks_for_the_kind_its_split_length_gives(monkeypatch):
-    """Short splits (a fast step's) are `short_attention`, any other launch `attention`: what the modes key
-    on."""
+    """Short splits (a fast step's) are `short_attention`, any other launch `attention`: what WITH_PDL keys on."""
     from sfibench.optimized import decode_attention
     from sfibench.optimized.two_segment import two_segment_decode
 
@@ -48,13 +40,7 @@ def test_an_attention_launch_asks_for_the_kind_its_split_length_gives(monkeypatc
     assert kinds == ["attention", "attention", "short_attention"]
 
 
-def test_a_bad_value_is_refused_with_the_choices(monkeypatch):
-    monkeypatch.setenv(pdl.ENV, "yes")
-    with pytest.raises(UsageError, match="SFIBENCH_PDL='yes'.*0 = .*products = .*short = .*1 = "):
-        pdl.mode()
-    with pytest.raises(UsageError):
-        pdl.enabled(torch.device("cpu"), "products")
-    monkeypatch.setenv(pdl.ENV, "1")
+def test_an_unknown_kernel_kind_is_refused():
     with pytest.raises(ValueError, match="unknown kernel kind"):
         pdl.enabled(torch.device("cpu"), "merge")
 

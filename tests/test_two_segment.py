@@ -20,7 +20,6 @@ if not torch.cuda.is_available():
 # After the env setup, on purpose; the shared helpers come from test_kernels.py.
 from test_kernels import DEVICE, NEVER_READ_KEY, NEVER_READ_VALUE, assert_matches, random_qkv
 
-from sfibench.core.errors import UsageError
 from sfibench.optimized import two_segment
 from sfibench.optimized.decode_attention import (
     KernelConfig,
@@ -32,8 +31,6 @@ from sfibench.optimized.decode_attention import (
 from sfibench.optimized.decode_reference import two_segment_decode_reference
 from sfibench.optimized.two_segment import (
     LONG_SPLIT_SHAPES,
-    LONG_SPLITS_ENV,
-    STRADDLE_ENV,
     dense_read_launch,
     fast_read_launch,
     two_segment_decode,
@@ -103,12 +100,10 @@ CASES = [  # kv_heads, group, head_dim, width N, slots S, dtype, num_splits, see
 ]
 
 
-@pytest.mark.parametrize("loops", ["two-loops", "one-loop", "straddle"])
+@pytest.mark.parametrize("one_loop", [False, True])
 @pytest.mark.parametrize("kv_heads,group,head_dim,width,slots,dtype,num_splits,seed,rows", CASES)
 def test_two_segment_matches_reference_and_writes_evidence_only_where_asked(
-        kv_heads, group, head_dim, width, slots, dtype, num_splits, seed, rows, loops):
-    # straddle: a loop per segment, except one loop in the split that holds both (SFIBENCH_STRADDLE_ONE_LOOP)
-    one_loop, straddle = loops == "one-loop", loops == "straddle"
+        kv_heads, group, head_dim, width, slots, dtype, num_splits, seed, rows, one_loop):
     inputs = two_segment_inputs(kv_heads, group, head_dim, width, slots, dtype, seed, rows,
                                 buffer_major=seed % 3 != 0)
     batch, q_heads = len(rows), kv_heads * group
@@ -120,7 +115,7 @@ def test_two_segment_matches_reference_and_writes_evidence_only_where_asked(
     out = torch.full_like(inputs["q"], float("nan"))
 
     two_segment_decode(**inputs, evidence=evidence, evidence_rows=evidence_rows, num_splits=num_splits, out=out,
-                       one_loop=one_loop, straddle_one_loop=straddle)
+                       one_loop=one_loop)
 
     reference, logits = two_segment_decode_reference(**inputs, evidence_rows=evidence_rows)
     assert_matches(out, reference, dtype)
@@ -133,7 +128,7 @@ def test_two_segment_matches_reference_and_writes_evidence_only_where_asked(
         dense = dense_decode(*(inputs[name][dense_rows] for name in ("q", "k", "v", "lengths")), num_splits)
         # float32 one-loop launches run three pipeline stages (shared memory), dense_decode four: a different
         # compiled kernel, so exact equality is asked only where the configs agree.
-        if num_splits and not ((one_loop or straddle) and dtype == torch.float32):
+        if num_splits and not (one_loop and dtype == torch.float32):
             assert torch.equal(out[dense_rows], dense)
         else:
             assert_matches(out[dense_rows], dense.double(), dtype)
@@ -204,39 +199,20 @@ def test_the_merge_can_be_placed_against_the_split_count_rule(num_splits, merge_
 
 def test_fast_reads_take_one_loop_and_pdl_only_when_their_splits_are_short(monkeypatch):
     # Qwen3-4B shape, 2,308 rows per (sequence, KV head) at a fast step, 132 SMs (the H200 measurement).
-    for env in (STRADDLE_ENV, LONG_SPLITS_ENV):
-        monkeypatch.delenv(env, raising=False)
     one = fast_read_launch(1, 8, 2308, torch.device("cpu"))
     five = fast_read_launch(5, 8, 2308, torch.device("cpu"))
-    # ~144 rows per split: one loop, and PDL under its default mode; ~770: neither, and B = 5's 40 pairs take
-    # the table's launch
-    assert one == {"num_splits": 16, "one_loop": True, "short_splits": True, "straddle_one_loop": False}
+    # ~144 rows per split: one loop, and PDL; ~770: neither, and B = 5's 40 pairs take the table's launch
+    assert one == {"num_splits": 16, "one_loop": True, "short_splits": True}
     splits, stages = LONG_SPLIT_SHAPES[(132, 40)]
-    assert five == {"num_splits": splits, "one_loop": False, "short_splits": False,
-                    "straddle_one_loop": False, "num_stages": stages}
+    assert five == {"num_splits": splits, "one_loop": False, "short_splits": False, "num_stages": stages}
     # qwen3-0.6b at B = 7 (56 sequence x KV head pairs) on 132 SMs (the interpreter's count): splits and stages
-    # from the table, unless switched off; on another SM count the rule's
+    # from the table; on another SM count the rule's
     seven = fast_read_launch(7, 8, 2308, torch.device("cpu"))
     assert (seven["num_splits"], seven["num_stages"]) == LONG_SPLIT_SHAPES[(132, 56)]
     with monkeypatch.context() as patch:
         patch.setattr(two_segment, "sm_count", lambda device: 108)
         assert "num_stages" not in fast_read_launch(7, 8, 2308, torch.device("cpu"))
     assert seven["num_splits"] != default_num_splits(7, 8, 2308)
-    monkeypatch.setenv(LONG_SPLITS_ENV, "default")
-    assert fast_read_launch(7, 8, 2308, torch.device("cpu")) == {
-        "num_splits": default_num_splits(7, 8, 2308), "one_loop": False, "short_splits": False,
-        "straddle_one_loop": False}
-    monkeypatch.setenv(LONG_SPLITS_ENV, "on")
-    with pytest.raises(UsageError, match=LONG_SPLITS_ENV):
-        fast_read_launch(7, 8, 2308, torch.device("cpu"))
-    monkeypatch.delenv(LONG_SPLITS_ENV)
-    monkeypatch.setenv(STRADDLE_ENV, "1")  # the A/B switch, read per launch plan
-    assert fast_read_launch(5, 8, 2308, torch.device("cpu"))["straddle_one_loop"]
-    monkeypatch.setenv(STRADDLE_ENV, "slow")  # only SFI's dense-row launches: not a fast read
-    assert not fast_read_launch(5, 8, 2308, torch.device("cpu"))["straddle_one_loop"]
-    monkeypatch.setenv(STRADDLE_ENV, "yes")
-    with pytest.raises(UsageError, match=f"{STRADDLE_ENV}='yes' is not accepted.*slow = "):
-        fast_read_launch(5, 8, 2308, torch.device("cpu"))
 
 
 def test_a_launch_may_set_its_stages_alone():
@@ -246,18 +222,11 @@ def test_a_launch_may_set_its_stages_alone():
         assert_matches(out, two_segment_decode_reference(**inputs)[0], torch.float32)
 
 
-def test_dense_row_steps_split_for_the_long_read_and_straddle_in_one_loop_in_a_batch(monkeypatch):
+def test_dense_row_steps_split_for_the_long_read():
     # Qwen3-4B at 128K on 132 SMs: the dense row gets the split count of a lone sequence whatever the batch.
-    monkeypatch.delenv(STRADDLE_ENV, raising=False)
     cpu = torch.device("cpu")
     one, five = dense_read_launch(1, 8, 131072, cpu), dense_read_launch(5, 8, 131072, cpu)
-    assert one["num_splits"] == five["num_splits"] == default_num_splits(1, 8, 131072, sm_count(cpu))
-    assert not five["straddle_one_loop"]  # off by default
-    monkeypatch.setenv(STRADDLE_ENV, "slow")
-    five, one = dense_read_launch(5, 8, 131072, cpu), dense_read_launch(1, 8, 131072, cpu)
-    assert five["straddle_one_loop"] and not one["straddle_one_loop"]  # a lone dense row has no compact rows
-    monkeypatch.setenv(STRADDLE_ENV, "1")
-    assert dense_read_launch(1, 8, 131072, cpu)["straddle_one_loop"]
+    assert one == five == {"num_splits": default_num_splits(1, 8, 131072, sm_count(cpu))}
 
 
 def test_bad_inputs_are_refused_with_the_reason():
@@ -285,11 +254,10 @@ def test_long_context_bf16_on_gpu_and_under_cuda_graph_replay():
     evidence_rows = torch.tensor([0, 0, 1], device="cuda")
     evidence = torch.full((3, kv_heads * group, slots), EVIDENCE_POISON, device="cuda")
     reference, logits = two_segment_decode_reference(**inputs, evidence_rows=evidence_rows)
-    for splits, one_loop, straddle in ((None, False, False), (3, False, False), (3, False, True), (16, False, False),
-                                       (16, True, False), (40, True, False)):
+    for splits, one_loop in ((None, False), (3, False), (16, False), (16, True), (40, True)):
         # default, few, 16 (merged in the kernel), many (a second kernel merges); every loop form
         out = two_segment_decode(**inputs, evidence=evidence, evidence_rows=evidence_rows, num_splits=splits,
-                                 one_loop=one_loop, straddle_one_loop=straddle)
+                                 one_loop=one_loop)
         assert_matches(out, reference, torch.bfloat16)
     torch.testing.assert_close(evidence.double(), logits.nan_to_num(nan=EVIDENCE_POISON), rtol=1e-3, atol=1e-3)
 

@@ -39,21 +39,6 @@ from sfibench.models.presets import ModelConfig
 from sfibench.models.rope import PositionTable, inverse_frequencies, rope_cos_sin
 
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-FOLD_ENV = "SFIBENCH_FOLD_INPUT_NORM"
-
-
-FOLD_CHOICES = {"1": "fold each layer's input norm into its qkv product and its post-attention norm into its "
-                     "gate_up product", "input": "fold the input norms only", "0": "off"}
-
-
-def fold_requested() -> str:
-    """Which norms a GPU session folds into the products after them where the layers allow it
-    (Decoder.fold_input_norms): "1" both (the default), "input" the input norms only, "0" none. The input
-    fold took 0.03-0.07 ms off every step of qwen3-4b at 32K on an H200 (session 11,
-    reports/ab-qwen3-4b-32k-h200/session11); SFIBENCH_FOLD_INPUT_NORM chooses."""
-    from sfibench.switches import read_switch
-
-    return read_switch(FOLD_ENV, FOLD_CHOICES, "1")
 
 
 class RMSNorm(nn.Module):
@@ -193,27 +178,18 @@ class DecoderLayer(nn.Module):
         """A decode step with the input norm folded into the qkv product (Decoder.fold_input_norms):
         `squares` holds partial sums of squares of `residual`'s rows, from which the qkv kernel scales its
         product; down_proj adds the residual and writes the next layer's partials. No norm kernel of its
-        own: with the qkv epilogue a layer is 4 launches plus attention. With the post-attention norm folded
-        too, o_proj writes partials the same way and gate_up scales by them (no program of o_proj waits
+        own: with the qkv epilogue a layer is 4 launches plus attention. The post-attention norm is folded
+        too: o_proj writes partials the same way and gate_up scales by them (no program of o_proj waits
         for the others to normalise whole rows). Returns (the stream after this layer, its partials); with
         `output_gain` (the last layer, the final norm's weight) the stream times that gain."""
         heads = self.self_attn.attend_heads(residual, cos, sin, layer, attend,
                                             folded_norm=(squares, self.input_layernorm.eps))
         norm, mlp = self.post_attention_layernorm, self.mlp
-        gate_up_folded = getattr(mlp, "gate_up_folded", None)
-        with label("sfibench.projections"):
-            o_proj = self.self_attn.o_proj.weight
-            if gate_up_folded is None:
-                residual, normed = fused.ops["linear_add_rms_norm"](heads, o_proj, residual, norm.weight,
-                                                                    norm.eps)
-            else:  # the post-attention norm rides on gate_up: o_proj writes the stream and its partials
-                residual, squares = fused.ops["linear_add_squares"](heads, o_proj, residual)
+        with label("sfibench.projections"):  # o_proj writes the stream and its partials for gate_up's norm
+            residual, squares = fused.ops["linear_add_squares"](heads, self.self_attn.o_proj.weight, residual)
         with label("sfibench.mlp"):
-            if gate_up_folded is None:
-                activated = mlp.activated(normed)
-            else:
-                activated = fused.ops["gate_up_activation"](residual, gate_up_folded, mlp.activation,
-                                                            input_squares=squares, input_eps=norm.eps)
+            activated = fused.ops["gate_up_activation"](residual, mlp.gate_up_folded, mlp.activation,
+                                                        input_squares=squares, input_eps=norm.eps)
             return fused.ops["linear_add_squares"](activated, mlp.down_proj.weight, residual,
                                                    output_gain=output_gain)
 
@@ -258,11 +234,10 @@ class Decoder(nn.Module):
 
     def fold_pays(self, device) -> bool:
         """Whether folding the norms saves launches on `device`: the sums of squares the folds need come
-        from down_proj's and o_proj's Triton epilogues. Where those run on cuBLAS (products too narrow to
-        give every SM a program, e.g. qwen3-0.6b's 1,024 columns, under SFIBENCH_NARROW_GEMV=cublas) they
-        would cost launches of their own, more than the norm kernel they replace: folded that way,
-        qwen3-0.6b's fast step spent 0.34 ms outside weights and attention against 0.179 unfolded
-        (reports/fold-qwen3-0.6b-h200 against session 12's profile)."""
+        from down_proj's and o_proj's Triton epilogues. Where those products run on cuBLAS instead
+        (gemv.decode_config gives them no tile) the sums would cost launches of their own, more than the
+        norm kernel they replace: on an H200, qwen3-0.6b's fast step folded that way spent 0.34 ms outside
+        weights and attention against 0.179 unfolded."""
         from sfibench.optimized import gemv
 
         cfg, device = self.config, torch.device(device)
@@ -270,8 +245,8 @@ class Decoder(nn.Module):
             gemv.decode_config(1, cfg.hidden_size, n_in, device) is not None
             for n_in in (cfg.intermediate_size, cfg.num_heads * cfg.head_dim))
 
-    def fold_input_norms(self, post_attention: bool = True) -> None:
-        """Decode without an input-norm kernel per layer (GPU sessions, unless SFIBENCH_FOLD_INPUT_NORM=0).
+    def fold_input_norms(self) -> None:
+        """Decode without a norm kernel per layer (GPU sessions where `fold_pays`).
 
         A layer's input norm feeds only its qkv product, and W (g * x / rms(x)) = (W diag(g)) x / rms(x):
         the norm's weight can live in a copy of the qkv weight (`qkv_folded`, in the model dtype) and the
@@ -280,7 +255,7 @@ class Decoder(nn.Module):
         loop is unchanged. Rounding differs from the unfolded decoder by the copy's one rounding per weight
         and the norm computed in float32 without the intermediate casts. Prefill keeps the unfolded path.
 
-        `post_attention`: the post-attention norm likewise, into a copy of gate_up (`gate_up_folded`), the
+        The post-attention norm likewise, into a copy of gate_up (`gate_up_folded`), the
         sums of squares from o_proj's epilogue: o_proj's add + norm epilogue had its last program normalise
         whole rows while the others waited. The copies cost memory: qkv and gate_up once more per layer.
         The final norm is folded as well, without a copy of the LM head (vocabulary x hidden): the last
@@ -293,11 +268,10 @@ class Decoder(nn.Module):
             attn, gain = layer.self_attn, layer.input_layernorm.weight
             weight = attn.qkv_proj.weight
             attn.qkv_folded = (weight.float() * gain.float()[None, :]).to(weight.dtype)
-            if post_attention:
-                gate_up, gain = layer.mlp.gate_up_proj.weight, layer.post_attention_layernorm.weight
-                layer.mlp.gate_up_folded = (gate_up.float() * gain.float()[None, :]).to(gate_up.dtype)
+            gate_up, gain = layer.mlp.gate_up_proj.weight, layer.post_attention_layernorm.weight
+            layer.mlp.gate_up_folded = (gate_up.float() * gain.float()[None, :]).to(gate_up.dtype)
         self.folded_input_norms = True
-        self.folded_post_attention_norms = post_attention
+        self.folded_post_attention_norms = True
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attend: Attend,
                 last_only: bool = False) -> torch.Tensor:

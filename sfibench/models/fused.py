@@ -102,7 +102,7 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
                                positions: torch.Tensor, *, input_squares: torch.Tensor | None = None,
                                input_eps: float = 0.0) -> torch.Tensor:
     """Decode's qkv projection, then qk_norm_rope_append: q `[B, H_q, 1, D]`, k and v appended. Fused, the
-    two are one launch (optimized/qkv_epilogue.py; SFIBENCH_QKV_EPILOGUE=0: gemv's product, the q/k kernel).
+    two are one launch (optimized/qkv_epilogue.py), except at shapes its kernel does not serve.
     `input_squares`/`input_eps`: the folded input norm, as in `linear`."""
     qkv = ops["linear"](x, weight, bias, input_squares=input_squares, input_eps=input_eps)
     return ops["qk_norm_rope_append"](qkv, q_weight, k_weight, eps, cos, sin, num_heads, num_kv_heads,
@@ -192,5 +192,4 @@ def enable_fusion(enabled: bool = True) -> None:
     ops["linear_add_rms_norm"] = gemv.linear_add_rms_norm
     ops["gate_up_activation"] = gemv.gate_up_activation
     ops["linear_add_squares"] = gemv.linear_add_squares
-    if qkv_epilogue.enabled():  # else the composition above: gemv's product, then the q/k kernel
-        ops["linear_qk_norm_rope_append"] = qkv_epilogue.linear_qk_norm_rope_append
+    ops["linear_qk_norm_rope_append"] = qkv_epilogue.linear_qk_norm_rope_append

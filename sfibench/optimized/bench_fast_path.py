@@ -63,7 +63,7 @@ def fast_step_attention(batch: int, kv_heads: int, group: int, head_dim: int, la
                         context: int = 0) -> list[dict]:
     """ms per fast step's attention (all layers, one graph) for each split count and kernel variant
     (tile config incl. where the splits merge, and the loop form: "1" one loop over both segments, "0" a
-    loop per segment, "straddle" a loop per segment except in the split straddling both). The tail is the
+    loop per segment). The tail is the
     last `tail` slots of a cache of `context` slots (default 4 x tail; a long one is left uninitialised:
     what it holds does not change the speed, and filling ~100 GB would take longer than the timing)."""
     device, dtype = torch.device("cuda"), torch.bfloat16
@@ -86,8 +86,7 @@ def fast_step_attention(batch: int, kv_heads: int, group: int, head_dim: int, la
         def step(num_splits=num_splits, config=config, loops=loops):
             for layer in range(layers):
                 two_segment_decode(q, compact_k[layer], compact_v[layer], counts, k[layer], v[layer], tail_start,
-                                   lengths, row_buffer, num_splits=num_splits, config=config, one_loop=loops == "1",
-                                   straddle_one_loop=loops == "straddle")
+                                   lengths, row_buffer, num_splits=num_splits, config=config, one_loop=loops == "1")
         step()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
@@ -98,7 +97,6 @@ def fast_step_attention(batch: int, kv_heads: int, group: int, head_dim: int, la
                      "compact_rows": compact_rows, "tail_rows": tail, "cache_slots": context,
                      "num_splits": num_splits, "block_n": config.block_n, "num_stages": config.num_stages,
                      "merge_in_kernel": config.merge_in_kernel, "one_loop": loops == "1",
-                     "straddle_one_loop": loops == "straddle",
                      "ms_per_step": statistics.median(medians), "ms_spread": (max(medians) - min(medians)) / 2})
         print(f"fast-step attention B={batch} G={group} rows={compact_rows}+{tail}/{context} splits={num_splits} "
               f"{config} loops={loops}: "
@@ -235,8 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", default="2,4", help="software-pipelining stages")
     parser.add_argument("--merge", default="kernel,separate", help="where splits merge: kernel (the last split "
                         "to finish) and/or separate (a second kernel)")
-    parser.add_argument("--one-loop", default="0,1", help="0: a loop per segment, 1: one loop over both, straddle: "
-                        "a loop per segment except in the split straddling both (SFIBENCH_STRADDLE_ONE_LOOP)")
+    parser.add_argument("--one-loop", default="0,1", help="0: a loop per segment, 1: one loop over both")
     parser.add_argument("--rows", default="2052+256", help="fast-step reads as COMPACT+TAIL[/CACHE_SLOTS], "
                         "comma-separated: rows from the compact buffer, from the cache's tail, and the cache's size "
                         "(default 4 x TAIL), e.g. 2052+256/130944,2276+80,4+2304")

@@ -309,7 +309,7 @@ def _launch_split_kernel(kernel, q, out, kv_heads, n_slots, num_splits, config, 
     With PDL (pdl.py) and `index_before_wait`, the kernel reads its index tensors (lengths, counts, row
     buffers) before waiting for the kernel before it: a caller passes it only where that kernel does not
     write them (at decode: the kernel that appends the step's k/v). `short_splits`: the caller expects each
-    split to read only a few hundred rows (a fast step), which decides whether PDL applies (pdl.MODES).
+    split to read only a few hundred rows (a fast step), which decides whether PDL applies (pdl.WITH_PDL).
     """
     batch, q_heads, head_dim = q.shape
     config = config or default_config(head_dim, q.dtype, _shared_memory(q.device))

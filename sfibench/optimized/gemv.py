@@ -23,10 +23,10 @@ for the post-attention norm), and the 1 / rms scales the product's output (`inpu
 from partial sums of squares that the product before writes in its `add_squares` epilogue (down_proj,
 o_proj), each program for its own columns: no program waits for another, unlike add_rms_norm's last one.
 
-With programmatic dependent launch on (pdl.py; off by default, as measured there) the kernel may start
-while the kernel before it finishes, and waits for it before its first load. (Loading the first weight
-tile before that wait, which nothing forbids since no kernel writes weights, measured slower at B = 5
-and no faster at B = 1 on an H200, session 9: dropped.)
+With programmatic dependent launch (pdl.py: on for the products where the GPU has it) the kernel may
+start while the kernel before it finishes, and waits for it before its first load. The first weight tile
+is loaded after that wait too: loading it before, which nothing forbids since no kernel writes weights,
+measured slower at B = 5 and no faster at B = 1 on an H200.
 
 Every program owns BLOCK_N output columns and loops over K, BLOCK_K at a time: a [BLOCK_N, BLOCK_K]
 weight tile (rows are contiguous in K: the loads coalesce) times the [16, BLOCK_K] input tile (rows
@@ -48,7 +48,6 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from sfibench.optimized import pdl
-from sfibench.switches import read_switch
 
 MAX_ROWS = 16  # decode: one row per sequence; more rows (prefill) go to cuBLAS
 EPILOGUES = {"none": 0, "add_rms_norm": 1, "silu_mul": 2, "gelu_tanh_mul": 3, "add_squares": 4}
@@ -72,35 +71,20 @@ TUNED = {
     (2560, 9728): GemvConfig(32, 512),  # down_proj
     (151936, 2560): GemvConfig(64, 256, num_stages=3),  # LM head
 }
-# Products with fewer programs than this per SM (N / 32 columns), e.g. qwen3-0.6b's o_proj and down_proj
-# (1,024 columns), leave SMs idle on this kernel (it has no split-K), so they once stayed on cuBLAS. But there
-# they carry no epilogue: neither norm folds and o_proj's add + norm is a kernel of its own. A same-call A/B
-# on an H200 (reports/ab-qwen3-0.6b-h200, session 15, qwen3-0.6b at 32K and 128K, B = 1 and 7) settled it
-# for this kernel: every graphed step ran faster with them here (Full-KV 32K B = 1 2.154 -> 1.868 ms, SFI
-# fast B = 1 1.422 -> 1.126, B = 7 1.891 -> 1.645), and the weights floor's chain too (0.998 -> 0.775 ms).
-# So they run here by default; SFIBENCH_NARROW_GEMV=cublas sends them back, for A/Bs.
-MIN_PROGRAMS_PER_SM = 0.5
-NARROW_ENV = "SFIBENCH_NARROW_GEMV"
-NARROW_CHOICES = {"triton": "products too narrow to give every SM a program run this kernel too, with its "
-                            "epilogues (and so the norm folds), the default",
-                  "cublas": "they run on cuBLAS, without epilogues or folds"}
-
-
-def narrow_products_here() -> bool:
-    """Whether SFIBENCH_NARROW_GEMV asks for narrow decode products on this kernel (MIN_PROGRAMS_PER_SM)."""
-    return read_switch(NARROW_ENV, NARROW_CHOICES, "triton") == "triton"
+# Products with fewer programs than one per SM (N / 32 columns), e.g. qwen3-0.6b's o_proj and down_proj
+# (1,024 columns), leave SMs idle on this kernel (it has no split-K), but on cuBLAS they would carry no
+# epilogue: neither norm folds and o_proj's add + norm is a kernel of its own. Measured on an H200
+# (qwen3-0.6b at 32K and 128K, B = 1 and 7), every graphed step ran faster with them here, so every decode
+# product runs on this kernel.
 
 
 def decode_config(rows: int, n_out: int, n_in: int, device: torch.device) -> GemvConfig | None:
     """The tile for a decode product of `rows` rows by an [N, K] weight, or None where the reference (cuBLAS)
-    runs it: prefill, or, with SFIBENCH_NARROW_GEMV=cublas, too few output columns to give every SM a
-    program."""
+    runs it: prefill, and CPU tensors outside the interpreter."""
     if rows > MAX_ROWS or (device.type != "cuda" and not _INTERPRETED):
         return None  # prefill; or CPU tensors outside the interpreter (fusion left on by a GPU session)
     if (n_out, n_in) in TUNED:
         return TUNED[(n_out, n_in)]
-    if n_out / 32 < MIN_PROGRAMS_PER_SM * _sm_count(device) and not narrow_products_here():
-        return None
     few = n_out / 32 < 2 * _sm_count(device)
     return GemvConfig(32, 512 if few else 128, num_stages=4 if few else 3)
 

@@ -18,19 +18,15 @@ The rules every kernel here follows, so that any chain of them is race-free:
 - kernels that do not opt in (cuBLAS, torch.compile's, the side stream's) launch as before; PDL
   changes nothing for them or for the kernel after them.
 
-Which kernels opt in is a switch (SFIBENCH_PDL, MODES), set from measurements. On an H200 in session 9
-(qwen3-4b at 32K, graphed steps, reports/ab-qwen3-4b-32k-h200) PDL on every kernel took 0.08-0.09 ms off SFI's
-fast step at B = 1 but added 0.27 ms to Full-KV's step at B = 1 and 1.7-1.9 ms at B = 5, so it was off.
-Session 15 re-measured today's kernels (same-call A/B, reports/ab-pdl-h200, 32K B = 1): PDL for the GEMVs and
-the q/k kernel alone took Full-KV's step from 3.852 to 3.795 ms and SFI's fast step from 2.907 to 2.829; PDL
-on the attention kernels too took the fast step to 2.755 but Full-KV's back up to 3.903. Our reading (not yet
-traced kernel by kernel): what separates them is how long an attention program runs. A dense read's programs
-(one per SM, each thousands of rows) placed while the kernel before still holds SMs can land two to an SM and
-leave another idle for the whole read; a fast step's short splits (a few hundred rows each) mostly gain the
-overlapped start. So the default, `short`, launches the products and those attention launches whose splits are
-short (the caller says so: two_segment.fast_read_launch, by the rule that also picks its one-loop form) with
-PDL, and dense reads without. `enabled` turns PDL on only for CUDA devices of capability >= 9 whose Triton has
-the instructions. The interpreter never uses it: the kernels take `PDL` as a compile-time flag and skip both
+Which kernels opt in was set by measurement (H200, graphed decode steps). PDL on every kernel sped up
+SFI's fast step but slowed Full-KV's dense read; PDL on the products (the GEMVs and the q/k kernel) alone
+sped up both; the attention kernels gain from it only when their splits are short. A dense read's programs
+(one per SM, each thousands of rows) placed while the kernel before still holds SMs can land two to an SM
+and leave another idle for the whole read; short splits (a few hundred rows each) mostly gain the
+overlapped start. So the products and those attention launches whose splits are short (the caller says so:
+two_segment.fast_read_launch, by the rule that also picks its one-loop form) launch with PDL, dense reads
+without. `enabled` turns PDL on only for CUDA devices of capability >= 9 whose Triton has the
+instructions. The interpreter never uses it: the kernels take `PDL` as a compile-time flag and skip both
 calls when it is off.
 """
 
@@ -42,19 +38,11 @@ import torch
 import triton
 import triton.language as tl
 
-from sfibench.switches import read_switch
-
-ENV = "SFIBENCH_PDL"
-# Which kernels launch with PDL, per value of SFIBENCH_PDL: "products" are the GEMVs and the q/k kernel,
-# "short_attention" the split attention kernels (and their merge) of a launch whose splits are short,
-# "attention" those of any other launch (dense reads).
+# Which kernels may launch with PDL: "products" are the GEMVs and the q/k kernel, "short_attention" the
+# split attention kernels (and their merge) of a launch whose splits are short, "attention" those of any
+# other launch (dense reads), which launch without it.
 KINDS = ("products", "short_attention", "attention")
-MODES = {"0": frozenset(), "products": frozenset({"products"}),
-         "short": frozenset({"products", "short_attention"}), "1": frozenset(KINDS)}
-MEANINGS = {"0": "off", "products": "the GEMVs and the q/k kernel only",
-            "short": "those and the attention launches of short splits (fast steps at B = 1), the default",
-            "1": "every Triton decode kernel"}
-DEFAULT = "short"
+WITH_PDL = frozenset({"products", "short_attention"})
 
 
 @functools.cache
@@ -62,17 +50,11 @@ def _device_supports(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def mode() -> str:
-    """SFIBENCH_PDL's value (DEFAULT when unset), refused when it is not one of MODES."""
-    return read_switch(ENV, MEANINGS, DEFAULT)
-
-
 def enabled(device: torch.device, kind: str = "products") -> bool:
-    """Whether `kind` kernels (one of KINDS) launched for `device` use PDL. The env is read per launch, so
-    one process can A/B it."""
+    """Whether `kind` kernels (one of KINDS) launched for `device` use PDL."""
     if kind not in KINDS:
         raise ValueError(f"unknown kernel kind {kind!r}; one of {', '.join(KINDS)}")
-    if kind not in MODES[mode()] or device.type != "cuda":
+    if kind not in WITH_PDL or device.type != "cuda":
         return False
     if not hasattr(tl.extra.cuda, "gdc_wait"):  # older Triton: no griddepcontrol
         return False
@@ -107,7 +89,5 @@ def describe() -> str:
              "short_attention": "attention launches of short splits", "attention": "dense attention launches"}
     kinds = [names[kind] for kind in KINDS if enabled(device, kind)]
     if kinds:
-        return f"on for {', '.join(kinds)} ({ENV}={mode()})"
-    if mode() == "0":
-        return f"off ({ENV}=0)"
+        return f"on for {', '.join(kinds)}"
     return "off (needs compute capability >= 9 and a Triton with griddepcontrol)"

@@ -10,9 +10,8 @@ k head: the same into cache slot positions[b], with the key's norm; a v head: co
 tails run in parallel, one per head, where gemv's add_rms_norm after down_proj had one program normalise
 whole rows alone (measured slower, decoder.py).
 
-On by default since session 10 (SFIBENCH_QKV_EPILOGUE=0 turns it off: models/fused.py): on an H200,
-qwen3-4b at 32K, it took 0.02 ms off every method's step at B = 1 and 5
-(reports/ab-qwen3-4b-32k-h200/session10).
+Fused decoding always uses it (models/fused.py): on an H200, qwen3-4b at 32K, it took 0.02 ms off every
+method's step at B = 1 and 5 against the two launches.
 tests/test_qkv_epilogue.py checks it against its reference, fused.qk_norm_rope_append(F.linear(...)),
 under TRITON_INTERPRET=1 and on CUDA.
 """
@@ -28,17 +27,6 @@ import triton.language as tl
 
 from sfibench.optimized import gemv, pdl
 from sfibench.optimized.layer_kernels import check_append_inputs
-from sfibench.switches import read_switch
-
-ENV = "SFIBENCH_QKV_EPILOGUE"
-
-
-def enabled() -> bool:
-    """Whether fused decoding uses this kernel (the default, SFIBENCH_QKV_EPILOGUE=1) rather than gemv's
-    product + the q/k kernel (SFIBENCH_QKV_EPILOGUE=0)."""
-    choices = {"1": "the qkv product carries q/k norm, RoPE and the append", "0": "off"}
-    return read_switch(ENV, choices, "1") == "1"
-
 
 @triton.jit
 def _finish_head(qkv_ptr, head, rows, stride_qkv, cos_ptr, sin_ptr, stride_cb, stride_sb, q_weight_ptr, k_weight_ptr,

@@ -49,7 +49,6 @@ from sfibench.optimized.decode_attention import (
     sm_count,
 )
 from sfibench.optimized.split_merge import _finish_split
-from sfibench.switches import read_switch
 
 
 @triton.jit
@@ -69,7 +68,7 @@ def _two_segment_split_kernel(
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_S: tl.constexpr, MERGE_IN_KERNEL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_AT_ONCE: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, BLOCK_P: tl.constexpr, EVIDENCE: tl.constexpr,
-    ONE_LOOP: tl.constexpr, STRADDLE_ONE_LOOP: tl.constexpr, PDL: tl.constexpr, INDEX_BEFORE_WAIT: tl.constexpr,
+    ONE_LOOP: tl.constexpr, PDL: tl.constexpr, INDEX_BEFORE_WAIT: tl.constexpr,
 ):
     split = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets of a large cache exceed 2**31
@@ -99,7 +98,7 @@ def _two_segment_split_kernel(
     # start on a tile boundary: the split holding the last compact rows then reads no more tiles than any
     # other, where unpadded it would read one more (a partial tile at each segment's end). One loop has tiles
     # that straddle both segments and needs no padding.
-    if ONE_LOOP | STRADDLE_ONE_LOOP:
+    if ONE_LOOP:
         compact_span = count
     else:
         compact_span = tl.cdiv(count, BLOCK_N) * BLOCK_N
@@ -124,29 +123,19 @@ def _two_segment_split_kernel(
     k_head = k_ptr + seq * stride_kb + kv_head * stride_kh
     v_head = v_ptr + seq * stride_vb + kv_head * stride_vh
     evidence_head = evidence_ptr + seq * stride_eb + kv_head * GROUP * stride_eh
-    # One loop over both segments: every split with ONE_LOOP; with STRADDLE_ONE_LOOP only the split that
-    # straddles them (see STRADDLE_ENV), whose per-segment loops below are then empty (`first` = end).
-    if ONE_LOOP:
-        one_loop_end = end
-    else:
-        one_loop_end = start
-        if STRADDLE_ONE_LOOP:
-            one_loop_end = tl.where((start < count) & (end > count), end, start)
-    if ONE_LOOP | STRADDLE_ONE_LOOP:
+    if ONE_LOOP:  # one loop over both segments
         acc, running_max, running_sum = _attend_both_segments(
-            q, acc, running_max, running_sum, compact_k_head, compact_v_head, k_head, v_head, start, one_loop_end,
+            q, acc, running_max, running_sum, compact_k_head, compact_v_head, k_head, v_head, start, end,
             count, to_slot, stride_ckn, stride_ckd, stride_cvn, stride_cvd, stride_ks, stride_kd, stride_vs,
             stride_vd, qk_scale_log2, evidence_head, stride_eh, stride_es, evidence_end, GROUP=GROUP,
             BLOCK_G=BLOCK_G, HEAD_DIM=HEAD_DIM, BLOCK_N=BLOCK_N, WRITE_LOGITS=EVIDENCE,
             DOT_PRECISION=DOT_PRECISION, DOT_IN_FP32=DOT_IN_FP32)
-    if not ONE_LOOP:
+    else:
         # A loop per segment over what is left, [first, end): compact rows are indices [first, min(end,
         # count)); index i >= compact_span is cache slot i - compact_span + tail_start (indices in between
         # are padding, read by no one). Iterating over slots runs the tail through the dense tile code
         # unchanged, and the slot is where its evidence goes.
         first = start
-        if STRADDLE_ONE_LOOP:
-            first = tl.where(one_loop_end > start, end, start)
         acc, running_max, running_sum = _attend_range(
             q, acc, running_max, running_sum, compact_k_head, compact_v_head, q_ptr, first, tl.minimum(end, count),
             stride_ckn, stride_ckd, stride_cvn, stride_cvd, 0, qk_scale_log2, evidence_ptr, 0, 0, 0, GROUP=GROUP,
@@ -219,82 +208,40 @@ def _attend_both_segments(q, acc, running_max, running_sum, compact_k_head, comp
 # the launches that take programmatic dependent launch by default (pdl.py says why).
 ONE_LOOP_MAX_ROWS_PER_SPLIT = 256
 
-# With long splits, the split that straddles the compact rows and the tail ends its first loop in a partial
-# tile and starts the second with an empty pipeline: at B = 5 (3 splits of 832 rows, the kernel alone over
-# 36 layers, reports/attention-h200/merge-session13/fast-step-rows.log) a 352-row tail took 0.786 ms against
-# 0.666 for 256 rows, that split outlasting the others. Running it as one loop fixed that in the kernel
-# alone (0.719 ms), but the H200 report run with it on everywhere (reports/throughput-qwen3-4b-h200-straddle)
-# had slower B = 5 sparse steps for every method and faster 128K slow steps. Session 14 had it on in slow
-# steps of a batch only ("slow"): a same-call A/B at 128K (reports/ab-qwen3-4b-128k-h200) took qwen3-4b's
-# B = 5 slow steps from 11.00 to 10.58 ms (async 8.98 -> 8.58) with fast steps unchanged, but the report run
-# of that default (commit c62251a) had shorter contexts' slow steps slower: 4B 8K B = 5 4.65 ms against
-# 4.39 (session 13), qwen3-0.6b 8K and 32K B = 7 3.07 and 3.98 against 2.50 and 3.49. So it stays a switch,
-# off by default: "slow" in the dense-row steps of a batch (dense_read_launch), "1" in every launch.
-STRADDLE_ENV = "SFIBENCH_STRADDLE_ONE_LOOP"
-STRADDLE_MEANINGS = {"0": "never, the default", "1": "in every two-segment launch",
-                     "slow": "in steps of a batch where a row reads densely (SFI's slow steps)"}
-
-
-def straddle_mode() -> str:
-    """SFIBENCH_STRADDLE_ONE_LOOP: where the split straddling both segments runs one loop."""
-    return read_switch(STRADDLE_ENV, STRADDLE_MEANINGS, "0")
-
-
-def describe_straddle() -> str:
-    """For reports: where the straddling split runs one loop in this process."""
-    mode = straddle_mode()
-    return f"{STRADDLE_MEANINGS[mode]} ({STRADDLE_ENV}={mode})"
-
-
 def dense_read_launch(batch: int, kv_heads: int, max_seq: int, device: torch.device) -> dict:
     """two_segment_decode's split count and loop form for steps where some row reads its whole history.
 
     They split as if the batch were one sequence: the dense row reads up to `max_seq` rows while the others
     read ~2K, and with the batch-sized split count (one program per SM over all rows) that one row would
-    get only 1/B of the GPU. The fast rows' splits then are short and one of them straddles both segments:
-    with SFIBENCH_STRADDLE_ONE_LOOP=slow one loop there, in a batch only (a lone dense row has no compact
-    segment); with =1 always; by default never (STRADDLE_ENV says why)."""
-    mode = straddle_mode()
-    return {"num_splits": default_num_splits(1, kv_heads, max_seq, sm_count(device)),
-            "straddle_one_loop": mode == "1" or (mode == "slow" and batch > 1)}
+    get only 1/B of the GPU. (Running the split that straddles both segments as one loop there measured
+    slower at short contexts than the loop per segment.)"""
+    return {"num_splits": default_num_splits(1, kv_heads, max_seq, sm_count(device))}
 
 
 # Long splits (a loop per segment: B > 1 at these lengths) of some shapes launch other than one program per SM
 # with default_config's four stages, keyed by (SMs, sequences x KV heads: the grid's other two dimensions):
 # splits, stages. Measured on an H200 (132 SMs), the two-segment attention alone over all layers graphed (bench_fast_path.py,
-# reports/attention-h200/session16/fast-path-*.log, 2,052 compact rows + 256 tail): qwen3-0.6b B = 7 (56
+# reports/attention-h200, fast-path logs, 2,052 compact rows + 256 tail): qwen3-0.6b B = 7 (56
 # pairs) 0.683 ms at 2 splits and 4 stages, 0.636 at 4 splits and 3 stages; then in whole graphed steps
 # (reports/throughput-qwen3-0.6b-h200 at e2dd341 against 28a8103's) SFI's fast step 1.596 -> 1.526 ms at 8K,
 # SnapKV's 1.569 -> 1.508. qwen3-4b B = 5 (40 pairs) was fastest at its default 3 splits (0.673 ms), and
 # 3 stages took it to 0.649 in the kernel alone; in whole graphed steps at 32K (one call,
-# reports/attention-h200/session18) SFI's fast step 3.279 -> 3.265 ms, StreamingLLM's unchanged (3.295 ->
-# 3.294). SFIBENCH_LONG_SPLITS=default turns the table off (A/Bs).
+# reports/attention-h200) SFI's fast step 3.279 -> 3.265 ms, StreamingLLM's unchanged (3.295 -> 3.294).
 LONG_SPLIT_SHAPES = {(132, 56): (4, 3), (132, 40): (3, 3)}
-LONG_SPLITS_ENV = "SFIBENCH_LONG_SPLITS"
-LONG_SPLITS_MEANINGS = {"tuned": "splits and stages from a table where it has the shape (LONG_SPLIT_SHAPES)",
-                        "default": "one program per SM and default_config's stages everywhere"}
 
 
 def fast_read_launch(batch: int, kv_heads: int, rows: int, device: torch.device) -> dict:
     """two_segment_decode's split count and loop form for steps reading about `rows` rows per
     (sequence, KV head): one program per SM (default_num_splits); when the splits are short, one loop and
-    PDL (pdl.py's `short` mode); when long, splits and stages from LONG_SPLIT_SHAPES where it has the shape;
-    the straddling split's loop as SFIBENCH_STRADDLE_ONE_LOOP=1 asks."""
+    PDL (pdl.py's `short_attention` kind); when long, splits and stages from LONG_SPLIT_SHAPES where it has
+    the shape."""
     splits = default_num_splits(batch, kv_heads, rows, sm_count(device))
     short = rows <= splits * ONE_LOOP_MAX_ROWS_PER_SPLIT
-    launch = {"num_splits": splits, "one_loop": short, "short_splits": short,
-              "straddle_one_loop": straddle_mode() == "1"}
-    tuned = read_switch(LONG_SPLITS_ENV, LONG_SPLITS_MEANINGS, "tuned") == "tuned"
+    launch = {"num_splits": splits, "one_loop": short, "short_splits": short}
     shape = (sm_count(device), batch * kv_heads)
-    if not short and tuned and shape in LONG_SPLIT_SHAPES:
+    if not short and shape in LONG_SPLIT_SHAPES:
         launch["num_splits"], launch["num_stages"] = LONG_SPLIT_SHAPES[shape]
     return launch
-
-
-def describe_long_splits() -> str:
-    """For reports: whether long fast-read splits take LONG_SPLIT_SHAPES in this process."""
-    mode = read_switch(LONG_SPLITS_ENV, LONG_SPLITS_MEANINGS, "tuned")
-    return f"{LONG_SPLITS_MEANINGS[mode]} ({LONG_SPLITS_ENV}={mode})"
 
 
 def _check_index(name: str, tensor: torch.Tensor, shape: tuple) -> None:
@@ -309,7 +256,7 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
                        lengths: torch.Tensor, row_buffer: torch.Tensor, evidence: torch.Tensor | None = None,
                        evidence_rows: torch.Tensor | None = None, num_splits: int | None = None, *,
                        config: KernelConfig | None = None, out: torch.Tensor | None = None,
-                       one_loop: bool = False, straddle_one_loop: bool = False, num_stages: int | None = None,
+                       one_loop: bool = False, num_stages: int | None = None,
                        index_before_wait: bool = False, short_splits: bool = False) -> torch.Tensor:
     """q `[B, H_q, D]` over compact rows plus a cache tail, one softmax per query head; -> `[B, H_q, D]`.
 
@@ -321,8 +268,7 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
 
     evidence float32 `[B, H_q, S_e]` with evidence_rows `[B]`: rows with evidence_rows[b] != 0 get
     q.k/sqrt(D) of every tail slot < S_e written at evidence[b, head, slot]; nothing else is written.
-    `one_loop`: every split runs one loop over both segments; else a loop per segment, except with
-    `straddle_one_loop` in the split straddling them (STRADDLE_ENV). Same result either way. `num_stages`
+    `one_loop`: every split runs one loop over both segments; else a loop per segment. Same result either way. `num_stages`
     replaces default_config's (without `config`).
     `index_before_wait`, `short_splits`: see decode_attention._launch_split_kernel.
     """
@@ -359,7 +305,7 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
     if num_stages is not None and config is None:
         base = default_config(head_dim, q.dtype, _shared_memory(q.device))
         config = KernelConfig(base.block_n, base.num_warps, num_stages, base.merge_in_kernel)
-    if (one_loop or straddle_one_loop) and config is None and q.dtype == torch.float32:
+    if one_loop and config is None and q.dtype == torch.float32:
         # One loop streams four tiles per stage (K and V from both segments): in float32 the default four
         # stages need 237 KB of shared memory, more than an H200 block has (227 KB); three fit.
         base = default_config(head_dim, q.dtype, _shared_memory(q.device))
@@ -371,5 +317,4 @@ def two_segment_decode(q: torch.Tensor, compact_k: torch.Tensor, compact_v: torc
         *tail_start.stride(), lengths.stride(0), row_buffer.stride(0), *evidence_strides,
         n_buffers, n_compact, n_slots, n_evidence,
         BLOCK_P=max(2, triton.next_power_of_2(n_buffers)), EVIDENCE=write_evidence, ONE_LOOP=one_loop,
-        STRADDLE_ONE_LOOP=straddle_one_loop and not one_loop,
         index_before_wait=index_before_wait, short_splits=short_splits)

@@ -59,24 +59,12 @@ def _pdl_state() -> str:
     return pdl.describe()
 
 
-def _straddle_state() -> str:
-    from sfibench.optimized import two_segment  # Triton: imported only when a report is written
-
-    return two_segment.describe_straddle()
-
-
-def _long_splits_state() -> str:
-    from sfibench.optimized import two_segment  # Triton: imported only when a report is written
-
-    return two_segment.describe_long_splits()
-
-
 def _decode_gemv(model) -> str:
     """Which kernels ran the decode products (fusion on: gemv.py's, the qkv one with its epilogue, and
     whether the input norms were folded into the qkv products)."""
     if fused.ops["linear"] is fused.linear:
         return "cuBLAS (F.linear)"
-    from sfibench.optimized import gemv, qkv_epilogue
+    from sfibench.optimized import qkv_epilogue
 
     described = DECODE_GEMV
     if fused.ops["linear_qk_norm_rope_append"] is qkv_epilogue.linear_qk_norm_rope_append:
@@ -85,10 +73,6 @@ def _decode_gemv(model) -> str:
         described += "; input norms folded into the qkv products, down_proj + residual add + sums of squares"
         if getattr(model, "folded_post_attention_norms", False):
             described += "; post-attention norms folded into gate_up, o_proj + residual add + sums of squares"
-        described += " (SFIBENCH_FOLD_INPUT_NORM=input folds the input norms only, =0 neither)"
-    if not gemv.narrow_products_here():
-        described += ("; products too narrow to give every SM a program on cuBLAS "
-                      "(SFIBENCH_NARROW_GEMV=cublas)")
     return described
 
 
@@ -171,8 +155,6 @@ def run_throughput(run: ThroughputRun, console: Console) -> Path:
             "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
             "decode_gemv": _decode_gemv(session.loaded.model),
             "pdl": _pdl_state(),
-            "straddle_one_loop": _straddle_state() if session.device.type == "cuda" else None,
-            "long_splits": _long_splits_state() if session.device.type == "cuda" else None,
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if run.dense_kernels else [],
         }
         write_results(run_dir, "throughput", cfg, results)
