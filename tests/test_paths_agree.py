@@ -10,34 +10,24 @@ overlap and token agreement instead.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
+from method_matrix import METHOD_PATHS, SMALL_CONFIGS, small_spec
 from test_kernels import DEVICE
 
-from sfibench.config import (
-    MethodSpec,
-    SamplingConfig,
-    SFIConfig,
-    SnapKVConfig,
-    StreamingLLMConfig,
-    TriggerConfig,
-)
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
+from sfibench.engine.method import MethodSpec
 from sfibench.engine.prefill import prefill
-from sfibench.engine.sampling import Sampler
-from sfibench.methods import available, create_method
+from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.models.loading import load_model
+from sfibench.registry import create_method
+from sfibench.sfi.config import SFIConfig, TriggerConfig
 
-BOTH_PATHS = sorted({name for name, path in available() if path == "optimized"}
-                    & {name for name, path in available() if path == "reference"})
-
-
-def small_spec(name: str, path: str, layer_groups: int = 1) -> MethodSpec:
-    sfi = SFIConfig(n_sink=4, n_recent=16, k_head=12, page=4, w_prefill=8, layer_groups=layer_groups,
-                    trigger=TriggerConfig(t_max=12, min_gap=4))
-    return MethodSpec(name=name, path=path, sfi=sfi, streaming=StreamingLLMConfig(budget=36),
-                      snapkv=SnapKVConfig(budget=36, window=8))
+BOTH_PATHS = sorted({name for name, path in METHOD_PATHS if path == "optimized"}
+                    & {name for name, path in METHOD_PATHS if path == "reference"})
 
 
 def decode_both(loaded, prompts, spec_for, steps):
@@ -130,10 +120,8 @@ def test_paths_agree_with_the_ablations_beyond_the_paper(tiny_models):
     loaded = tiny_models["tiny-qwen3"]
 
     def spec(path):
-        spec = small_spec("sfi", path)
-        spec.sfi.selector.evidence_norm, spec.sfi.selector.keep_neighbours = "visible", 3
-        spec.sfi.bridge_steps = 2
-        return spec
+        selector = dataclasses.replace(SMALL_CONFIGS["sfi"].selector, evidence_norm="visible", keep_neighbours=3)
+        return small_spec("sfi", path, selector=selector, bridge_steps=2)
 
     runs = decode_both(loaded, prompts_for(loaded, 2), spec, steps=24)
     (ref, ref_method), (opt, opt_method) = runs["reference"], runs["optimized"]
@@ -148,7 +136,7 @@ def test_paths_agree_on_smollm2(smollm2):
 
     def spec(path):
         sfi = SFIConfig(k_head=96, n_recent=64, trigger=TriggerConfig(t_max=8, min_gap=4))
-        return MethodSpec(name="sfi", path=path, sfi=sfi)
+        return MethodSpec("sfi", path, sfi)
 
     runs = decode_both(smollm2, [ids], spec, steps=16)
     assert torch.equal(runs["reference"][0].tokens, runs["optimized"][0].tokens)
@@ -157,7 +145,6 @@ def test_paths_agree_on_smollm2(smollm2):
 
 def test_when_ready_is_refused_on_the_reference_path(tiny_models):
     loaded = tiny_models["tiny-llama"]
-    spec = small_spec("sfi", "reference")
-    spec.sfi.publish = "when_ready"
+    spec = small_spec("sfi", "reference", publish="when_ready")
     with pytest.raises(ValueError, match="optimized"):
         create_method(spec, loaded.config, loaded.tokenizer)

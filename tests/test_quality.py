@@ -10,15 +10,16 @@ import torch
 from typer.testing import CliRunner
 
 from sfibench.cli import app
-from sfibench.config import BudgetError
+from sfibench.core.budget import BudgetError
 from sfibench.core.errors import UsageError
 from sfibench.engine.session import Session
 from sfibench.engine.turns import Script, run_scripts
-from sfibench.methods import create_method
 from sfibench.metrics import longbench, quality
+from sfibench.registry import create_method
 from sfibench.runners.quality import _preset_retentions, run_quality
-from sfibench.runners.quality_batch import conditions, make_condition, preset_retention, recent_for_budget
+from sfibench.runners.quality_batch import conditions, make_condition
 from sfibench.runners.quality_inputs import parse_context, parse_retentions
+from sfibench.sfi.config import SFIConfig, preset_retention
 
 
 def test_string_match_accepts_the_answer_and_rejects_near_misses():
@@ -107,12 +108,13 @@ def test_scripted_turns_force_questions_and_replay_exactly(tiny):
 
 
 def test_budget_rule():
+    recent_for_budget = SFIConfig().recent_for_budget
     assert recent_for_budget(205) == 48 and recent_for_budget(4096) == 256 and recent_for_budget(40) == 16
-    sfi = make_condition("sfi", 0.1, 2048).spec.sfi
+    sfi = make_condition("sfi", 0.1, 2048).spec.config
     assert (sfi.n_recent, sfi.k_head) == (48, 205 - 4 - 48)
-    assert make_condition("streaming_llm", 0.15, 4096).spec.streaming.budget == 614
-    assert make_condition("snapkv", 0.5, 2048).spec.snapkv.budget == 1024
-    with pytest.raises(BudgetError, match="SnapKV's 64-token window"):
+    assert make_condition("streaming_llm", 0.15, 4096).spec.config.budget == 614
+    assert make_condition("snapkv", 0.5, 2048).spec.config.budget == 1024
+    with pytest.raises(BudgetError, match="50 tokens: .*SnapKV's 64-token observation window"):
         make_condition("snapkv", 0.1, 500)
     with pytest.raises(BudgetError, match=r"outside \(0, 1\]"):
         parse_retentions(["0.2", "1.5"])
@@ -125,24 +127,24 @@ def test_sfi_variant_changes_only_sfi_and_names_bad_settings():
     plan = conditions(["sfi", "snapkv"], [0.2], 2048, {"use_nms": False, "w_prefill": 64, "keep_neighbours": 5,
                                                        "evidence_norm": "visible", "bridge_steps": 3,
                                                        "publish": "when_ready"})
-    sfi = next(c for c in plan if c.method == "sfi").spec.sfi
+    sfi = next(c for c in plan if c.method == "sfi").spec.config
     assert sfi.selector.use_nms is False and sfi.w_prefill == 64 and sfi.selector.use_prior is True
     assert (sfi.selector.keep_neighbours, sfi.selector.evidence_norm) == (5, "visible")
     assert (sfi.bridge_steps, sfi.publish) == (3, "when_ready")
-    assert make_condition("sfi", 0.2, 2048).spec.sfi.selector.use_nms is True  # defaults untouched
+    assert make_condition("sfi", 0.2, 2048).spec.config.selector.use_nms is True  # defaults untouched
     with pytest.raises(ValueError, match="unknown SFI setting 'use_magic'"):
-        make_condition("sfi", 0.2, 2048, sfi_variant={"use_magic": True})
+        make_condition("sfi", 0.2, 2048, variant={"use_magic": True})
 
 
 @pytest.mark.parametrize("context", [8192, 10000, 16384, 32768])
 @pytest.mark.parametrize(("preset", "k_head"), [("paper-2k", 2048), ("paper-4k", 4096)])
 def test_sfi_preset_gives_the_authors_operating_point_and_every_method_its_budget(preset, k_head, context):
     retention = preset_retention(preset, context)
-    sfi = make_condition("sfi", retention, context).spec.sfi
+    sfi = make_condition("sfi", retention, context).spec.config
     assert (sfi.n_sink, sfi.k_head, sfi.n_recent) == (4, k_head, 256)
     assert (sfi.trigger.policy, sfi.trigger.t_max, sfi.trigger.min_gap) == ("punctuation_tmax", 96, 16)
-    assert make_condition("streaming_llm", retention, context).spec.streaming.budget == 4 + k_head + 256
-    assert make_condition("snapkv", retention, context).spec.snapkv.budget == 4 + k_head + 256
+    assert make_condition("streaming_llm", retention, context).spec.config.budget == 4 + k_head + 256
+    assert make_condition("snapkv", retention, context).spec.config.budget == 4 + k_head + 256
 
 
 def test_sfi_preset_refuses_a_context_it_would_read_whole():

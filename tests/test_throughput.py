@@ -9,7 +9,6 @@ import torch
 from typer.testing import CliRunner
 
 from sfibench.cli import app
-from sfibench.config import SFIConfig, TriggerConfig
 from sfibench.engine.cache import KVCache
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
@@ -19,6 +18,7 @@ from sfibench.options import parse_tokens
 from sfibench.reporting.throughput_report import latency_energy_rows
 from sfibench.runners.throughput import resolve_methods
 from sfibench.runners.throughput_measure import ThroughputConfig, measure_all, prepare_cache
+from sfibench.sfi.config import SFIConfig, TriggerConfig
 from sfibench.workloads.replay import ReplayTokenizer, load_replay, take, take_rows
 
 runner = CliRunner()
@@ -264,11 +264,10 @@ def test_profile_rows_are_exclusive_times():
 
 
 def test_profile_splits_slow_steps_by_selector_stage():
-    from sfibench.config import MethodSpec
+    from sfibench.engine.method import MethodSpec
     from sfibench.runners.profile import profile_steps
 
-    spec = MethodSpec(name="sfi", path="reference")
-    spec.sfi.trigger.policy, spec.sfi.trigger.interval, spec.sfi.trigger.min_gap = "fixed", 2, 1
+    spec = MethodSpec("sfi", "reference", SFIConfig(trigger=TriggerConfig(policy="fixed", interval=2, min_gap=1)))
     result = profile_steps(Session.open("tiny-llama", "cpu", "float32"), spec, 3000, 4)
     assert "slow" in result["step_kinds"]
     parts = result["ms_per_step"]
