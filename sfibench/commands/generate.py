@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -22,30 +21,18 @@ from sfibench.commands.common import (
     err_console,
     user_errors,
 )
-from sfibench import registry
 from sfibench.core.budget import Budget
-from sfibench.engine.method import MethodSpec
-from sfibench.engine.sampling import SamplingConfig
-from sfibench.sfi.config import SelectorConfig, SFIConfig, TriggerConfig
 from sfibench.core.errors import UsageError
+from sfibench.engine.sampling import SamplingConfig
 from sfibench.options import (
     check_session_options,
     check_sfi_settings,
     check_top_p,
     check_trigger,
+    parse_k_head,
     read_text_file,
 )
-
-
-def method_spec(method: str, path: str, n_sink: int, n_recent: int, k_head: int, page: int, w_prefill: int,
-                t_max: int, min_gap: int, trigger: str, interval: int, layer_groups: int, bridge_steps: int,
-                publish: str, selector: SelectorConfig, seed: int) -> MethodSpec:
-    triggers = TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap, interval=interval, seed=seed)
-    sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, k_head=k_head, page=page, w_prefill=w_prefill,
-                    layer_groups=layer_groups, bridge_steps=bridge_steps, publish=publish, trigger=triggers,
-                    selector=selector)
-    return MethodSpec(method, path, sfi if method == registry.BUDGET_REFERENCE else registry.default_config(method))
-
+from sfibench.sfi.config import SelectorConfig, SFIConfig, TriggerConfig
 
 
 def generate(
@@ -86,10 +73,8 @@ def generate(
     publish: str = typer.Option(SFIConfig.publish, help=PUBLISH_HELP),
 ):
     """Generate text with one method; slow (refresh) steps are highlighted, --json gives per-step stats."""
-    from sfibench.engine.session import Session
     from sfibench.registry import check_method
-    from sfibench.metrics.accounting import step_stats, summarize
-    from sfibench.workloads.essay_prompt import DEFAULT_PROMPT_TOKENS, essay_prompt
+    from sfibench.runners.generate import GenerateRun, run_generate
 
     with user_errors():
         check_session_options(model, device, dtype)
@@ -97,8 +82,6 @@ def generate(
         check_trigger(trigger)
         check_top_p(top_p)
         check_sfi_settings(evidence_norm, keep_neighbours, publish if method == "sfi" else None, path)
-        k_head_budget = Budget.parse(k_head, "--k-head")
-        shared_budget = None if budget is None else Budget.parse(budget)
         if prompt is not None and prompt_file is not None:
             raise UsageError("give --prompt TEXT or --prompt-file FILE, not both")
         text = read_text_file(prompt_file, "--prompt-file") if prompt_file is not None else prompt
@@ -107,58 +90,23 @@ def generate(
         selector = SelectorConfig(use_prior=not no_prior, use_nms=not no_nms, use_cross_head=not no_cross_head,
                                   lambda_fixed=lambda_, nms_radius=nms_radius, nms_alpha=nms_alpha,
                                   evidence_norm=evidence_norm, keep_neighbours=keep_neighbours)
-        spec = method_spec(method, path, n_sink, n_recent, 0, page, w_prefill, t_max, min_gap, trigger,
-                           interval, layer_groups, bridge_steps, publish, selector, seed)
-        session = Session.open(model, device, dtype, seed)
-        tokenizer = session.loaded.tokenizer
-        if text is None:
-            room = session.max_tokens - max_new_tokens - 64  # 64: a chat template's own tokens
-            ids = essay_prompt(tokenizer, max(min(DEFAULT_PROMPT_TOKENS, room), 1), chat)
-            err_console.print(f"[dim]no --prompt: continuing the first {len(ids):,} tokens of the shipped essays[/]")
-        else:
-            ids = tokenizer.encode(text, chat=chat)
-        config = spec.config
-        if isinstance(config, SFIConfig):
-            config = replace(config, k_head=k_head_budget.resolve(len(ids), "--k-head", at_most_context=False))
-        if shared_budget is not None:
-            config = config.with_budget(shared_budget.resolve(len(ids)))
-        prefilled = session.prefill([ids], max_new_tokens)
-        streamer = TextStreamer(tokenizer, enabled=not json_out)
-        method_object = registry.create_method(replace(spec, config=config), session.loaded.config, tokenizer)
-        trace, summary = session.decode(method_object, prefilled, max_new_tokens,
-                                        SamplingConfig(temperature=temperature, top_p=top_p, seed=seed),
-                                        on_step=streamer)
-    tokens = trace.sequence(0)
-    result = {
-        "model": session.loaded.config.name, "method": method, "path": path,
-        "prompt_tokens": len(ids), "generated_ids": tokens, "generated_text": tokenizer.decode(tokens),
-        "summary": {**summarize(trace, 0), **summary}, "steps": step_stats(trace, 0)[: max(len(tokens) - 1, 0)],
-    }
+        sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, page=page, w_prefill=w_prefill, layer_groups=layer_groups,
+                        bridge_steps=bridge_steps, publish=publish, selector=selector,
+                        trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap, interval=interval,
+                                              seed=seed))
+        run = GenerateRun(model=model, method=method, path=path, device=device, dtype=dtype, prompt=text,
+                          max_new_tokens=max_new_tokens, chat=chat,
+                          sampling=SamplingConfig(temperature=temperature, top_p=top_p, seed=seed),
+                          k_head=parse_k_head(k_head), budget=None if budget is None else Budget.parse(budget),
+                          sfi=sfi, stream=not json_out)
+        result = run_generate(run, console, err_console)
     if json_out:
         print(json.dumps(result))
         return
-    s = result["summary"]
+    s, tokens = result["summary"], result["generated_ids"]
     console.print()
-    console.print(f"[dim]{len(ids)} prompt tokens, {len(tokens)} generated; steps {s['steps_by_kind']}; "
-                  f"mean retention {s['mean_retention']:.3f}"
+    console.print(f"[dim]{result['prompt_tokens']} prompt tokens, {len(tokens)} generated; "
+                  f"steps {s['steps_by_kind']}; mean retention {s['mean_retention']:.3f}"
                   + (f"; mean slow interval {s['mean_slow_interval']}" if "mean_slow_interval" in s else "")
                   + ("; [black on yellow]highlighted[/] = emitted by a slow step" if method == "sfi" else "")
                   + "[/]")
-
-
-class TextStreamer:
-    """Prints text as tokens arrive; text emitted by a slow (refresh) step is highlighted."""
-
-    def __init__(self, tokenizer, enabled: bool):
-        self.tokenizer, self.enabled = tokenizer, enabled
-        self.ids: list[int] = []
-        self.shown = ""
-
-    def __call__(self, index: int, tokens, record) -> None:
-        if not self.enabled:
-            return
-        self.ids.append(int(tokens[0]))
-        text = self.tokenizer.decode(self.ids)  # decode the whole prefix: multi-byte characters stay whole
-        new, self.shown = text[len(self.shown):], text
-        slow = record is not None and record.kinds[0] == "slow"
-        console.print(new, end="", style="bold black on yellow" if slow else None, highlight=False, markup=False)

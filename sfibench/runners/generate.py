@@ -1,0 +1,87 @@
+"""`sfibench generate` run: one method writes text after a prompt; returns the text and per-step accounting.
+
+The command (commands/generate.py) has checked every option; what needs the tokenizer (the prompt's
+length, so a percentage budget or k_head becomes tokens, and whether a budget fits the prompt) is
+resolved here, before the prefill. Nothing is written to disk: the command prints the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from rich.console import Console
+
+from sfibench import registry
+from sfibench.core.budget import Budget
+from sfibench.engine.method import MethodSpec
+from sfibench.engine.sampling import SamplingConfig
+from sfibench.engine.session import Session
+from sfibench.metrics.accounting import step_stats, summarize
+from sfibench.sfi.config import SFIConfig
+from sfibench.workloads.essay_prompt import DEFAULT_PROMPT_TOKENS, essay_prompt
+
+CHAT_TEMPLATE_ROOM = 64  # tokens left for a chat template's own tokens around the default prompt
+
+
+@dataclass(frozen=True)
+class GenerateRun:
+    """Everything `sfibench generate` runs with, checked by the command."""
+
+    model: str
+    method: str
+    path: str
+    device: str
+    dtype: str
+    prompt: str | None  # None: continue the opening tokens of the shipped essays
+    max_new_tokens: int
+    chat: bool
+    sampling: SamplingConfig
+    k_head: Budget  # SFI's selected tokens per KV head, a percentage being of the prompt
+    budget: Budget | None  # every sparse method's tokens read per layer and KV head (overrides k_head)
+    sfi: SFIConfig  # SFI's other settings; its k_head is replaced by `k_head` resolved at the prompt
+    stream: bool = True  # print the text as it is generated
+
+
+def run_generate(run: GenerateRun, console: Console, err_console: Console) -> dict:
+    """Generate and return the result `--json` prints: the prompt's length, the tokens, text and step stats."""
+    session = Session.open(run.model, run.device, run.dtype, run.sampling.seed)
+    tokenizer = session.loaded.tokenizer
+    if run.prompt is None:
+        room = session.max_tokens - run.max_new_tokens - CHAT_TEMPLATE_ROOM
+        ids = essay_prompt(tokenizer, max(min(DEFAULT_PROMPT_TOKENS, room), 1), run.chat)
+        err_console.print(f"[dim]no --prompt: continuing the first {len(ids):,} tokens of the shipped essays[/]")
+    else:
+        ids = tokenizer.encode(run.prompt, chat=run.chat)
+    sfi = replace(run.sfi, k_head=run.k_head.resolve(len(ids), "--k-head", at_most_context=False))
+    config = sfi if run.method == registry.BUDGET_REFERENCE else registry.default_config(run.method)
+    if run.budget is not None:
+        config = config.with_budget(run.budget.resolve(len(ids)))
+    prefilled = session.prefill([ids], run.max_new_tokens)
+    method = registry.create_method(MethodSpec(run.method, run.path, config), session.loaded.config, tokenizer)
+    trace, summary = session.decode(method, prefilled, run.max_new_tokens, run.sampling,
+                                    on_step=TextStreamer(tokenizer, console, enabled=run.stream))
+    tokens = trace.sequence(0)
+    return {
+        "model": session.loaded.config.name, "method": run.method, "path": run.path,
+        "prompt_tokens": len(ids), "generated_ids": tokens, "generated_text": tokenizer.decode(tokens),
+        "summary": {**summarize(trace, 0), **summary}, "steps": step_stats(trace, 0)[: max(len(tokens) - 1, 0)],
+    }
+
+
+class TextStreamer:
+    """Prints text as tokens arrive; text emitted by a slow (refresh) step is highlighted."""
+
+    def __init__(self, tokenizer, console: Console, enabled: bool):
+        self.tokenizer, self.console, self.enabled = tokenizer, console, enabled
+        self.ids: list[int] = []
+        self.shown = ""
+
+    def __call__(self, index: int, tokens, record) -> None:
+        if not self.enabled:
+            return
+        self.ids.append(int(tokens[0]))
+        text = self.tokenizer.decode(self.ids)  # decode the whole prefix: multi-byte characters stay whole
+        new, self.shown = text[len(self.shown):], text
+        slow = record is not None and record.kinds[0] == "slow"
+        self.console.print(new, end="", style="bold black on yellow" if slow else None, highlight=False,
+                           markup=False)
