@@ -36,18 +36,18 @@ import triton
 import triton.language as tl
 
 from sfibench.baselines.streaming_llm import StreamingLLMConfig
-from sfibench.engine.method import MethodSpec
 from sfibench.core.provenance import provenance
 from sfibench.engine.cache import KVCache
 from sfibench.engine.driver import StepDriver
+from sfibench.engine.method import MethodSpec
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
-from sfibench.registry import create_method
 from sfibench.metrics.bytes_model import kv_read_bytes
 from sfibench.metrics.floor import step_floor_seconds, weights_floor_seconds
 from sfibench.metrics.timing import measure_copy_bandwidth, time_region
 from sfibench.optimized import pdl
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
+from sfibench.registry import create_method
 
 REPLAYS = int(os.environ.get("PROBE_REPLAYS", "200"))
 DEVICE = os.environ.get("PROBE_DEVICE", "cuda")

@@ -5,22 +5,24 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sfibench.config import MethodSpec, SamplingConfig
+from sfibench import registry
 from sfibench.core.device import DeviceUnavailableError
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
 from sfibench.engine.prefill import PromptError, check_prompts, prefill
-from sfibench.engine.sampling import Sampler
+from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.engine.session import Session
-from sfibench.methods import create_method
 from sfibench.models.loading import MissingWeightsError, load_model
 from sfibench.models.presets import UnknownModelError
+from sfibench.registry import create_method
+
+DENSE = registry.spec(registry.dense().name)  # the method every other one is compared with
 
 
 def decode(loaded, prompts, n=24, spec=None, sampling=None):
     cache = KVCache(loaded.config, len(prompts), max(map(len, prompts)) + n, "cpu", torch.float32)
     pre = prefill(loaded.model, cache, prompts, chunk=16)
-    method = create_method(spec or MethodSpec(), loaded.config, loaded.tokenizer)
+    method = create_method(spec or DENSE, loaded.config, loaded.tokenizer)
     return generate(loaded.model, cache, method, pre, n, Sampler(sampling or SamplingConfig(), "cpu"))
 
 
@@ -39,7 +41,7 @@ def test_snapshot_restore_lets_several_decodes_share_one_prefill(tiny_models):
     prompt = list(range(30, 90))
     cache = KVCache(loaded.config, 1, 128, "cpu", torch.float32)
     pre = prefill(loaded.model, cache, [prompt])
-    method = create_method(MethodSpec(), loaded.config, loaded.tokenizer)
+    method = create_method(DENSE, loaded.config, loaded.tokenizer)
     first = generate(loaded.model, cache, method, pre, 20, Sampler(SamplingConfig(), "cpu"))
     second = generate(loaded.model, cache, method, pre, 20, Sampler(SamplingConfig(), "cpu"))
     assert torch.equal(first.tokens, second.tokens)
@@ -64,7 +66,7 @@ def test_teacher_forcing_feeds_the_forced_tokens(tiny_models):
     loaded = tiny_models["tiny-llama"]
     cache = KVCache(loaded.config, 1, 64, "cpu", torch.float32)
     pre = prefill(loaded.model, cache, [list(range(20))])
-    method = create_method(MethodSpec(), loaded.config, loaded.tokenizer)
+    method = create_method(DENSE, loaded.config, loaded.tokenizer)
     forced = torch.arange(100, 110)[None]
     trace = generate(loaded.model, cache, method, pre, 10, Sampler(SamplingConfig(), "cpu"), forced=forced,
                      keep_logits=True)

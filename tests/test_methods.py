@@ -80,8 +80,11 @@ def test_a_budget_too_small_for_a_sparse_method_is_a_budget_error(name):
     with pytest.raises(BudgetError, match="raise it"):
         registry.default_config(name).with_budget(1)
     config = registry.at_budget(name, "reference", 2308).config
-    page = getattr(config, "page", 1)  # a method reading whole pages reads the budget to within two pages
-    assert 2308 - 2 * page < config.tokens_read(4096 + 5) <= 2308
+    # Off a page edge a method reading whole pages misses its budget by less than two pages: Quest's partial
+    # current page reads fewer tokens, SFI's page-aligned window holds up to page - 1 more (SPEC 2).
+    page = getattr(config, "page", 1)
+    assert 2308 - 2 * page < config.tokens_read(4096 + 5) < 2308 + page
+    assert config.tokens_read(4096) <= 2308
 
 
 @pytest.mark.parametrize("model_name", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from sfibench.config import SelectorConfig
+from sfibench.sfi.config import SelectorConfig
 from sfibench.sfi.method import visible_evidence
 from sfibench.sfi.selector import (
     choose_lambda,

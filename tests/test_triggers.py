@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from sfibench.config import TriggerConfig
+from sfibench.sfi.config import TriggerConfig
 from sfibench.sfi.triggers import SlowStepScheduler, token_byte_table, token_classes
 
 NO_INTERVAL = 10**6  # a t_max that never fires, to see the sentence trigger alone

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sfibench.config import SelectorConfig
+from sfibench.sfi.config import SelectorConfig
 from sfibench.sfi.selector import (
     choose_lambda,
     cross_head_exclusivity,
