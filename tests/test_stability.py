@@ -15,12 +15,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from sfibench import registry
 from sfibench.cli import app
 from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
-from sfibench.engine.method import MethodSpec
 from sfibench.engine.prefill import prefill
 from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.metrics.stability import (
@@ -36,6 +36,8 @@ from sfibench.registry import create_method
 from sfibench.runners.stability import DenseProbe, StabilityRun, run_stability
 from sfibench.sfi.config import SelectorConfig, SFIConfig
 from sfibench.sfi.geometry import recent_start
+
+DENSE = registry.spec(registry.dense().name)  # the method every other one is compared with
 
 SMALL = SFIConfig(n_sink=2, n_recent=8, page=4, selector=SelectorConfig(use_cross_head=False))
 LAYERS, HEADS, GROUP = 2, 2, 3
@@ -144,8 +146,8 @@ def test_probe_attends_exactly_like_full_kv(tiny_models):
     prefilled = prefill(loaded.model, cache, [ids[:20]])
     forced = torch.tensor([ids[20:]])
     logits = {}
-    for name, method in (("full", create_method(MethodSpec(), loaded.config, loaded.tokenizer)),
-                         ("probe", DenseProbe(MethodSpec(), loaded.config, loaded.tokenizer))):
+    for name, method in (("full", create_method(DENSE, loaded.config, loaded.tokenizer)),
+                         ("probe", DenseProbe(registry.default_config(registry.dense().name), loaded.config, loaded.tokenizer))):
         trace = generate(loaded.model, cache, method, prefilled, forced.shape[1], Sampler(SamplingConfig(), "cpu"),
                          forced=forced, keep_logits=True)
         logits[name] = torch.stack(trace.logits)
