@@ -8,17 +8,19 @@ import pytest
 import torch
 from helpers import hf_twin
 
-from sfibench.config import MethodSpec, SamplingConfig
+from sfibench import registry
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.prefill import prefill
-from sfibench.engine.sampling import Sampler
-from sfibench.methods import create_method
+from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.models.decoder import Decoder
 from sfibench.models.loading import _place, load_model
 from sfibench.models.presets import get_preset, rope_scaling_tuple
 from sfibench.reference.attention import causal_prefill_attention
+from sfibench.registry import create_method
+
+DENSE = registry.spec(registry.dense().name)  # the method every other one is compared with
 
 TINY = ["tiny-llama", "tiny-qwen2", "tiny-qwen3"]
 
@@ -33,7 +35,7 @@ def engine_logits(loaded, prompt: list[int], forced: list[int], chunk: int = 204
     """Logits after the prompt, then after each teacher-forced decode step."""
     cache = KVCache(loaded.config, 1, len(prompt) + len(forced) + 1, "cpu", torch.float32)
     pre = prefill(loaded.model, cache, [prompt], chunk=chunk)
-    driver = StepDriver(loaded.model, cache, create_method(MethodSpec(), loaded.config, loaded.tokenizer))
+    driver = StepDriver(loaded.model, cache, create_method(DENSE, loaded.config, loaded.tokenizer))
     driver.start(pre)
     out = [pre.last_logits[0]]
     for token in forced:
@@ -87,7 +89,7 @@ def test_greedy_generation_is_token_identical_to_transformers(tiny_models, name)
                                  min_new_tokens=32)[0, len(prompt):]
     cache = KVCache(loaded.config, 1, 128, "cpu", torch.float32)
     pre = prefill(loaded.model, cache, [prompt])
-    method = create_method(MethodSpec(), loaded.config, loaded.tokenizer)
+    method = create_method(DENSE, loaded.config, loaded.tokenizer)
     trace = generate(loaded.model, cache, method, pre, 32, Sampler(SamplingConfig(), "cpu"))
     assert trace.tokens[0].tolist() == expected.tolist()
 
@@ -114,7 +116,7 @@ def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2):
 
     cache = KVCache(smollm2.config, 1, 256, "cpu", torch.float32)
     pre = prefill(smollm2.model, cache, [prompt])
-    method = create_method(MethodSpec(), smollm2.config, smollm2.tokenizer)
+    method = create_method(DENSE, smollm2.config, smollm2.tokenizer)
     trace = generate(smollm2.model, cache, method, pre, 32, Sampler(SamplingConfig(), "cpu"))
     assert trace.tokens[0].tolist() == expected_tokens
 
