@@ -37,7 +37,8 @@ def _row(method: str, tok_s: list[float], read: float) -> dict:
             "tokens_per_s": sorted(tok_s)[1],
             "tokens_per_s_spread": {"min": min(tok_s), "max": max(tok_s), "rel_spread": (max(tok_s) - min(tok_s)) / sorted(tok_s)[1]},
             "bytes_per_step": {"total": 1e6, "weights": 5e5}, "mean_step_ms": 1.0, "tokens_read_by_kind": {"sparse": read},
-            "ms_per_step": {"sparse": {"p50": 1.0}}, "achieved_gb_s": 1.0}
+            "ms_per_step": {"sparse": {"p50": 1.0}}, "achieved_gb_s": 1.0,
+            "mean_slow_interval": None}  # a method without slow steps
 
 
 @pytest.mark.parametrize("sparse_read,sparse_tok_s,supported", [
@@ -54,6 +55,8 @@ def test_speedup_is_claimed_only_where_the_run_supports_it(sparse_read, sparse_t
     cfg = ThroughputConfig(model="tiny-llama", contexts=[4096], batches=[1], methods=[], steps=8)
     add_comparisons(rows, cfg, dims, 4, bandwidth=1e10)
     assert rows[1]["speedup_supported"] is supported
+    # every sparse row gets its roofline speedup; K and V of a token: 2 layers x 2 KV heads x 2 x 16 dims x 4 bytes
+    assert rows[1]["roofline_speedup"] == pytest.approx((5e5 + 4096 * 512) / (5e5 + sparse_read * 512))
     speedup_cell = table_rows(rows)[1][-2]
     assert (speedup_cell != "-") is supported
 
