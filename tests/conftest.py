@@ -3,6 +3,11 @@
 Without CUDA the Triton kernels run in Triton's interpreter on CPU tensors. The interpreter is chosen
 when a kernel is decorated, i.e. when its module is first imported, so the variable is set here, before
 any test module imports sfibench (`setdefault`: an explicit TRITON_INTERPRET from the caller wins).
+
+The interpreter runs a kernel thousands of times slower than a GPU, so the kernel and method matrices are
+split: the default run keeps one case of each parametrized kernel test and one case of each method on
+each path, and marks the other cases `full` (pyproject's addopts deselect them; .ci/run and
+`-m "full or not full"` run everything).
 """
 
 from __future__ import annotations
@@ -16,6 +21,40 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sfibench.models.loading import load_model  # noqa: E402  (after the interpreter is chosen)
+
+# Modules of Triton kernels checked against their torch oracles: the first case of each parametrized test
+# runs by default, the rest are `full`.
+KERNEL_MODULES = {
+    "test_kernels.py", "test_two_segment.py", "test_compact_kernels.py", "test_selector_kernels.py",
+    "test_top_k_kernels.py", "test_step_state_kernel.py", "test_tail_state_kernel.py", "test_layer_kernels.py",
+    "test_gemv.py", "test_qkv_epilogue.py", "test_retrieval_kernels.py", "test_fused_kernels.py",
+}
+# Method matrices: the cases that run by default (each method, on each of its paths, at least once).
+DEFAULT_CASES = {
+    "test_methods.py::test_matrix_every_method_runs_and_batched_rows_match_single":
+        lambda p: p["model_name"] == "tiny-qwen3" and p["batch"] == 3,  # batch 3 also decodes a row alone
+    "test_paths_agree.py::test_paths_agree_on_tokens_and_reads": lambda p: p["model_name"] == "tiny-qwen3",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items):
+    seen = set()
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", None)
+        if params is None:
+            continue
+        module, test = item.path.name, item.originalname
+        rule = DEFAULT_CASES.get(f"{module}::{test}")
+        if rule is not None:
+            default = rule(params)
+        elif module in KERNEL_MODULES:
+            default = (module, test) not in seen
+            seen.add((module, test))
+        else:
+            continue
+        if not default:
+            item.add_marker(pytest.mark.full)
 
 
 @pytest.fixture(scope="session")
