@@ -86,7 +86,7 @@ def test_rebuild_fills_the_compact_segment_to_a_tile_edge_with_the_window_head(l
     """SelectionState.write with `align`: the compact segment (sinks, picks, then the window's first rows)
     ends on a multiple of `align` rows, and the tail in place starts after the rows moved. Compact rows and
     tail together are exactly sinks + picks + the whole window, each once."""
-    from sfibench.config import SFIConfig
+    from sfibench.sfi.config import SFIConfig
 
     align = 64 if picked < 61 else 32
     cfg = SFIConfig(n_sink=4, n_recent=32, k_head=picked, page=16)

@@ -1,4 +1,5 @@
-"""The Triton Selector (optimized/selector_kernels.py) against the PyTorch one (sfi/selector.py).
+"""The Triton Selector (optimized/selector_kernels.py, with optimized/sfi.py's fused_select around it) against
+the PyTorch one (sfi/selector.py).
 
 Without CUDA the kernels run in the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET). The
 torch Selector is the oracle: its scores stage by stage, and `select`'s positions. Shapes cross the
@@ -13,9 +14,10 @@ import dataclasses
 import pytest
 import torch
 
-from sfibench.config import SelectorConfig
-from sfibench.optimized.selector_kernels import SelectorTiles, fused_scores, fused_select
+from sfibench.optimized.selector_kernels import SelectorTiles, fused_scores
+from sfibench.optimized.sfi import fused_select, score_params
 from sfibench.optimized.top_k_kernels import radix_top_k
+from sfibench.sfi.config import SelectorConfig
 from sfibench.sfi.selector import (
     choose_lambda,
     cross_head_exclusivity,
@@ -64,7 +66,7 @@ def evidence(layers: int, heads: int, rows: int, n: int, seed: int, causal: bool
 
 
 def assert_scores_match(logits, norms, cfg):
-    expected, actual = torch_scores(logits, norms, cfg), fused_scores(logits, norms, cfg)
+    expected, actual = torch_scores(logits, norms, cfg), fused_scores(logits, norms, score_params(cfg))
     assert torch.equal(torch.isneginf(actual), torch.isneginf(expected))
     finite = ~torch.isneginf(expected)
     torch.testing.assert_close(actual[finite], expected[finite], atol=2e-4, rtol=1e-5)
@@ -130,12 +132,13 @@ def test_other_tile_shapes_give_the_same_scores():
     """bench_fast_path --selector-tiles times other launch shapes: they must rank the same scores. n = 700
     leaves a partial last tile and chunk under every shape here."""
     logits, norms = evidence(2, 4, 3, 700, seed=11)
-    expected = fused_scores(logits, norms, DEFAULT)
+    expected = fused_scores(logits, norms, score_params(DEFAULT))
     shapes = (SelectorTiles(block=128, chunk_blocks=1, nms_tile=64),
               SelectorTiles(block=256, chunk_blocks=3, pool_warps=8, nms_warps=8),
               SelectorTiles(stream_block=64, block=1024, chunk_blocks=1))
     for tiles in shapes:
-        torch.testing.assert_close(fused_scores(logits, norms, DEFAULT, tiles), expected, atol=1e-5, rtol=1e-6)
+        torch.testing.assert_close(fused_scores(logits, norms, score_params(DEFAULT), tiles), expected,
+                                   atol=1e-5, rtol=1e-6)
     with pytest.raises(ValueError, match="power of two"):
         SelectorTiles(block=1000)
     with pytest.raises(ValueError, match="chunk_blocks"):
@@ -150,13 +153,13 @@ def test_soft_nms_windows_cut_by_the_ends_of_the_candidates(n, radius):
     logits, norms = evidence(2, 4, 3, n, seed=n + radius)
     logits[0, 1, :, : n // 5] = float("-inf")
     cfg = dataclasses.replace(DEFAULT, nms_radius=radius)
-    torch.testing.assert_close(fused_scores(logits, norms, cfg, SelectorTiles(nms_tile=64)),
+    torch.testing.assert_close(fused_scores(logits, norms, score_params(cfg), SelectorTiles(nms_tile=64)),
                                torch_scores(logits, norms, cfg), atol=1e-4, rtol=1e-5)
 
 
 def test_bad_input_is_refused():
     logits, norms = evidence(1, 4, 2, 300, seed=8)
     with pytest.raises(ValueError, match="key_norms must be"):
-        fused_scores(logits, norms[:, :2], DEFAULT)
+        fused_scores(logits, norms[:, :2], score_params(DEFAULT))
     with pytest.raises(ValueError, match="float32"):
-        fused_scores(logits.half(), norms, DEFAULT)
+        fused_scores(logits.half(), norms, score_params(DEFAULT))
