@@ -7,15 +7,15 @@
    row's counts, the queries, merging the splits) weigh as much as the loads, so the split count that
    fills the GPU for a dense read may not be the best one here; this measures it (default_num_splits).
 2. The Selector (`--contexts`): one refresh of all layers at one context, the PyTorch Selector
-   (sfi/selector.select) against the Triton one (optimized/selector_kernels.fused_select), both on the
-   same evidence, with the share of positions they agree on; then where the Triton Selector's time
+   (sfi/selector.select) against the Triton one (optimized/sfi.fused_select: optimized/selector_kernels.py
+   and the radix top-K), both on the same evidence, with the share of positions they agree on; then where the Triton Selector's time
    goes, kernel by kernel (torch.profiler's CUDA times), and the compact rebuild's gather, the torch
    reference (sfi/state.gather_compact) against the Triton kernel (optimized/compact_kernels).
 3. The Selector's launch shapes (`--selector-tiles CONTEXTS`): each Triton Selector kernel's time under
    other tiles, chunks and warp counts (selector_kernels.SelectorTiles), one group varied at a time.
 
-    python -m sfibench.optimized.bench_fast_path --out fast_path.json
-    python -m sfibench.optimized.bench_fast_path --batch "" --contexts "" --selector-tiles 130944
+    python benchmarks/bench_fast_path.py --out fast_path.json
+    python benchmarks/bench_fast_path.py --batch "" --contexts "" --selector-tiles 130944
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from pathlib import Path
 
 import torch
 
-from sfibench.sfi.config import SelectorConfig
 from sfibench.optimized import compact_kernels
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
-from sfibench.optimized.selector_kernels import SelectorTiles, fused_scores, fused_select
+from sfibench.optimized.selector_kernels import SelectorTiles, fused_scores
+from sfibench.optimized.sfi import fused_select, score_params
 from sfibench.optimized.top_k_kernels import radix_top_k
 from sfibench.optimized.two_segment import two_segment_decode
 from sfibench.sfi import state
-from sfibench.sfi.selector import select, top_k_positions
+from sfibench.sfi.selector import SelectorConfig, select, top_k_positions
 
 
 def _time_ms(fn, repeats: int = 5, calls: int = 20) -> list[float]:
@@ -132,9 +132,9 @@ def selector_refresh(context: int, layers: int, kv_heads: int, group: int, k_hea
           f"overlap {same}", flush=True)
     row["triton_kernels_ms"] = kernel_times(lambda: fused_select(logits, norms, 4, k_head, cfg))
     # The top-K alone on these final scores: the radix select against the PyTorch one (torch.topk for the
-    # K-th best, cumulative sums for the ranks). Session 12's call 2 timed session 7's torch.topk + one
-    # compaction program per head here too (0.999 ms at 128K against the radix select's 0.899).
-    scores = fused_scores(logits, norms, cfg)
+    # K-th best, cumulative sums for the ranks). torch.topk plus one compaction program per head measured
+    # 0.999 ms at 128K on an H200 against the radix select's 0.899.
+    scores = fused_scores(logits, norms, score_params(cfg))
     assert torch.equal(radix_top_k(scores, k_head, 4), top_k_positions(scores, k_head, 4))
     for name, top_k in (("radix", radix_top_k), ("torch", top_k_positions)):
         rounds = _time_ms(lambda top_k=top_k: top_k(scores, k_head, 4), repeats=3, calls=10)
@@ -155,11 +155,11 @@ def selector_tiles(context: int, layers: int, kv_heads: int, group: int) -> list
     shapes += [SelectorTiles(stream_block=b) for b in (1024, 4096)]
     shapes += [SelectorTiles(nms_tile=t, nms_warps=w)
                for t, w in itertools.product((128, 256, 512, 1024), (4, 8))]
-    expected = fused_scores(logits, norms, cfg, default)
+    expected = fused_scores(logits, norms, score_params(cfg), default)
     rows = []
     for tiles in dict.fromkeys(shapes):  # the default appears in both sweeps: once is enough
-        diff = (fused_scores(logits, norms, cfg, tiles) - expected).abs().nan_to_num(0.0).max().item()
-        kernels = kernel_times(lambda tiles=tiles: fused_scores(logits, norms, cfg, tiles), quiet=True)
+        diff = (fused_scores(logits, norms, score_params(cfg), tiles) - expected).abs().nan_to_num(0.0).max().item()
+        kernels = kernel_times(lambda tiles=tiles: fused_scores(logits, norms, score_params(cfg), tiles), quiet=True)
         kernels = {name: ms for name, ms in kernels.items() if name.startswith("_")}  # the Triton kernels
         rows.append({"context": context, **dataclasses.asdict(tiles), "kernels_ms": kernels,
                      "triton_ms": sum(kernels.values()), "max_abs_diff_vs_default": diff})
@@ -222,7 +222,7 @@ def compact_rebuild(context: int, batch: int, layers: int, kv_heads: int, k_head
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sfibench.optimized.bench_fast_path",
+    parser = argparse.ArgumentParser(prog="python benchmarks/bench_fast_path.py",
                                      description="Optimized SFI: fast-step attention by split count, and the "
                                                  "Selector PyTorch vs Triton (Qwen3-4B shape: 36 layers, H_kv 8).")
     parser.add_argument("--out", type=Path, help="write the rows and provenance here as JSON")

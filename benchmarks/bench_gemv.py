@@ -7,7 +7,7 @@ bytes, and the kernel the decoder picks (gemv.decode_config: a tuned tile, or cu
 small ops after two products, separate (cuBLAS, then the compiled op) against folded into the product
 (gemv's epilogues).
 
-    python -m sfibench.optimized.bench_gemv --model qwen3-4b --batch 1,5 --out gemv.json
+    python benchmarks/bench_gemv.py --model qwen3-4b --batch 1,5 --out gemv.json
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from bench_fast_path import _time_ms  # benchmarks/ is on sys.path when a script here runs
 
 from sfibench.metrics.floor import graph_replay
 from sfibench.models import fused
 from sfibench.models.presets import get_preset
 from sfibench.optimized import gemv
-from sfibench.optimized.bench_fast_path import _time_ms
 
 
 def _replay_ms(fn, repeats: int = 7) -> list[float]:

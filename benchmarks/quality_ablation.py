@@ -1,6 +1,6 @@
 """SFI ablation runs of `sfibench quality` against one baseline run on the same prompts: a markdown table.
 
-    python -m sfibench.reporting.quality_ablation BASE_RUN RUN [RUN ...] [--out FILE]
+    python benchmarks/quality_ablation.py BASE_RUN RUN [RUN ...] [--out FILE]
 
 prints the table, or writes it to FILE (then each run is linked relative to FILE's folder).
 

@@ -1,6 +1,6 @@
 """Selection coverage: how much of Full-KV's attention each Selector variant's bootstrap selection holds.
 
-    python -m sfibench.runners.selection_coverage --out DIR [--model smollm2-135m] [--ctx 2k]
+    python benchmarks/selection_coverage.py --out DIR [--model smollm2-135m] [--ctx 2k]
         [--retention 0.15 | --sfi-preset paper-2k,paper-4k] [--tasks niah_single,niah_single_word]
         [--samples 6] [--no-chat]
 
@@ -50,7 +50,8 @@ from sfibench.runners.quality_inputs import parse_context
 from sfibench.sfi import geometry
 from sfibench.sfi.config import preset_retention
 from sfibench.sfi.selector import top_k_positions
-from sfibench.workloads.base import PromptFormat, make_samples
+from sfibench.workloads.base import PromptFormat
+from sfibench.workloads.tasks import make_samples
 
 MOST_VALUE_TOKENS = 8
 # (row name, SFI settings changed from SPEC): the Selector variants, each picking K of C from its own bootstrap
@@ -251,7 +252,7 @@ def markdown(document: dict, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m sfibench.runners.selection_coverage",
+    parser = argparse.ArgumentParser(prog="python benchmarks/selection_coverage.py",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tasks", default="niah_single,niah_single_word")
@@ -287,7 +288,8 @@ def main(argv: list[str] | None = None) -> None:
                 "records": records, "provenance": provenance()}
     args.out.mkdir(parents=True)
     (args.out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
-    command = "python -m sfibench.runners.selection_coverage " + " ".join(argv if argv is not None else sys.argv[1:])
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python benchmarks/selection_coverage.py " + " ".join(given)
     (args.out / "report.md").write_text(markdown(document, command))
     print(f"report: {args.out / 'report.md'}")
 

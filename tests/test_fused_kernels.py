@@ -77,7 +77,7 @@ def test_decoder_with_triton_gemvs_matches_torch(monkeypatch, name):
     _, expected = decode(model, tokens)
     monkeypatch.setattr(gemv, "_sm_count", lambda device: 1)  # tiny widths would go to cuBLAS on a GPU
     for op in ("linear", "linear_add_rms_norm", "gate_up_activation"):
-        monkeypatch.setitem(fused.ops, op, getattr(gemv, op))
+        monkeypatch.setitem(fused.ops, op, fused.kernel_ops()[op])
     _, got = decode(model, tokens)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
@@ -92,7 +92,7 @@ def test_decoder_with_the_qkv_epilogue_matches_torch(monkeypatch, name):
     _, expected = decode(model, tokens, append=True)
     monkeypatch.setattr(gemv, "_sm_count", lambda device: 1)  # tiny widths would go to cuBLAS on a GPU
     monkeypatch.setitem(fused.ops, "qk_norm_rope_append", layer_kernels.qk_norm_rope_append)
-    monkeypatch.setitem(fused.ops, "linear_qk_norm_rope_append", qkv_epilogue.linear_qk_norm_rope_append)
+    monkeypatch.setitem(fused.ops, "linear_qk_norm_rope_append", fused.kernel_ops()["linear_qk_norm_rope_append"])
     launches = []
     kernel = qkv_epilogue._qkv_append_kernel
     monkeypatch.setattr(qkv_epilogue, "_qkv_append_kernel", _Counting(kernel, launches))
@@ -118,9 +118,9 @@ def test_decoder_with_folded_input_norms_matches_torch(monkeypatch, name, kernel
     if kernels:
         monkeypatch.setattr(gemv, "_sm_count", lambda device: 1)  # tiny widths would go to cuBLAS on a GPU
         for op in ("linear", "linear_add_rms_norm", "gate_up_activation", "linear_add_squares"):
-            monkeypatch.setitem(fused.ops, op, getattr(gemv, op))
+            monkeypatch.setitem(fused.ops, op, fused.kernel_ops()[op])
         monkeypatch.setitem(fused.ops, "qk_norm_rope_append", layer_kernels.qk_norm_rope_append)
-        monkeypatch.setitem(fused.ops, "linear_qk_norm_rope_append", qkv_epilogue.linear_qk_norm_rope_append)
+        monkeypatch.setitem(fused.ops, "linear_qk_norm_rope_append", fused.kernel_ops()["linear_qk_norm_rope_append"])
         monkeypatch.setitem(fused.ops, "decode_inputs", layer_kernels.decode_inputs)
     monkeypatch.setitem(fused.ops, "linear_add_rms_norm", _Recording(fused.ops["linear_add_rms_norm"],
                                                                      normed_products))

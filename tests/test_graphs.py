@@ -59,7 +59,7 @@ def test_graph_replay_matches_eager(name, path, every_kernel, monkeypatch):
 @cuda
 def test_fused_elementwise_ops_match_eager():
     from sfibench.models import fused
-    from sfibench.reference.attention import causal_prefill_attention
+    from sfibench.engine.prefill import causal_prefill_attention
 
     loaded = load_model("tiny-qwen3", device="cuda", dtype=torch.float32)
     tokens = torch.randint(0, 256, (2, 33), device="cuda")

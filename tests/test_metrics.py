@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from sfibench.core.device import available_device_memory
 from sfibench.metrics.bytes_model import (
     achieved_bandwidth,
     efficiency,
@@ -25,7 +26,6 @@ from sfibench.metrics.bytes_model import (
 )
 from sfibench.metrics.memory import (
     MemoryEstimateError,
-    available_device_memory,
     check_fits,
     estimate_memory,
 )

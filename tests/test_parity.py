@@ -17,7 +17,7 @@ from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.models.decoder import Decoder
 from sfibench.models.loading import _place, load_model
 from sfibench.models.presets import get_preset, rope_scaling_tuple
-from sfibench.reference.attention import causal_prefill_attention
+from sfibench.engine.prefill import causal_prefill_attention
 from sfibench.registry import create_method
 
 DENSE = registry.spec(registry.dense().name)  # the method every other one is compared with

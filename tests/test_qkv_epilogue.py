@@ -92,23 +92,32 @@ def test_a_folded_input_norm_scales_the_product_before_its_epilogue(dtype):
 
 
 def test_shapes_it_does_not_serve_take_the_two_launch_route():
-    """A tile wider than a head is narrowed; one that does not divide the head falls back to the reference."""
+    """A tile wider than a head is narrowed; for one that does not divide the head the kernel answers None
+    and writes nothing, and the fused op runs the two-launch reference instead."""
     x, w, _, norms, cos, sin, caches, positions = _inputs(2, 2, 1, 32, 24, 10, torch.float32, False, True, seed=3)
     positions[0] = 1  # every slot in range here: the fallback's reference scatter needs that
     want_caches = [c.clone() for c in caches]
     want_q = fused.qk_norm_rope_append(F.linear(x, w), *norms, cos, sin, 2, 1, *want_caches, positions)
-    for config in (gemv.GemvConfig(block_n=64, block_k=16), gemv.GemvConfig(block_n=24, block_k=16)):
-        got_caches = [c.clone() for c in caches]
-        q = qkv_epilogue.linear_qk_norm_rope_append(x, w, None, *norms, cos, sin, 2, 1, *got_caches, positions,
-                                                    config=config)
-        torch.testing.assert_close(q, want_q, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(got_caches[0], want_caches[0], atol=1e-5, rtol=1e-5)
+    got_caches = [c.clone() for c in caches]
+    q = qkv_epilogue.linear_qk_norm_rope_append(x, w, None, *norms, cos, sin, 2, 1, *got_caches, positions,
+                                                config=gemv.GemvConfig(block_n=64, block_k=16))
+    torch.testing.assert_close(q, want_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_caches[0], want_caches[0], atol=1e-5, rtol=1e-5)
+    untouched = [c.clone() for c in caches]
+    assert qkv_epilogue.linear_qk_norm_rope_append(x, w, None, *norms, cos, sin, 2, 1, *untouched, positions,
+                                                   config=gemv.GemvConfig(block_n=24, block_k=16)) is None
+    assert all(torch.equal(u, c) for u, c in zip(untouched, caches))
+    fallback = fused._kernel_or(lambda *args, **kwargs: None, fused.linear_qk_norm_rope_append)
+    got_caches = [c.clone() for c in caches]
+    torch.testing.assert_close(fallback(x, w, None, *norms, cos, sin, 2, 1, *got_caches, positions), want_q,
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_caches[0], want_caches[0], atol=1e-5, rtol=1e-5)
 
 
 def test_fusion_routes_the_qkv_product_through_this_kernel():
     try:
         fused.enable_fusion(True)
-        assert fused.ops["linear_qk_norm_rope_append"] is qkv_epilogue.linear_qk_norm_rope_append
+        assert fused.ops["linear_qk_norm_rope_append"].kernel is qkv_epilogue.linear_qk_norm_rope_append
     finally:
         fused.enable_fusion(False)
     assert fused.ops["linear_qk_norm_rope_append"] is fused.linear_qk_norm_rope_append

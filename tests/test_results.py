@@ -18,13 +18,12 @@ from sfibench.reporting import run_dir as run_dir_module
 from sfibench.reporting.results import (
     SCHEMA_VERSION,
     InvalidResultsError,
-    RunDirExistsError,
     UnsupportedSchemaError,
-    make_run_dir,
     provenance,
     read_results,
     write_results,
 )
+from sfibench.reporting.run_dir import RunDirExistsError, make_run_dir
 
 PROVENANCE_KEYS = {
     "git_commit",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from sfibench.runners import selection_coverage
-from sfibench.runners.selection_coverage import ROWS, coverage
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # a diagnostic script, not the package
+import selection_coverage  # noqa: E402
+from selection_coverage import ROWS, coverage  # noqa: E402
 
 
 def test_coverage_counts_the_mass_on_the_picks_of_the_candidates():

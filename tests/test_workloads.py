@@ -17,10 +17,10 @@ from sfibench.workloads.base import (
     PromptFormat,
     UnknownTaskError,
     fit_to_tokens,
-    make_samples,
 )
 from sfibench.workloads.haystack import DEFAULT_DEPTHS, essay_sentences, insert_at_depths
 from sfibench.workloads.longbench import LongBenchError, longbench_files, longbench_samples
+from sfibench.workloads.tasks import make_samples
 
 TASKS = ["passkey", "niah_single", "niah_single_word", "niah_multikey", "niah_multivalue", "niah_multiquery", "niah_multiturn",
          "vt", "cwe", "fwe", "ppl"]

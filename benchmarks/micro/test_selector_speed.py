@@ -60,7 +60,7 @@ def test_select(benchmark, cuda_sync, name):
 @pytest.mark.parametrize("name", SHAPES)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton Selector is timed on a GPU only")
 def test_select_triton(benchmark, cuda_sync, name):
-    from sfibench.optimized.selector_kernels import fused_select
+    from sfibench.optimized.sfi import fused_select
 
     x = inputs(name)
     run(benchmark, cuda_sync, name, "select (Triton)",

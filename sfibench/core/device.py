@@ -2,7 +2,8 @@
 
 `resolve_device` turns the CLI's `--device` string into a `torch.device`, failing early with a
 message that says what to do when CUDA is asked for but absent. `device_info` describes the device
-for results.json, so a number in a report can be traced back to the hardware that produced it.
+for results.json, so a number in a report can be traced back to the hardware that produced it;
+`available_device_memory` is what a memory estimate may plan with.
 Every probe here is best effort: a missing NVML, /proc or CUDA yields None, never an exception,
 because losing a run over a provenance detail would be worse than a blank field.
 """
@@ -136,3 +137,22 @@ def _host_memory_bytes() -> int | None:
         return None
     match = re.search(r"^MemTotal:\s*(\d+)\s*kB", text, re.MULTILINE)
     return int(match.group(1)) * 1024 if match else None
+
+
+def _host_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (psutil may be absent), else free physical pages."""
+    meminfo = Path("/proc/meminfo")
+    if meminfo.exists():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # reported in kB
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def available_device_memory(device: torch.device | str) -> int:
+    """Free bytes on `device`: CUDA's free memory on a GPU, available host memory otherwise."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    return _host_available_bytes()

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from sfibench.engine.cache import KVCache
 from sfibench.engine.sliding import window_prefill_attention
 from sfibench.models.decoder import Decoder
-from sfibench.reference.attention import causal_prefill_attention
 
 
 @dataclass
@@ -30,6 +30,15 @@ class Prefilled:
         """Positions of the stored query rows of sequence `row`."""
         count, length = int(self.query_counts[row]), int(self.lengths[row])
         return torch.arange(length - count, length)
+
+
+def causal_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """Queries at positions [start, start + T) over keys [0, start + T) with a causal mask."""
+    if start == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    t, s = q.shape[2], k.shape[2]
+    visible = torch.arange(s, device=q.device)[None, :] <= (start + torch.arange(t, device=q.device))[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
 
 
 class PromptError(ValueError):

@@ -6,18 +6,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sfibench.engine.method import AttentionMethod
-from sfibench.engine.sampling import SamplingConfig
-from sfibench.core.device import resolve_device
+from sfibench.core.device import available_device_memory, resolve_device
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import Trace, generate
+from sfibench.engine.method import AttentionMethod
 from sfibench.engine.prefill import Prefilled, check_prompts, prefill
-from sfibench.engine.sampling import Sampler
-from sfibench.metrics.memory import available_device_memory
-from sfibench.models import fused
-from sfibench.models.loading import LoadedModel, load_model
+from sfibench.engine.sampling import Sampler, SamplingConfig
+from sfibench.models.loading import LoadedModel, load_for_decode
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def parse_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -36,15 +35,11 @@ class Session:
     @classmethod
     def open(cls, model: str, device: str = "auto", dtype: str = "auto", seed: int = 0,
              fuse: bool | None = None) -> Session:
-        """`fuse` (default: on a GPU) compiles the decoder's elementwise chains; see models/fused.py."""
+        """`fuse`: decode's fused kernels on or off (default: on a GPU); models/loading.load_for_decode
+        chooses them."""
         resolved = resolve_device(device)
         torch_dtype = parse_dtype(dtype, resolved)
-        fuse = resolved.type == "cuda" if fuse is None else fuse
-        fused.enable_fusion(fuse)
-        loaded = load_model(model, resolved, torch_dtype, seed)
-        # The norm folds need the GEMV's epilogues: GPU decode with fusion on, and not Gemma-3's layers.
-        if fuse and resolved.type == "cuda" and loaded.model.fold_pays(resolved):
-            loaded.model.fold_input_norms()
+        loaded = load_for_decode(model, resolved, torch_dtype, seed, fuse)
         return cls(loaded, resolved, torch_dtype)
 
     @property

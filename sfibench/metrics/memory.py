@@ -13,11 +13,6 @@ sequence (see `method_state_bytes` in runners/throughput_measure.py for the opti
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
-import torch
-
 from sfibench.models.presets import ModelConfig
 
 FLOAT32_BYTES = 4
@@ -107,22 +102,3 @@ def check_fits(estimate: dict, available_bytes: int) -> None:
     raise MemoryEstimateError(
         f"{asked}. What fits: {' or '.join(fits)}. Fix: lower the batch size or the context (--ctx), "
         "or use a device with more memory.")
-
-
-def _host_available_bytes() -> int:
-    """MemAvailable from /proc/meminfo (psutil may be absent), else free physical pages."""
-    meminfo = Path("/proc/meminfo")
-    if meminfo.exists():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # reported in kB
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def available_device_memory(device: torch.device | str) -> int:
-    """Free bytes on `device`: CUDA's free memory on a GPU, available host memory otherwise."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
-    return _host_available_bytes()

@@ -165,6 +165,48 @@ COMPILED = ("rms_norm", "add_rms_norm", "silu_mul", "gelu_tanh_mul")
 ops = dict(EAGER)
 
 
+def _add_rms_norm_after(x, weight, residual, norm_weight, eps):
+    return ops["add_rms_norm"](F.linear(x, weight), residual, norm_weight, eps)
+
+
+def _gate_up_after(x, weight, activation, *, input_squares=None, input_eps=0.0):
+    if input_squares is None:
+        return ops[activation](F.linear(x, weight))
+    return gate_up_activation(x, weight, activation, input_squares=input_squares, input_eps=input_eps)
+
+
+def _kernel_or(kernel, reference):
+    """`kernel` where it serves the shape, else `reference` (a kernel answers None for shapes it does not
+    serve: optimized/ knows nothing of these references). `.kernel` names the kernel for reports."""
+    def op(*args, **kwargs):
+        out = kernel(*args, **kwargs)
+        return reference(*args, **kwargs) if out is None else out
+
+    op.kernel = kernel
+    op.__name__ = op.__qualname__ = kernel.__name__
+    op.__doc__ = kernel.__doc__
+    return op
+
+
+def kernel_ops() -> dict:
+    """The decode ops that run a Triton kernel, each falling back to its reference at shapes the kernel
+    does not serve (the weight products at prefill or cuBLAS-sized shapes)."""
+    from sfibench.optimized import gemv, layer_kernels, qkv_epilogue
+
+    return {
+        "qk_norm_rope": layer_kernels.qk_norm_rope,
+        "append_kv": layer_kernels.append_kv,
+        "qk_norm_rope_append": layer_kernels.qk_norm_rope_append,
+        "decode_inputs": layer_kernels.decode_inputs,
+        "linear": _kernel_or(gemv.linear, linear),
+        "linear_add_rms_norm": _kernel_or(gemv.linear_add_rms_norm, _add_rms_norm_after),
+        "gate_up_activation": _kernel_or(gemv.gate_up_activation, _gate_up_after),
+        "linear_add_squares": _kernel_or(gemv.linear_add_squares, linear_add_squares),
+        "linear_qk_norm_rope_append": _kernel_or(qkv_epilogue.linear_qk_norm_rope_append,
+                                                 linear_qk_norm_rope_append),
+    }
+
+
 def enable_fusion(enabled: bool = True) -> None:
     """Route the step's small ops through their fused versions (or back to plain torch).
 
@@ -177,19 +219,9 @@ def enable_fusion(enabled: bool = True) -> None:
         return
     import torch._dynamo
 
-    from sfibench.optimized import gemv, layer_kernels, qkv_epilogue
-
     for limit in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
         if hasattr(torch._dynamo.config, limit):
             setattr(torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), 128))
     for name in COMPILED:
         ops[name] = torch.compile(EAGER[name], fullgraph=True, dynamic=False)
-    ops["qk_norm_rope"] = layer_kernels.qk_norm_rope
-    ops["append_kv"] = layer_kernels.append_kv
-    ops["qk_norm_rope_append"] = layer_kernels.qk_norm_rope_append
-    ops["decode_inputs"] = layer_kernels.decode_inputs
-    ops["linear"] = gemv.linear  # each falls back to the reference above (compiled ops) outside decode shapes
-    ops["linear_add_rms_norm"] = gemv.linear_add_rms_norm
-    ops["gate_up_activation"] = gemv.gate_up_activation
-    ops["linear_add_squares"] = gemv.linear_add_squares
-    ops["linear_qk_norm_rope_append"] = qkv_epilogue.linear_qk_norm_rope_append
+    ops.update(kernel_ops())

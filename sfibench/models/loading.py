@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from sfibench.models import gemma3
+from sfibench.models import fused, gemma3
 from sfibench.models.decoder import Decoder
 from sfibench.models.gemma3 import Gemma3Decoder
 from sfibench.models.presets import PRESETS, ModelConfig, get_preset, rope_scaling_tuple
@@ -86,6 +86,20 @@ def load_model(name_or_path: str, device="cpu", dtype: torch.dtype = torch.float
         return _load_hf_dir(path, device, dtype)
     get_preset(name_or_path)  # raises the "unknown model, valid presets: ..." error
     raise AssertionError("unreachable")
+
+
+def load_for_decode(name_or_path: str, device: torch.device, dtype: torch.dtype, seed: int = 0,
+                    fuse: bool | None = None) -> LoadedModel:
+    """load_model, with the kernels decode runs chosen: `fuse` (default: on a GPU) routes the step's small
+    ops through their fused versions (models/fused.py), and where the weight products' epilogues pay
+    (GPU decode with fusion on, not Gemma-3's layers) the norms are folded into the products."""
+    device = torch.device(device)
+    fuse = device.type == "cuda" if fuse is None else fuse
+    fused.enable_fusion(fuse)
+    loaded = load_model(name_or_path, device, dtype, seed)
+    if fuse and device.type == "cuda" and loaded.model.fold_pays(device):
+        loaded.model.fold_input_norms()
+    return loaded
 
 
 def new_decoder(config: ModelConfig) -> Decoder:

@@ -42,7 +42,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
@@ -305,8 +304,9 @@ def _rows(x: torch.Tensor, width: int, weight: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            config: GemvConfig | None = None, *, input_squares: torch.Tensor | None = None,
-           input_eps: float = 0.0, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) for x `[..., K]`; at decode shapes (decode_config) one Triton launch.
+           input_eps: float = 0.0, out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """F.linear(x, weight, bias) for x `[..., K]` in one Triton launch; None at shapes the kernel does not serve
+    (decode_config gives no tile: prefill, cuBLAS-sized products), which models/fused.py runs itself.
     With `input_squares` (partial sums of squares of x's rows, `[partials, rows]`) x is an un-normalised
     residual stream and the product is scaled by its 1 / rms (fused.linear's folded input norm).
     `out_dtype`: the product, rounded to x's dtype as F.linear's is, then stored as this type (the LM
@@ -317,12 +317,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         check_input_squares(input_squares, x2.shape[0])
     config = config or decode_config(x2.shape[0], n_out, n_in, x.device)
     if config is None:
-        if input_squares is None and out_dtype is None:  # the common fallback (prefill, cuBLAS-sized ones)
-            return F.linear(x, weight, bias)
-        from sfibench.models import fused  # fused imports this module at load time
-
-        return fused.linear(x, weight, bias, input_squares=input_squares, input_eps=input_eps,
-                            out_dtype=out_dtype)
+        return None
     y = torch.empty(x2.shape[0], n_out, device=x.device, dtype=out_dtype or x.dtype)
     _launch(x2, weight, bias, y, "none", config, n_out, eps=input_eps, input_squares=input_squares)
     return y.view(*x.shape[:-1], n_out)
@@ -330,16 +325,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def linear_add_squares(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor,
                        config: GemvConfig | None = None, *,
-                       output_gain: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       output_gain: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """fused.linear_add_squares: (F.linear(x, weight) + residual, its rows' partial sums of squares); with
-    `output_gain` the first is that sum times the gain (the squares stay the sum's)."""
-    from sfibench.models import fused
-
+    `output_gain` the first is that sum times the gain (the squares stay the sum's). None where the kernel
+    does not serve the shape or the residual's layout."""
     n_out, n_in = weight.shape
     x2 = _rows(x, n_in, weight)
     config = config or decode_config(x2.shape[0], n_out, n_in, x.device)
     if config is None or residual.shape != (*x.shape[:-1], n_out) or residual.stride(-1) != 1:
-        return fused.linear_add_squares(x, weight, residual, output_gain=output_gain)
+        return None
     if output_gain is not None and output_gain.shape != (n_out,):
         raise ValueError(f"output_gain must be [N] = [{n_out}], got {tuple(output_gain.shape)}")
     residual2 = residual.reshape(-1, n_out)
@@ -352,15 +346,14 @@ def linear_add_squares(x: torch.Tensor, weight: torch.Tensor, residual: torch.Te
 
 
 def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                        eps: float, config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """fused.add_rms_norm(F.linear(x, weight), residual, norm_weight, eps): (the new residual, its norm)."""
-    from sfibench.models import fused  # the reference (and fallback) ops; fused imports this module lazily
-
+                        eps: float, config: GemvConfig | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """fused.add_rms_norm(F.linear(x, weight), residual, norm_weight, eps): (the new residual, its norm); None
+    at shapes the kernel does not serve."""
     n_out, n_in = weight.shape
     x2 = _rows(x, n_in, weight)
     config = config or decode_config(x2.shape[0], n_out, n_in, x.device)
     if config is None:
-        return fused.ops["add_rms_norm"](F.linear(x, weight), residual, norm_weight, eps)
+        return None
     if residual.shape != (*x.shape[:-1], n_out):
         raise ValueError(f"residual {tuple(residual.shape)} must be [..., N] = {[*x.shape[:-1], n_out]}")
     residual2 = residual.reshape(-1, n_out)
@@ -373,11 +366,10 @@ def linear_add_rms_norm(x: torch.Tensor, weight: torch.Tensor, residual: torch.T
 
 def gate_up_activation(x: torch.Tensor, weight: torch.Tensor, activation: str,
                        config: GemvConfig | None = None, *, input_squares: torch.Tensor | None = None,
-                       input_eps: float = 0.0) -> torch.Tensor:
+                       input_eps: float = 0.0) -> torch.Tensor | None:
     """fused.<activation>(F.linear(x, weight)) for the stacked gate/up weight `[2I, K]`: `[..., I]`.
-    With `input_squares` the post-attention norm is folded in, as in `linear`: both halves are scaled."""
-    from sfibench.models import fused
-
+    With `input_squares` the post-attention norm is folded in, as in `linear`: both halves are scaled. None at
+    shapes the kernel does not serve."""
     if activation not in ("silu_mul", "gelu_tanh_mul"):
         raise ValueError(f"unknown activation {activation!r}; silu_mul or gelu_tanh_mul")
     n_stacked, n_in = weight.shape
@@ -386,10 +378,7 @@ def gate_up_activation(x: torch.Tensor, weight: torch.Tensor, activation: str,
         check_input_squares(input_squares, x2.shape[0])
     config = config or decode_config(x2.shape[0], n_stacked, n_in, x.device)
     if config is None:
-        if input_squares is None:
-            return fused.ops[activation](F.linear(x, weight))
-        return fused.gate_up_activation(x, weight, activation, input_squares=input_squares,
-                                        input_eps=input_eps)
+        return None
     y = torch.empty(x2.shape[0], n_stacked // 2, device=x.device, dtype=x.dtype)
     _launch(x2, weight, None, y, activation, config, n_stacked // 2, eps=input_eps,
             input_squares=input_squares)

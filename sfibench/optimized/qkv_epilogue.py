@@ -146,12 +146,11 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
                                cos: torch.Tensor, sin: torch.Tensor, num_heads: int, num_kv_heads: int,
                                k_cache: torch.Tensor, v_cache: torch.Tensor, key_norms: torch.Tensor,
                                positions: torch.Tensor, config: gemv.GemvConfig | None = None, *,
-                               input_squares: torch.Tensor | None = None, input_eps: float = 0.0) -> torch.Tensor:
+                               input_squares: torch.Tensor | None = None, input_eps: float = 0.0) -> torch.Tensor | None:
     """fused.qk_norm_rope_append(F.linear(x, weight, bias), ...) for decode's x `[B, 1, K]`: q `[B, H_q, 1, D]`,
-    the new k and v appended at slot positions[b]. Shapes the kernel does not serve (prefill-sized batches,
-    products cuBLAS is better at, a tile that does not divide the head) take the two-launch route."""
-    from sfibench.models import fused  # the two-launch composition; fused imports this module lazily
-
+    the new k and v appended at slot positions[b]. None at shapes the kernel does not serve (prefill-sized
+    batches, products cuBLAS is better at, a tile that does not divide the head): models/fused.py runs
+    those as two launches."""
     n_out, n_in = weight.shape
     head_dim = cos.shape[-1]
     x2 = gemv._rows(x, n_in, weight)
@@ -160,9 +159,7 @@ def linear_qk_norm_rope_append(x: torch.Tensor, weight: torch.Tensor, bias: torc
         config = replace(config, block_n=min(config.block_n, head_dim))
     if config is None or head_dim % config.block_n or x.shape[1] != 1 \
             or n_out != (num_heads + 2 * num_kv_heads) * head_dim:
-        return fused.linear_qk_norm_rope_append(x, weight, bias, q_weight, k_weight, eps, cos, sin, num_heads,
-                                                num_kv_heads, k_cache, v_cache, key_norms, positions,
-                                                input_squares=input_squares, input_eps=input_eps)
+        return None
     batch = x.shape[0]
     if input_squares is not None:
         gemv.check_input_squares(input_squares, batch)

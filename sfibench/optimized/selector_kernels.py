@@ -26,8 +26,9 @@ parallel compaction of the kept positions in ascending order, as sfi/selector.to
 The result equals `select` up to float32 rounding of the log-sums (a reordered sum), so where two
 candidates' scores differ by less than that the choice may differ; tests/test_selector_kernels.py
 checks scores and positions against `select` on random evidence under TRITON_INTERPRET. Only the
-SPEC evidence norm ("candidates") runs here; `fused_select` hands the visible-norm ablation and the
-debug random Selector to `select`.
+SPEC evidence norm ("candidates") runs here: SFI's optimized path (optimized/sfi.py `fused_select`)
+hands the visible-norm ablation to `select`. The kernels take the Selector's numbers as `ScoreParams`,
+plain values the SFI method copies from its SelectorConfig.
 """
 
 from __future__ import annotations
@@ -39,16 +40,38 @@ import torch
 import triton
 import triton.language as tl
 
-from sfibench.sfi.config import SelectorConfig
-from sfibench.optimized.top_k_kernels import radix_top_k
-from sfibench.sfi.selector import keep_neighbours, select
+
+
+@dataclass(frozen=True)
+class ScoreParams:
+    """The Selector's numbers the score kernels use (SPEC section 5; the fields of sfi/selector.py's
+    SelectorConfig of the same names)."""
+
+    alpha: float  # power-mean exponent pooling the evidence rows
+    use_prior: bool
+    gamma: float  # the prior: key-norm exponent, weights, position curve
+    w_norm: float
+    w_pos: float
+    pos_p: float
+    eta: float
+    beta: float
+    lambda_fixed: float | None  # a fixed fusion weight in place of the closed form
+    lambda_clip_multi: float  # the closed form's clip with R > 1 evidence rows
+    lambda_clip_single: float  # and with R == 1
+    use_nms: bool
+    nms_radius: int
+    nms_alpha: float
+    use_cross_head: bool
+    cross_temperature: float
+    cross_alpha: float
+    eps: float
 
 
 @dataclass(frozen=True)
 class SelectorTiles:
     """How `fused_scores` cuts the work into programs (same result up to the order of float32 sums).
 
-    Chosen by `python -m sfibench.optimized.bench_fast_path --selector-tiles 130944` on an H200
+    Chosen by `python benchmarks/bench_fast_path.py --selector-tiles 130944` on an H200
     (reports/attention-h200/refresh-parts-session12.json, 36 layers x 8 KV heads x 130,688 candidates):
     the passes that only stream (row normalisers, fusion) are fastest on 2,048-wide tiles (0.150 and
     0.115 ms against 0.175 and 0.135 on 1,024), pooling, which holds more per candidate, on 512-wide
@@ -286,7 +309,7 @@ def _mix_kernel(stats_ptr, mix_ptr, parts, lambda_fixed, clip, eps,
         tl.store(mix_ptr + pair * 2 + 1, float("-inf"))
 
 
-def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorConfig,
+def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: ScoreParams,
                  tiles: SelectorTiles = SelectorTiles()) -> torch.Tensor:
     """The Selector's final score `[L, H, n]` (float32) from evidence logits `[L, H, R, n]` (float32, any
     strides) and key norms `[L, H, n]`: what `select` ranks, before the neighbour pool and the top-K."""
@@ -341,15 +364,3 @@ def fused_scores(logits: torch.Tensor, key_norms: torch.Tensor, cfg: SelectorCon
         BLOCK=tile, num_warps=tiles.nms_warps)
     return final
 
-
-def fused_select(logits: torch.Tensor, key_norms: torch.Tensor, lo: int, k: int, cfg: SelectorConfig,
-                 outside_lse: torch.Tensor | None = None) -> torch.Tensor:
-    """`select` (sfi/selector.py) through the kernels above; same arguments, same result up to rounding.
-
-    The --evidence-norm visible ablation goes to `select` itself."""
-    if outside_lse is not None or cfg.evidence_norm != "candidates" or logits.shape[-1] == 0 or logits.dim() != 4:
-        return select(logits, key_norms, lo, k, cfg, outside_lse)
-    scores = fused_scores(logits.float(), key_norms, cfg)
-    if cfg.keep_neighbours > 1:
-        scores = keep_neighbours(scores, cfg.keep_neighbours)
-    return radix_top_k(scores, k, lo)

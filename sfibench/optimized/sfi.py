@@ -16,7 +16,7 @@ previous selection (or, right after prefill, read densely: the bridge of the aut
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -25,13 +25,33 @@ from sfibench.engine.context import StepContext
 from sfibench.engine.method import StepPlan
 from sfibench.optimized.compact_kernels import gather_compact
 from sfibench.optimized.decode_attention import tile_rows
+from sfibench.optimized.top_k_kernels import radix_top_k
 from sfibench.optimized.triton_device import require_triton_device
-from sfibench.optimized.selector_kernels import fused_select
+from sfibench.optimized.selector_kernels import ScoreParams, fused_scores
 from sfibench.optimized.step_state_kernel import take_published
 from sfibench.optimized.two_segment import dense_read_launch, fast_read_launch, two_segment_decode
 from sfibench.sfi import geometry
 from sfibench.sfi.method import SFIMethod
+from sfibench.sfi.selector import SelectorConfig, keep_neighbours, select
 from sfibench.sfi.transfer import layer_index
+
+
+def score_params(cfg: SelectorConfig) -> ScoreParams:
+    """The Selector's numbers as the score kernels take them."""
+    return ScoreParams(**{f.name: getattr(cfg, f.name) for f in fields(ScoreParams)})
+
+
+def fused_select(logits: torch.Tensor, key_norms: torch.Tensor, lo: int, k: int, cfg: SelectorConfig,
+                 outside_lse: torch.Tensor | None = None) -> torch.Tensor:
+    """`select` (sfi/selector.py) through the Triton Selector (optimized/selector_kernels.py) and top-K
+    (optimized/top_k_kernels.py); same arguments, same result up to rounding. The --evidence-norm visible
+    ablation goes to `select` itself."""
+    if outside_lse is not None or cfg.evidence_norm != "candidates" or logits.shape[-1] == 0 or logits.dim() != 4:
+        return select(logits, key_norms, lo, k, cfg, outside_lse)
+    scores = fused_scores(logits.float(), key_norms, score_params(cfg))
+    if cfg.keep_neighbours > 1:
+        scores = keep_neighbours(scores, cfg.keep_neighbours)
+    return radix_top_k(scores, k, lo)
 
 
 @dataclass(frozen=True)

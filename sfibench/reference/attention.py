@@ -46,12 +46,3 @@ def gather_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
     weights = scores.softmax(dim=-1)
     out = torch.einsum("bhgn,bhnd->bhgd", weights, v_sel.float())
     return out.reshape(batch, q_heads, 1, dim).to(q.dtype)
-
-
-def causal_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
-    """Queries at positions [start, start + T) over keys [0, start + T) with a causal mask."""
-    if start == 0:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    t, s = q.shape[2], k.shape[2]
-    visible = torch.arange(s, device=q.device)[None, :] <= (start + torch.arange(t, device=q.device))[:, None]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)

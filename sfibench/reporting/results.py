@@ -23,15 +23,12 @@ from typing import Any
 
 from sfibench.core.errors import UsageError
 from sfibench.core.provenance import provenance, sfibench_version
-from sfibench.reporting.run_dir import RunDirExistsError, make_run_dir  # kept importable from here
 
 __all__ = [
     "RESULTS_FILENAME",
     "SCHEMA_VERSION",
     "InvalidResultsError",
-    "RunDirExistsError",
     "UnsupportedSchemaError",
-    "make_run_dir",
     "read_results",
     "to_jsonable",
     "write_results",

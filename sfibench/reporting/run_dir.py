@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from sfibench.core.errors import UsageError
+from sfibench.reporting.results import RESULTS_FILENAME, InvalidResultsError, read_results
 
 DEFAULT_ROOT = Path("runs")
 _OWN_TEMP_FILE = re.compile(r"\..+\.tmp")  # what an atomic write leaves if the process is killed mid-way
@@ -116,12 +117,6 @@ def _claim_default(command: str) -> tuple[Path, list[Path]]:
 def _check_existing(run_dir: Path, command: str, overwrite: bool, resume: bool) -> None:
     """An existing --out may be empty, or hold an earlier run of this command that --overwrite or
     --resume asks for; anything else is refused, so no user file is ever overwritten or mixed in."""
-    from sfibench.reporting.results import (  # it imports us
-        RESULTS_FILENAME,
-        InvalidResultsError,
-        read_results,
-    )
-
     if not (run_dir / RESULTS_FILENAME).exists():
         if resume:
             raise RunDirError(f"--resume: {run_dir} holds no {RESULTS_FILENAME} to continue; "

@@ -37,8 +37,9 @@ from sfibench.runners.quality_inputs import (
     parse_context,
 )
 from sfibench.runners.quality_ledger import QualityLedger
-from sfibench.workloads.base import PromptFormat, make_samples
+from sfibench.workloads.base import PromptFormat
 from sfibench.workloads.longbench import PREFIX, dataset_name, longbench_samples
+from sfibench.workloads.tasks import make_samples
 
 DEFAULT_METHODS = tuple(registry.names())
 DEFAULT_TASKS = ("niah_single", "niah_multiturn", "ppl")

@@ -19,8 +19,9 @@ from sfibench.models.presets import PRESETS
 from sfibench.options import parse_tokens
 from sfibench.registry import check_method
 from sfibench.runners.quality_batch import conditions
-from sfibench.workloads.base import ContextSizeError, get_task
+from sfibench.workloads.base import ContextSizeError
 from sfibench.workloads.longbench import PREFIX, load_records, longbench_files
+from sfibench.workloads.tasks import get_task
 
 MAX_MARGIN = 8  # tokens kept free below the model's limit by --ctx max, beyond the answer budget
 SAME_ON_RESUME = ("model", "methods", "tasks", "contexts", "retentions", "samples", "seed", "chat", "dtype",

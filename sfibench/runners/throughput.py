@@ -67,7 +67,8 @@ def _decode_gemv(model) -> str:
     from sfibench.optimized import qkv_epilogue
 
     described = DECODE_GEMV
-    if fused.ops["linear_qk_norm_rope_append"] is qkv_epilogue.linear_qk_norm_rope_append:
+    qkv_kernel = getattr(fused.ops["linear_qk_norm_rope_append"], "kernel", None)
+    if qkv_kernel is qkv_epilogue.linear_qk_norm_rope_append:
         described += "; qkv + q/k norm, RoPE and the KV append in one kernel (optimized/qkv_epilogue.py)"
     if getattr(model, "folded_input_norms", False):
         described += "; input norms folded into the qkv products, down_proj + residual add + sums of squares"
@@ -112,7 +113,7 @@ def measure_at_k_head(session: Session, cfg: ThroughputConfig, k_head: Budget, p
 
 def dense_kernel_check(session: Session, contexts: list[int], batches: list[int]) -> list[dict]:
     """Full-KV's Triton kernel and every SDPA backend at the run's attention shapes (SPEC 6)."""
-    from sfibench.optimized.bench_attention import benchmark_dense
+    from sfibench.metrics.dense_kernels import benchmark_dense  # Triton: imported only when asked for
 
     cfg, rows = session.loaded.config, []
     session.cache = None  # the last run's KV cache (up to ~120 GB at 128K) is not needed any more

@@ -1,6 +1,7 @@
 """SFI's settings (SPEC sections 2-5), its one budget rule, and its entry in the registry.
 
-Defaults follow SPEC.md; the CLI exposes the fields as flags. The budget rule: at a budget of B tokens
+Defaults follow SPEC.md; the CLI exposes the fields as flags. The Selector's own settings
+(SelectorConfig) live beside it in sfi/selector.py. The budget rule: at a budget of B tokens
 read per (layer, KV head), the recent window is a quarter of B in whole pages, between one page and
 `n_recent` (256), and k_head is the rest after the sinks, so at SPEC's operating point (B = 2,308)
 SFI reads 4 sinks + 2,048 picks + 256 recent tokens.
@@ -9,46 +10,16 @@ SFI reads 4 sinks + 2,048 picks + 256 recent tokens.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 
 from sfibench.core.budget import BudgetError
 from sfibench.core.errors import UsageError
 from sfibench.engine.method import MethodConfig, MethodDef
 from sfibench.sfi import geometry, traffic
+from sfibench.sfi.recall import SFIRecall
+from sfibench.sfi.selector import SelectorConfig
 
 PUBLISH_POLICIES = ("next_step", "when_ready")
-EVIDENCE_NORMS = ("candidates", "visible")
-
-
-@dataclass(frozen=True)
-class SelectorConfig:
-    """The SFI Selector (SPEC section 5); each stage can be switched off for ablations."""
-
-    alpha: float = 0.5  # power-mean exponent pooling the evidence rows
-    use_prior: bool = True
-    gamma: float = 0.5  # key-norm exponent of the prior
-    w_norm: float = 1.0
-    w_pos: float = 0.7
-    pos_p: float = 1.8
-    eta: float = 0.4
-    beta: float = -math.log(0.6) / 0.9
-    lambda_fixed: float | None = None  # --lambda: use this fusion weight instead of the closed form
-    lambda_clip_multi: float = 0.25  # clip when the evidence has R > 1 rows
-    lambda_clip_single: float = 0.35  # clip when R == 1
-    use_nms: bool = True
-    nms_radius: int = 16  # window of 32 positions: +-16
-    nms_alpha: float = 1.0
-    use_cross_head: bool = True
-    cross_temperature: float = 2.0
-    cross_alpha: float = 0.85
-    eps: float = 1e-12
-    # Ablations beyond SPEC's Selector; the defaults leave it exactly as specified.
-    evidence_norm: str = "candidates"  # candidates: each evidence row softmaxed over C (SPEC; the authors'
-    #                                    Triton path) | visible: over every key the row sees, then restricted
-    #                                    to C (the authors' CUDA path)
-    keep_neighbours: int = 1  # odd max-pool kernel over the final score before top-K, so a kept peak keeps
-    #                           its neighbours (SnapKV's pooling); 1 = off. An extension beyond the paper.
 
 
 @dataclass(frozen=True)
@@ -116,8 +87,6 @@ class SFIConfig(MethodConfig):
         return {"publish": self.publish}
 
     def recall_memory(self, selection_budget):
-        from sfibench.sfi.recall import SFIRecall  # the Selector (recall.py imports it) imports this module
-
         return SFIRecall(self, selection_budget)
 
     def with_variant(self, variant: dict | None) -> SFIConfig:

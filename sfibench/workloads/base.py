@@ -135,26 +135,3 @@ def register_task(name: str, description: str):
         return generate
 
     return decorator
-
-
-def get_task(name: str) -> TaskSpec:
-    _import_builtin_tasks()
-    if name not in TASKS:
-        raise UnknownTaskError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))} "
-                               "(LongBench tasks come from --longbench PATH)")
-    return TASKS[name]
-
-
-def make_samples(task: str, fmt: PromptFormat, target: int, count: int, seed: int) -> list[Sample]:
-    """`count` samples of `task`, each seeded by (seed, task, target, index) so any one can be rebuilt."""
-    spec = get_task(task)
-    return [spec.generate(fmt, target, random.Random(f"{seed}/{task}/{target}/{i}"), i) for i in range(count)]
-
-
-def _import_builtin_tasks() -> None:
-    # Importing the modules runs their @register_task decorators.
-    import sfibench.workloads.multiturn
-    import sfibench.workloads.needles
-    import sfibench.workloads.perplexity
-    import sfibench.workloads.variables
-    import sfibench.workloads.words  # noqa: F401

@@ -1,4 +1,5 @@
-"""A 4K-token needle-in-a-haystack prompt for the README example and the SFI-vs-StreamingLLM test.
+"""A 4K-token needle-in-a-haystack prompt, and the answers methods give to it at one retention: the demo of
+docs/findings.md (benchmarks/needle_demo.py prints it) and the SFI-vs-StreamingLLM test.
 
 The haystack is whole paragraphs of the shipped essays (coherent text, which a 135M model copes
 with better than shuffled sentences); the needle is a common noun, so the answer is one retrieval.
@@ -17,7 +18,6 @@ from sfibench.models.tokenizer import Tokenizer
 WORDS = ("apple", "river", "candle", "tiger", "silver", "garden", "rocket", "violin", "pepper", "castle",
          "anchor", "falcon", "marble", "cotton", "jacket", "helmet", "pencil", "button", "ladder", "mirror")
 KEYS = ("harbor", "lantern", "orchard", "meadow", "compass")
-DEMO_METHODS = ("full_kv", "sfi", "streaming_llm")  # README quotes this run's output, one line per method
 INTRO = ("Some special magic words are hidden within the following text. Make sure to memorize it. "
          "I will quiz you about the words afterwards.")
 
@@ -55,12 +55,3 @@ def answers_at_retention(session, prompt: list[int], methods: list[str], retenti
         out[method] = (session.loaded.tokenizer.decode(trace.sequence(0)), sum(read) / len(read))
     return out
 
-
-if __name__ == "__main__":  # python -m sfibench.workloads.needle_demo
-    from sfibench.engine.session import Session
-
-    session = Session.open("smollm2-135m", "cpu")
-    prompt, word = needle_prompt(session.loaded.tokenizer, 3900, seed=23, depth=0.6)
-    print(f"{len(prompt)}-token prompt, needle word {word!r} at 60% depth; budget 15% of the prompt")
-    for method, (text, retention) in answers_at_retention(session, prompt, list(DEMO_METHODS), 0.15).items():
-        print(f"{method:>14}  retention {retention:.3f}  answer {text.split('<|im_end|>')[0]!r}")

@@ -4,7 +4,7 @@ Speed does not depend on weight values, but SFI's slow steps fire at sentence bo
 run must feed a real token stream (teacher-forced) for the triggers to fire at natural rates. Random-
 weight presets have no tokenizer of their own, so sfibench ships the shipped essays pre-tokenized by
 the SmolLM2 tokenizer, with the raw bytes of every token that occurs: enough for the trigger rules.
-Rebuild with `python -m sfibench.workloads.replay` (needs the smollm2-135m weights installed).
+Rebuilt by `python benchmarks/rebuild_replay.py` (needs the smollm2-135m weights installed).
 """
 
 from __future__ import annotations
@@ -71,21 +71,3 @@ def step_inputs(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
     steps = rows.t().contiguous()
     return steps.pin_memory() if device.type == "cuda" else steps
 
-
-def _rebuild() -> None:  # pragma: no cover - maintenance script
-    from sfibench.models.loading import load_model
-    from sfibench.sfi.triggers import token_byte_table
-
-    loaded = load_model("smollm2-135m")
-    text = (importlib.resources.files("sfibench.workloads") / "data" / "essays_en.txt").read_text()
-    ids = loaded.tokenizer.encode(text)
-    table = token_byte_table(loaded.tokenizer.backend, loaded.config.vocab_size)
-    pieces = {str(i): table[i].hex() for i in sorted(set(ids))}
-    out = importlib.resources.files("sfibench.workloads") / "data" / REPLAY_FILE
-    with open(str(out), "w") as f:
-        json.dump({"tokenizer": "smollm2-135m", "source": "essays_en.txt", "ids": ids, "pieces": pieces}, f)
-    print(f"wrote {len(ids)} tokens, {len(pieces)} distinct, to {out}")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    _rebuild()
