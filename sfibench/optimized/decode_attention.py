@@ -23,7 +23,7 @@ costs nothing. Launch each shape once before capture (the first call compiles).
 The merge lives in split_merge.py. two_segment.py builds SFI's fast-step kernel from the same tile, split,
 merge and launch pieces.
 decode_reference.py holds the float64 torch references that tests/test_kernels.py checks these
-kernels against; bench_attention.py measures their bandwidth against PyTorch SDPA.
+kernels against; benchmarks/bench_attention.py measures their bandwidth against PyTorch SDPA.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def default_config(head_dim: int, dtype: torch.dtype, shared_memory: int = 227 *
 
     A stage holds one K and one V tile, ~32 KB of them (BLOCK_N = 64 at D = 128 in bf16). With one
     program per SM (see default_num_splits) four stages keep three tile pairs in flight while one is
-    consumed, ~130 KB of shared memory: measured on an H200 (reports/attention-h200/tune.json), four
+    consumed, ~130 KB of shared memory: measured on an H200 (benchmarks/bench_attention.py --tune), four
     stages at one program per SM came within 1.1% of the best (splits, tile, stages) in the grid
     at B = 1, 5, 8 and 8K-128K. GPUs with less shared memory per block (`shared_memory`, bytes) get two.
     Eight warps only at D = 256, where the [16, D] accumulator doubles.
@@ -75,13 +75,13 @@ def default_num_splits(batch: int, kv_heads: int, max_len: int, sm_count: int = 
 
     Decode attention is a stream of loads: what matters is that every SM has one deeply pipelined
     program (default_config) and that no SM gets a second round while others idle. Measured on an
-    H200 (Qwen3 attention shapes, bf16, reports/attention-h200/tune.json): one program per SM beat
-    two per SM (the previous rule) by 1-6% at 8K-128K and B = 1, 5, 8; a grid just past a whole
+    H200 (Qwen3 attention shapes, bf16, benchmarks/bench_attention.py --tune): one program per SM beat
+    two per SM by 1-6% at 8K-128K and B = 1, 5, 8; a grid just past a whole
     wave (e.g. 5 splits x 40 heads = 200 programs) is the worst case. Splits never go below 128 keys at
     full length (two tiles), so short caches are not cut into slivers.
 
     A fast step passes the rows it reads (~2.3K) as `max_len`: measured on an H200
-    (bench_fast_path.py -> reports/attention-h200/fast-path.json, 36 layers graphed), one program per
+    (benchmarks/bench_fast_path.py, 36 layers graphed), one program per
     SM was best there too (B = 1: 16 splits 0.47 ms, 4 splits 0.58, 1 split 1.36; B = 5: 3 splits).
     """
     wanted = sm_count // (batch * kv_heads)

@@ -2,8 +2,8 @@
 
 At decode a projection multiplies a few rows (one per sequence) by a weight matrix read once: a
 matrix-vector product bound by the weight bytes. cuBLAS reaches ~72% of copy bandwidth at the Qwen3-4B
-shapes on an H200; this kernel, with a tile per shape (TUNED), 3-13% more (bench_gemv.py ->
-reports/attention-h200/gemv-sweep.json). And a decode step is launch-bound around its products: after
+shapes on an H200; this kernel, with a tile per shape (TUNED), 3-13% more (benchmarks/bench_gemv.py).
+And a decode step is launch-bound around its products: after
 two of them sits an elementwise op that is its own launch, reading what the product just wrote. Folded
 in as an epilogue, it costs neither:
 
@@ -60,7 +60,7 @@ class GemvConfig:
     num_stages: int = 4
 
 
-# Measured on an H200 (bench_gemv.py, bf16, 36 distinct weights per shape graphed, B = 1 and 5; keyed by
+# Measured on an H200 (benchmarks/bench_gemv.py, bf16, 36 distinct weights per shape graphed, B = 1 and 5; keyed by
 # (N, K) as the kernel sees them, a gated product by its stacked N): the best tile of a 3 x 3 x 2 x 2 grid.
 # A shape with few programs wants more bytes in flight per program (BLOCK_K 512, 4 stages).
 TUNED = {

@@ -18,7 +18,7 @@ pass also steals bandwidth from the fast steps. The same arithmetic in five laun
    cache serves) and the cross-head exclusivity, all KV heads of a layer in one tile. (Running maxima
    over blocks of 2 x radius, van Herk's, take 3 loads per candidate instead of 2 x radius + 1; written
    into the fusion they cost 1.08 ms against its 0.11 and Soft-NMS rose to 0.61 ms from 0.34 on an
-   H200 at 128K, session 13, reports/attention-h200/merge-session13/selector-tiles.json: removed.)
+   H200 at 128K, so the window max reads the cache instead.)
 
 Then the top-K (optimized/top_k_kernels.py): a radix select of each head's K-th best score and a
 parallel compaction of the kept positions in ascending order, as sfi/selector.top_k_positions does.
@@ -71,8 +71,8 @@ class ScoreParams:
 class SelectorTiles:
     """How `fused_scores` cuts the work into programs (same result up to the order of float32 sums).
 
-    Chosen by `python benchmarks/bench_fast_path.py --selector-tiles 130944` on an H200
-    (reports/attention-h200/refresh-parts-session12.json, 36 layers x 8 KV heads x 130,688 candidates):
+    Chosen by `python benchmarks/bench_fast_path.py --selector-tiles 130944` on an H200 (36 layers x 8 KV
+    heads x 130,688 candidates):
     the passes that only stream (row normalisers, fusion) are fastest on 2,048-wide tiles (0.150 and
     0.115 ms against 0.175 and 0.135 on 1,024), pooling, which holds more per candidate, on 512-wide
     tiles in 1,024-candidate chunks (0.42 ms against 0.46); Soft-NMS barely moves with its tile."""

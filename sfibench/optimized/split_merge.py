@@ -97,11 +97,11 @@ def merges_at_once(group: int, num_splits: int, head_dim: int) -> bool:
     """Whether an in-kernel merge takes _merge_group_at_once (else _merge_splits, head by head), which
     is also where the splits merge by default (KernelConfig.merge_in_kernel None).
 
-    Measured on an H200 (session 13, reports/attention-h200/merge-session13/): merged at once in the
+    Measured on an H200 (benchmarks/bench_attention.py --tune, bench_fast_path.py): merged at once in the
     kernel, dense decode at B = 1 (16 splits) took 47.6 us at 32K and 136.5 us at 128K against 48.9 and
     137.7 with the second kernel, and 2-4 us less at B = 5 (3 splits); SFI's fast-step attention
-    (36 layers) 0.323 ms against 0.364 at B = 1 and 0.679 against 0.749 at B = 5. Before the merge
-    loaded all heads at once, the second kernel had been the faster at 16 splits.
+    (36 layers) 0.323 ms against 0.364 at B = 1 and 0.679 against 0.749 at B = 5. Merging head by head
+    instead, the second kernel is the faster at 16 splits.
     """
     block_s = min(16, triton.next_power_of_2(num_splits))
     return num_splits <= block_s and triton.next_power_of_2(group) * block_s * head_dim <= MERGE_AT_ONCE_MAX_VALUES

@@ -4,10 +4,9 @@ Every (layer, row) takes the buffer its last refresh published (`live`), the two
 the buffer it reads (`row_buffer`, -1 for a row reading its whole history) and the step's tokens read
 per (layer, row, KV head) are counted: the compact rows plus the recent window, or the whole history.
 Written in torch (`take_published_reference`, the oracle) that is a dozen launches on [layers, rows,
-heads] tensors, each a few hundred bytes, paid by every SFI step and by no other method: in session 13's
-H200 report SFI's fast step was 0.02 ms slower than StreamingLLM's (3.01 against 2.99 ms at B = 1). Here
-one program per (layer, row) does all of it, and the two are level (2.987 against 2.997 ms at 128K, B = 1,
-reports/ab-qwen3-4b-128k-h200, `input` variant).
+heads] tensors, each a few hundred bytes, paid by every SFI step and by no other method: measured on an
+H200 (qwen3-4b at 128K, B = 1) that made SFI's fast step 0.02 ms slower than StreamingLLM's (3.01 against
+2.99 ms). Here one program per (layer, row) does all of it, and the two are level (2.987 against 2.997 ms).
 tests/test_step_state_kernel.py checks it against the reference under TRITON_INTERPRET=1 and on CUDA.
 """
 

@@ -6,7 +6,7 @@ tensors. StreamingLLM's move with the length: its sinks are the first min(L, n_s
 starts at max(L - window, sinks); SnapKV's are fixed after prefill. Then every step counts the tokens each
 (layer, row, KV head) reads: the fixed rows plus the tail. In torch (`begin_tail_step_reference`, the
 oracle) that is eight launches for StreamingLLM and four for SnapKV on tensors of a few hundred bytes,
-each ~1.5 us before the first layer can start (reports/attention-h200/session16, the 0.6B step trace);
+each ~1.5 us before the first layer can start (an H200 trace of a qwen3-0.6b step, sfibench profile);
 here one program per (layer, row) does all of it, as step_state_kernel.py does for SFI.
 tests/test_tail_state_kernel.py checks the kernel against the reference under TRITON_INTERPRET=1 and on CUDA.
 """

@@ -18,7 +18,7 @@ Compaction: each chunk counts its keys above the threshold and its ties (`_count
 each chunk knows from the counts of the chunks before it where its kept positions start and writes them
 in order (`_write_kept_kernel`). Every pass reads the scores once, spread over all SMs.
 
-Measured on an H200 (reports/attention-h200/refresh-parts-session12-call2.json, 128K): 0.77 ms (the
+Measured on an H200 (benchmarks/bench_fast_path.py, 128K): 0.77 ms (the
 histogram passes 0.57, counting 0.07, writing 0.12) against 1.00 for torch.topk + one compaction program
 per head in the same run; at 32K 0.30 against 0.43. The two passes in which nearly every key takes part
 (the top byte of typical scores is shared by most of them) cost ~0.18 ms each for 0.04 ms of bytes:

@@ -199,14 +199,15 @@ def _attend_both_segments(q, acc, running_max, running_sum, compact_k_head, comp
     return acc, running_max, running_sum
 
 
-# A split reading at most this many rows runs one loop over both segments; a longer one runs a loop
-# per segment. Measured on an H200 (bench_fast_path.py -> reports/attention-h200/fast-path-sweep.json,
-# Qwen3-4B shape, 2,308 rows, 36 layers graphed): at B = 1 (16 splits, ~144 rows each) one loop takes
-# 0.367 ms against 0.481 for two, because each loop and each partial tile is a serial round trip to
-# memory; at B = 5 (3 splits, ~770 rows each) two loops win, 0.765 ms against 0.799, since there the
-# tiles are many and one loop's four masked loads per tile cost more than they save. The same bound marks
-# the launches that take programmatic dependent launch by default (pdl.py says why).
+# A split reading at most this many rows runs one loop over both segments; a longer one runs a loop per
+# segment. Measured on an H200 (benchmarks/bench_fast_path.py, Qwen3-4B shape, 2,308 rows, 36 layers graphed):
+# at B = 1 (16 splits, ~144 rows each) one loop takes 0.367 ms against 0.481 for two, because each loop and
+# each partial tile is a serial round trip to memory; at B = 5 (3 splits, ~770 rows each) two loops win, 0.765
+# ms against 0.799, since there the tiles are many and one loop's four masked loads per tile cost more than
+# they save. The same bound marks the launches that take programmatic dependent launch by default (pdl.py says
+# why).
 ONE_LOOP_MAX_ROWS_PER_SPLIT = 256
+
 
 def dense_read_launch(batch: int, kv_heads: int, max_seq: int, device: torch.device) -> dict:
     """two_segment_decode's split count and loop form for steps where some row reads its whole history.
@@ -220,13 +221,13 @@ def dense_read_launch(batch: int, kv_heads: int, max_seq: int, device: torch.dev
 
 # Long splits (a loop per segment: B > 1 at these lengths) of some shapes launch other than one program per SM
 # with default_config's four stages, keyed by (SMs, sequences x KV heads: the grid's other two dimensions):
-# splits, stages. Measured on an H200 (132 SMs), the two-segment attention alone over all layers graphed (bench_fast_path.py,
-# reports/attention-h200, fast-path logs, 2,052 compact rows + 256 tail): qwen3-0.6b B = 7 (56
-# pairs) 0.683 ms at 2 splits and 4 stages, 0.636 at 4 splits and 3 stages; then in whole graphed steps
+# splits, stages. Measured on an H200 (132 SMs), the two-segment attention alone over all layers graphed
+# (benchmarks/bench_fast_path.py, 2,052 compact rows + 256 tail): qwen3-0.6b B = 7 (56 pairs) 0.683 ms at 2
+# splits and 4 stages, 0.636 at 4 splits and 3 stages; then in whole graphed steps
 # (reports/throughput-qwen3-0.6b-h200 at e2dd341 against 28a8103's) SFI's fast step 1.596 -> 1.526 ms at 8K,
-# SnapKV's 1.569 -> 1.508. qwen3-4b B = 5 (40 pairs) was fastest at its default 3 splits (0.673 ms), and
-# 3 stages took it to 0.649 in the kernel alone; in whole graphed steps at 32K (one call,
-# reports/attention-h200) SFI's fast step 3.279 -> 3.265 ms, StreamingLLM's unchanged (3.295 -> 3.294).
+# SnapKV's 1.569 -> 1.508. qwen3-4b B = 5 (40 pairs) was fastest at its default 3 splits (0.673 ms), and 3
+# stages took it to 0.649 in the kernel alone; in whole graphed steps at 32K (one run) SFI's fast step 3.279
+# -> 3.265 ms, StreamingLLM's unchanged (3.295 -> 3.294).
 LONG_SPLIT_SHAPES = {(132, 56): (4, 3), (132, 40): (3, 3)}
 
 
