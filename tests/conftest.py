@@ -6,7 +6,8 @@ any test module imports sfibench (`setdefault`: an explicit TRITON_INTERPRET fro
 
 The interpreter runs a kernel thousands of times slower than a GPU, so the kernel and method matrices are
 split: the default run keeps one case of each parametrized kernel test and one case of each method on
-each path, and marks the other cases `full` (pyproject's addopts deselect them; .ci/run and
+each path, and marks the other cases `full`, as it marks the regression gate's end-to-end reruns, which
+.ci/run also runs as `sfibench check` (pyproject's addopts deselect `full`; .ci/run and
 `-m "full or not full"` run everything).
 """
 
@@ -36,15 +37,24 @@ DEFAULT_CASES = {
     "test_paths_agree.py::test_paths_agree_on_tokens_and_reads": lambda p: p["model_name"] == "tiny-qwen3",
 }
 
+# The regression gate's whole-command reruns (three `sfibench stability` runs, minutes on 2 cores); by default
+# the gate is tested on fabricated runs, and .ci/run reruns the committed baseline besides.
+FULL_TESTS = {
+    "test_check.py::test_a_rerun_of_the_unchanged_tree_passes",
+    "test_check.py::test_a_rerun_with_a_random_selector_fails",
+}
+
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items):
     seen = set()
     for item in items:
+        module, test = item.path.name, item.originalname
+        if f"{module}::{test}" in FULL_TESTS:
+            item.add_marker(pytest.mark.full)
         params = getattr(getattr(item, "callspec", None), "params", None)
         if params is None:
             continue
-        module, test = item.path.name, item.originalname
         rule = DEFAULT_CASES.get(f"{module}::{test}")
         if rule is not None:
             default = rule(params)
