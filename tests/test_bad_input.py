@@ -125,7 +125,7 @@ def test_the_context_limit_hint_is_the_length_ctx_max_gives(tmp_path):
     import re
 
     from sfibench.runners.quality import _fit_contexts
-    from sfibench.runners.quality_inputs import check_inputs
+    from sfibench.runners.quality_inputs import quality_run
     from sfibench.workloads.base import PromptFormat
 
     result = CliRunner().invoke(app, ["quality", "--model", "tiny-llama", "--tasks", "niah_multiturn", "--ctx", "4000",
@@ -133,5 +133,5 @@ def test_the_context_limit_hint_is_the_length_ctx_max_gives(tmp_path):
     assert result.exit_code == 2 and not (tmp_path / "run").exists()
     hinted = re.search(r"the longest prompt that fits is (\d+), which --ctx max gives", " ".join(result.output.split()))
     session = Session.open("tiny-llama", "cpu")
-    inputs = check_inputs("tiny-llama", ["sfi"], ["niah_multiturn"], ["max"], [0.5], [1], 1, None, "reference", None)
-    assert _fit_contexts(session, PromptFormat(session.loaded.tokenizer, False), inputs, 0) == [int(hinted[1])]
+    run = quality_run("tiny-llama", ["sfi"], ["niah_multiturn"], ["max"], [0.5], [1], batch=1, device="cpu")
+    assert _fit_contexts(session, PromptFormat(session.loaded.tokenizer, False), run) == [int(hinted[1])]

@@ -16,9 +16,9 @@ from sfibench.engine.session import Session
 from sfibench.engine.turns import Script, run_scripts
 from sfibench.metrics import longbench, quality
 from sfibench.registry import create_method
-from sfibench.runners.quality import _preset_retentions, run_quality
+from sfibench.runners.quality import run_quality
 from sfibench.runners.quality_batch import conditions, make_condition
-from sfibench.runners.quality_inputs import parse_context, parse_retentions
+from sfibench.runners.quality_inputs import _preset_retentions, parse_context, parse_retentions, quality_run
 from sfibench.sfi.config import SFIConfig, preset_retention
 
 
@@ -171,8 +171,8 @@ def test_sfi_presets_share_one_run():
 
 
 def test_end_to_end_on_tiny_llama(tmp_path):
-    run_dir = run_quality("tiny-llama", ["sfi", "streaming_llm", "snapkv"], ["niah_single", "ppl"], ["600"],
-                          ["0.5"], ["2"], out=tmp_path / "run", device="cpu", chat=False, batch=2)
+    tiny = ("tiny-llama", ["sfi", "streaming_llm", "snapkv"], ["niah_single", "ppl"], ["600"])
+    run_dir = run_quality(quality_run(*tiny, ["0.5"], ["2"], out=tmp_path / "run", device="cpu", chat=False, batch=2))
     results = json.loads((run_dir / "results.json").read_text())
     cells = results["results"]["cells"]
     assert {(c["task"], c["method"]) for c in cells} == {(t, m) for t in ("niah_single", "ppl")
@@ -187,17 +187,15 @@ def test_end_to_end_on_tiny_llama(tmp_path):
         assert (run_dir / name).exists()
     assert "Claim check" in (run_dir / "report.md").read_text()
     # --resume keeps every finished (task, context) and refuses different settings
-    again = run_quality("tiny-llama", ["sfi", "streaming_llm", "snapkv"], ["niah_single", "ppl"], ["600"],
-                        ["0.5"], ["2"], out=run_dir, device="cpu", chat=False, batch=2, resume=True)
+    again = run_quality(quality_run(*tiny, ["0.5"], ["2"], out=run_dir, device="cpu", chat=False, batch=2,
+                                    resume=True))
     resumed = json.loads((again / "results.json").read_text())
     assert resumed["samples"] == results["samples"] and len(resumed["provenance"]["resumed_from"]) == 1
     with pytest.raises(ValueError, match="--resume: .* different retentions"):
-        run_quality("tiny-llama", ["sfi", "streaming_llm", "snapkv"], ["niah_single", "ppl"], ["600"],
-                    ["0.4"], ["2"], out=run_dir, device="cpu", chat=False, batch=2, resume=True)
+        run_quality(quality_run(*tiny, ["0.4"], ["2"], out=run_dir, device="cpu", chat=False, batch=2, resume=True))
     with pytest.raises(ValueError, match="--resume: .* different sfi_variant"):
-        run_quality("tiny-llama", ["sfi", "streaming_llm", "snapkv"], ["niah_single", "ppl"], ["600"],
-                    ["0.5"], ["2"], out=run_dir, device="cpu", chat=False, batch=2, resume=True,
-                    sfi_variant={"use_nms": False})
+        run_quality(quality_run(*tiny, ["0.5"], ["2"], out=run_dir, device="cpu", chat=False, batch=2, resume=True,
+                                sfi_variant={"use_nms": False}))
 
 
 def test_ablation_run_records_the_sfi_variant(tmp_path):

@@ -11,6 +11,7 @@ import pytest
 from sfibench.core.errors import UsageError
 from sfibench.metrics.quality import paired_difference_ci, wilson_interval
 from sfibench.runners.quality import run_quality
+from sfibench.runners.quality_inputs import quality_run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # a maintainer's script, not the package
 from quality_ablation import ablation_markdown, main  # noqa: E402
@@ -45,8 +46,8 @@ def test_paired_continuous_difference_is_a_t_interval():
 def test_ablation_table_pairs_runs_of_the_same_prompts(tmp_path):
     common = dict(methods=["sfi"], tasks=["niah_single"], contexts=["600"], retentions=["0.5"], samples=["2"],
                   device="cpu", chat=False, batch=2)
-    base = run_quality("tiny-llama", out=tmp_path / "spec", **common)
-    no_nms = run_quality("tiny-llama", out=tmp_path / "no-nms", sfi_variant={"use_nms": False}, **common)
+    base = run_quality(quality_run("tiny-llama", out=tmp_path / "spec", **common))
+    no_nms = run_quality(quality_run("tiny-llama", out=tmp_path / "no-nms", sfi_variant={"use_nms": False}, **common))
     table = ablation_markdown(base, [no_nms])
     assert "| [SPEC](" in table and "| [use_nms=False](" in table and "niah_single @ 600 tokens" in table
     assert "read 0." in table
@@ -54,6 +55,6 @@ def test_ablation_table_pairs_runs_of_the_same_prompts(tmp_path):
     out.parent.mkdir()
     assert main([str(base), str(no_nms), "--out", str(out)]) == 0
     assert "](../no-nms/report.md)" in out.read_text()  # linked from where the file is
-    other = run_quality("tiny-llama", out=tmp_path / "other", **{**common, "retentions": ["0.4"]})
+    other = run_quality(quality_run("tiny-llama", out=tmp_path / "other", **{**common, "retentions": ["0.4"]}))
     with pytest.raises(UsageError, match="differs from .* in retentions"):
         ablation_markdown(base, [other])

@@ -11,6 +11,7 @@ from sfibench.core.errors import RunInterrupted
 from sfibench.reporting.results import read_results
 from sfibench.runners import quality_batch
 from sfibench.runners.quality import run_quality
+from sfibench.runners.quality_inputs import quality_run
 
 # Two tasks x two batches (3 samples, batch 2) x three conditions: an interrupt can land mid-task and mid-batch.
 RUN = {"model": "tiny-llama", "methods": ["sfi", "streaming_llm"], "tasks": ["niah_single", "ppl"],
@@ -36,14 +37,14 @@ def interrupt_at_decode(monkeypatch, number: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory):
-    return read_results(run_quality(**RUN, out=tmp_path_factory.mktemp("whole") / "run"))
+    return read_results(run_quality(quality_run(**RUN, out=tmp_path_factory.mktemp("whole") / "run")))
 
 
 def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(tmp_path, monkeypatch, whole):
     out = tmp_path / "run"
     interrupt_at_decode(monkeypatch, 8)  # inside the first task's second batch
     with pytest.raises(RunInterrupted, match="--resume"):
-        run_quality(**RUN, out=out)
+        run_quality(quality_run(**RUN, out=out))
     stopped = read_results(out)
     kept = len(stopped["samples"])
     assert 0 < kept < len(whole["samples"]) and stopped["results"]["complete"] is False
@@ -51,7 +52,7 @@ def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(tmp_path, monk
     assert "Partial run" in (out / "report.md").read_text()  # the report of what is done was rendered
 
     calls = interrupt_at_decode(monkeypatch, 0)  # count the passes the resumed run needs
-    run_quality(**RUN, out=out, resume=True)
+    run_quality(quality_run(**RUN, out=out, resume=True))
     resumed = read_results(out)
     assert resumed["results"]["cells"] == whole["results"]["cells"]
     assert resumed["samples"] == whole["samples"] and resumed["results"]["complete"] is True
@@ -78,5 +79,5 @@ def test_ctrl_c_before_anything_finished_leaves_no_directory(tmp_path, monkeypat
     out = tmp_path / "run"
     interrupt_at_decode(monkeypatch, 1)
     with pytest.raises(KeyboardInterrupt):
-        run_quality(**RUN, out=out)
+        run_quality(quality_run(**RUN, out=out))
     assert not out.exists()

@@ -20,9 +20,8 @@ from sfibench.commands.common import (
     err_console,
     user_errors,
 )
-from sfibench.sfi.config import SelectorConfig, SFIConfig
-from sfibench.core.errors import UsageError
 from sfibench.options import check_sfi_settings, split_list
+from sfibench.sfi.config import SelectorConfig, SFIConfig
 
 
 def quality(
@@ -69,10 +68,9 @@ def quality(
     from sfibench.reporting.quality_report import results_table
     from sfibench.reporting.results import read_results
     from sfibench.runners.quality import run_quality
+    from sfibench.runners.quality_inputs import quality_run
 
     with user_errors():
-        if overwrite and resume:
-            raise UsageError("give --overwrite (replace the run in --out) or --resume (continue it), not both")
         check_sfi_settings(evidence_norm, keep_neighbours, publish, path)
         variant = {name: False for name, off in (("use_prior", no_prior), ("use_nms", no_nms),
                                                   ("use_cross_head", no_cross_head)) if off}
@@ -82,9 +80,11 @@ def quality(
             ("evidence_norm", evidence_norm), ("keep_neighbours", keep_neighbours), ("bridge_steps", bridge_steps),
             ("publish", publish)) if value is not None})
         task_names = [task.strip() for task in tasks.split(",") if task.strip()]  # none is fine with --longbench
-        run_dir = run_quality(model, split_list(methods, "--methods"), task_names, split_list(ctx, "--ctx"),
-                              None if retention is None else split_list(retention, "--retention"),
-                              split_list(samples, "--samples"), out, overwrite, device, dtype, seed, batch, chat,
-                              longbench, err_console, resume, variant, path, sfi_preset)
+        run = quality_run(model, split_list(methods, "--methods"), task_names, split_list(ctx, "--ctx"),
+                          None if retention is None else split_list(retention, "--retention"),
+                          split_list(samples, "--samples"), batch=batch, seed=seed, chat=chat, device=device,
+                          dtype=dtype, path=path, longbench=longbench, sfi_variant=variant, sfi_preset=sfi_preset,
+                          out=out, overwrite=overwrite, resume=resume)
+        run_dir = run_quality(run, err_console)
     console.print(results_table(read_results(run_dir)["results"]["cells"], wide))
     console.print(f"report: {run_dir / 'report.md'}")

@@ -16,75 +16,53 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sfibench import registry
-from sfibench.core.errors import RunInterrupted, UsageError
+from sfibench.core.errors import RunInterrupted
 from sfibench.core.provenance import provenance
 from sfibench.engine.session import Session
 from sfibench.metrics.longbench import DATASETS
-from sfibench.options import check_session_options, split_list
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import read_results
 from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.runners.quality_batch import conditions, evaluate_batch
-from sfibench.sfi.config import preset_retention
 from sfibench.runners.quality_inputs import (
     SAME_ON_RESUME,
-    QualityInputs,
+    QualityRun,
     check_distinct,
     check_fits,
-    check_inputs,
     check_resume,
     largest_context,
-    parse_context,
 )
 from sfibench.runners.quality_ledger import QualityLedger
 from sfibench.workloads.base import PromptFormat
 from sfibench.workloads.longbench import PREFIX, dataset_name, longbench_samples
 from sfibench.workloads.tasks import make_samples
 
-DEFAULT_METHODS = tuple(registry.names())
-DEFAULT_TASKS = ("niah_single", "niah_multiturn", "ppl")
-DEFAULT_CONTEXTS = ("2k",)
-DEFAULT_RETENTIONS = (0.15, 0.5)  # the paper: SFI matches Full-KV at 15-20%, eviction needs ~50%
-DEFAULT_SAMPLES = (4,)
 
-
-def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFAULT_TASKS,
-                contexts=DEFAULT_CONTEXTS, retentions=None, samples=DEFAULT_SAMPLES,
-                out: Path | str | None = None, overwrite: bool = False, device: str = "auto", dtype: str = "auto",
-                seed: int = 0, batch: int = 4, chat: bool = True, longbench: Path | str | None = None,
-                console: Console | None = None, resume: bool = False, sfi_variant: dict | None = None,
-                path: str = "reference", sfi_preset: str | None = None) -> Path:
+def run_quality(run: QualityRun, console: Console | None = None) -> Path:
     """Run the quality benchmark and return the run directory (results.json, plots, report.md).
 
-    `resume` continues a stopped run in `out` with the same settings: every record its results.json
-    holds is kept, and only the missing ones run. `sfi_variant` changes SFI settings for an ablation
-    run (see sfi/config.with_variant), e.g. {"use_nms": False}. `path` is the implementation
-    path every method runs on. `sfi_preset` (sfi/config.PRESETS, in place of `retentions`, one context)
-    runs every method at the budget of the authors' operating point. Ctrl-C raises RunInterrupted once what
+    `run.resume` continues a stopped run in `run.out` with the same settings: every record its
+    results.json holds is kept, and only the missing ones run. Ctrl-C raises RunInterrupted once what
     is done is saved and rendered.
     """
     started = time.time()
     console = console or Console(stderr=True)
-    sfi_variant = sfi_variant or None  # recorded as null when SFI runs as specified
-    retentions = _preset_retentions(sfi_preset, contexts, retentions)
-    inputs = check_inputs(model, methods, tasks, contexts, retentions, samples, batch, longbench, path, sfi_variant)
-    check_session_options(model, device, dtype)
-    with claimed_run_dir(out, "quality", overwrite=overwrite, resume=resume) as run_dir:
-        earlier = read_results(run_dir) if resume else None
-        settings = {"methods": inputs.methods, "tasks": inputs.tasks, "retentions": inputs.retentions,
-                    "samples": inputs.samples, "seed": seed, "chat": chat, "sfi_variant": sfi_variant, "path": path,
-                    "sfi_preset": sfi_preset}
+    with claimed_run_dir(run.out, "quality", overwrite=run.overwrite, resume=run.resume) as run_dir:
+        earlier = read_results(run_dir) if run.resume else None
+        settings = {"methods": list(run.methods), "tasks": list(run.tasks), "retentions": list(run.retentions),
+                    "samples": list(run.samples), "seed": run.seed, "chat": run.chat, "sfi_variant": run.variant,
+                    "path": run.path, "sfi_preset": run.sfi_preset}
         if earlier:  # what can be compared before the model loads, so a mismatch costs nothing
-            known = {**settings, **({"contexts": inputs.contexts} if "max" not in inputs.contexts else {})}
+            known = {**settings, **({"contexts": list(run.contexts)} if "max" not in run.contexts else {})}
             check_resume(earlier["config"], known, run_dir)
-        session = Session.open(model, device, dtype, seed)
-        fmt = PromptFormat(session.loaded.tokenizer, chat)
-        contexts = _fit_contexts(session, fmt, inputs, seed)
-        plan = {c: conditions(inputs.methods, inputs.retentions, c, sfi_variant, path) for c in contexts}
+        session = Session.open(run.model, run.device, run.dtype, run.seed)
+        fmt = PromptFormat(session.loaded.tokenizer, run.chat)
+        contexts = _fit_contexts(session, fmt, run)
+        plan = {c: conditions(list(run.methods), list(run.retentions), c, run.variant, run.path) for c in contexts}
         model_cfg = session.loaded.config
-        config = {"model": model_cfg.name, **settings, "contexts": contexts, "batch": batch,
+        config = {"model": model_cfg.name, **settings, "contexts": contexts, "batch": run.batch,
                   "device": str(session.device), "dtype": str(session.dtype).replace("torch.", ""),
-                  "threads": torch.get_num_threads(), "longbench": str(longbench) if longbench else None,
+                  "threads": torch.get_num_threads(), "longbench": str(run.longbench) if run.longbench else None,
                   # what a report needs to say what a retention is over and what SFI ran with
                   "attention_layers": {"layers": model_cfg.num_layers, "global": len(model_cfg.global_layers),
                                        "sliding_window": model_cfg.sliding_window},
@@ -96,7 +74,7 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
             info["resumed_from"] = [*earlier["provenance"].pop("resumed_from", []), earlier["provenance"]]
         ledger = QualityLedger(run_dir, config, [c.label for c in plan[contexts[0]]], info, earlier, started)
         try:
-            _run_cells(session, fmt, inputs, contexts, plan, ledger, console, batch, seed)
+            _run_cells(session, fmt, run, contexts, plan, ledger, console)
         except KeyboardInterrupt:
             if not ledger.records:
                 raise  # nothing finished: the claimed directory is removed on the way out
@@ -109,27 +87,11 @@ def run_quality(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
     return run_dir
 
 
-def _preset_retentions(preset: str | None, contexts, retentions) -> list:
-    """The retentions to run: given, the default ones, or those that are the presets' budgets at the context.
-
-    `preset` is one name or several, comma-separated (paper-2k,paper-4k: both share each prefill). A
-    preset's budget is fixed in tokens, so its retention differs per context; the run's conditions are
-    the same at every context, hence one context per preset run."""
-    if preset is None:
-        return DEFAULT_RETENTIONS if retentions is None else retentions
-    if retentions is not None:
-        raise UsageError("give --retention or --sfi-preset, not both: the preset fixes the budget in tokens")
-    if len(contexts) != 1 or parse_context(contexts[0]) == "max":
-        raise UsageError(f"--sfi-preset needs exactly one --ctx in tokens, got {','.join(map(str, contexts))}: "
-                         "its budget is fixed in tokens, so each context is a run of its own")
-    return [preset_retention(name, parse_context(contexts[0])) for name in split_list(preset, "--sfi-preset")]
-
-
-def _fit_contexts(session: Session, fmt: PromptFormat, inputs: QualityInputs, seed: int) -> list[int]:
+def _fit_contexts(session: Session, fmt: PromptFormat, inputs: QualityRun) -> list[int]:
     """Resolve --ctx max and check every context leaves room for the longest answer (needs the tokenizer)."""
     limit, name = session.max_tokens, session.loaded.config.name
     probe = min(1024, limit // 2)  # decode budgets do not depend on the context length
-    reserve = max([make_samples(t, fmt, probe, 1, seed)[0].decode_budget for t in inputs.tasks
+    reserve = max([make_samples(t, fmt, probe, 1, inputs.seed)[0].decode_budget for t in inputs.tasks
                    if not t.startswith(PREFIX)] + [DATASETS[dataset_name(f)][1] for f in inputs.files])
     contexts = [largest_context(limit, reserve) if c == "max" else c for c in inputs.contexts]
     for context in contexts:
@@ -138,10 +100,10 @@ def _fit_contexts(session: Session, fmt: PromptFormat, inputs: QualityInputs, se
     return contexts
 
 
-def _run_cells(session: Session, fmt: PromptFormat, inputs: QualityInputs, contexts: list[int], plan: dict,
-               ledger: QualityLedger, console: Console, batch: int, seed: int) -> None:
+def _run_cells(session: Session, fmt: PromptFormat, inputs: QualityRun, contexts: list[int], plan: dict,
+               ledger: QualityLedger, console: Console) -> None:
     """Every (context, task, batch, condition) the ledger does not hold yet, saving as each finishes."""
-    labels = ledger.labels
+    labels, batch, seed = ledger.labels, inputs.batch, inputs.seed
     total = sum(-(-n // batch) for n in inputs.samples) * len(inputs.tasks) * len(labels)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:

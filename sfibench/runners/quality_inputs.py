@@ -16,13 +16,19 @@ from sfibench import registry
 from sfibench.core.budget import BudgetError
 from sfibench.core.errors import UsageError
 from sfibench.models.presets import PRESETS
-from sfibench.options import parse_tokens
+from sfibench.options import check_session_options, parse_tokens, split_list
 from sfibench.registry import check_method
 from sfibench.runners.quality_batch import conditions
+from sfibench.sfi.config import preset_retention
 from sfibench.workloads.base import ContextSizeError
 from sfibench.workloads.longbench import PREFIX, load_records, longbench_files
 from sfibench.workloads.tasks import get_task
 
+DEFAULT_METHODS = tuple(registry.names())
+DEFAULT_TASKS = ("niah_single", "niah_multiturn", "ppl")
+DEFAULT_CONTEXTS = ("2k",)
+DEFAULT_RETENTIONS = (0.15, 0.5)  # the paper: SFI matches Full-KV at 15-20%, eviction needs ~50%
+DEFAULT_SAMPLES = (4,)
 MAX_MARGIN = 8  # tokens kept free below the model's limit by --ctx max, beyond the answer budget
 SAME_ON_RESUME = ("model", "methods", "tasks", "contexts", "retentions", "samples", "seed", "chat", "dtype",
                   "sfi_variant", "path")
@@ -87,21 +93,50 @@ def check_fits(context: int, limit: int, model: str, reserve: int | None = None)
                                f"prompt that fits is {largest_context(limit, reserve)}, which --ctx max gives")
 
 
-@dataclass
-class QualityInputs:
-    """A quality run's lists, checked and normalised."""
+@dataclass(frozen=True)
+class QualityRun:
+    """Everything `sfibench quality` runs with, checked and normalised by `quality_run` before the model loads."""
 
-    methods: list[str]  # Full-KV first: every other method is compared with it
-    tasks: list[str]  # built-in tasks, then one `longbench:<stem>` per LongBench file
-    files: list[Path]
-    contexts: list[int | str]  # tokens, or "max" until the model is loaded
-    retentions: list[float]
-    samples: list[int]  # one per context
+    model: str
+    methods: tuple[str, ...]  # the dense method first: every other method is compared with it
+    tasks: tuple[str, ...]  # built-in tasks, then one `longbench:<stem>` per LongBench file
+    files: tuple[Path, ...]  # the LongBench files
+    contexts: tuple[int | str, ...]  # tokens, or "max" until the model is loaded
+    retentions: tuple[float, ...]
+    samples: tuple[int, ...]  # one per context
+    batch: int = 4
+    seed: int = 0
+    chat: bool = True
+    device: str = "auto"
+    dtype: str = "auto"
+    path: str = "reference"  # the implementation path every method runs on
+    longbench: Path | None = None
+    sfi_variant: tuple[tuple[str, object], ...] = ()  # SFI settings changed for an ablation (sfi/config.with_variant)
+    sfi_preset: str | None = None  # the authors' operating point(s) the retentions came from
+    out: Path | None = None
+    overwrite: bool = False
+    resume: bool = False  # continue a stopped run in `out` with the same settings
+
+    @property
+    def variant(self) -> dict | None:
+        """The ablation as results.json records it: None when SFI runs as specified."""
+        return dict(self.sfi_variant) or None
 
 
-def check_inputs(model: str, methods, tasks, contexts, retentions, samples, batch: int,
-                 longbench: Path | str | None, path: str, sfi_variant: dict | None) -> QualityInputs:
-    retentions = parse_retentions(retentions)
+def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFAULT_TASKS, contexts=DEFAULT_CONTEXTS,
+                retentions=None, samples=DEFAULT_SAMPLES, *, batch: int = 4, seed: int = 0, chat: bool = True,
+                device: str = "auto", dtype: str = "auto", path: str = "reference",
+                longbench: Path | str | None = None, sfi_variant: dict | None = None, sfi_preset: str | None = None,
+                out: Path | str | None = None, overwrite: bool = False, resume: bool = False) -> QualityRun:
+    """Check a quality run's options as given (strings or numbers) and build the run from them.
+
+    `sfi_variant` changes SFI settings for an ablation, e.g. {"use_nms": False}; `sfi_preset`
+    (sfi/config.PRESETS, in place of `retentions`, one context) runs every method at the budget of the
+    authors' operating point."""
+    if overwrite and resume:
+        raise UsageError("give --overwrite (replace the run in --out) or --resume (continue it), not both")
+    variant = dict(sfi_variant or {})
+    retentions = parse_retentions(_preset_retentions(sfi_preset, contexts, retentions))
     if not methods:
         raise UsageError("--methods is empty; give at least one of full_kv, sfi, streaming_llm, snapkv")
     methods = list(dict.fromkeys([registry.dense().name, *methods]))
@@ -129,8 +164,29 @@ def check_inputs(model: str, methods, tasks, contexts, retentions, samples, batc
         for context in contexts:
             if context != "max":
                 check_fits(context, PRESETS[model].max_context, model)
-                conditions(methods, retentions, context, sfi_variant, path)  # every budget fits its method
-    return QualityInputs(methods, tasks, files, contexts, retentions, samples)
+                conditions(methods, retentions, context, variant or None, path)  # every budget fits its method
+    check_session_options(model, device, dtype)
+    return QualityRun(model, tuple(methods), tuple(tasks), tuple(files), tuple(contexts), tuple(retentions),
+                      tuple(samples), batch=batch, seed=seed, chat=chat, device=device, dtype=dtype, path=path,
+                      longbench=None if longbench is None else Path(longbench), sfi_variant=tuple(variant.items()),
+                      sfi_preset=sfi_preset, out=None if out is None else Path(out), overwrite=overwrite,
+                      resume=resume)
+
+
+def _preset_retentions(preset: str | None, contexts, retentions) -> list:
+    """The retentions to run: given, the default ones, or those that are the presets' budgets at the context.
+
+    `preset` is one name or several, comma-separated (paper-2k,paper-4k: both share each prefill). A
+    preset's budget is fixed in tokens, so its retention differs per context; the run's conditions are
+    the same at every context, hence one context per preset run."""
+    if preset is None:
+        return DEFAULT_RETENTIONS if retentions is None else retentions
+    if retentions is not None:
+        raise UsageError("give --retention or --sfi-preset, not both: the preset fixes the budget in tokens")
+    if len(contexts) != 1 or parse_context(contexts[0]) == "max":
+        raise UsageError(f"--sfi-preset needs exactly one --ctx in tokens, got {','.join(map(str, contexts))}: "
+                         "its budget is fixed in tokens, so each context is a run of its own")
+    return [preset_retention(name, parse_context(contexts[0])) for name in split_list(preset, "--sfi-preset")]
 
 
 def check_resume(earlier: dict, settings: dict, run_dir: Path) -> None:
