@@ -84,7 +84,7 @@ BAD_INPUT = {
     "retention as a percentage": (["quality", "--retention", "15%"], "--retention '15%' is not a number"),
     "retention outside (0, 1]": (["quality", "--retention", "1.5"], "outside (0, 1]"),
     "retention too small": (["quality", "--model", "tiny-llama", "--ctx", "600", "--retention", "0.01"],
-                            "too few for 4 sinks"),
+                            "no room for selected tokens beside 4 sinks"),
     # files
     "prompt file is a directory": (["generate", "--prompt-file", "notes"], "--prompt-file notes is not a file"),
     "prompt file missing": (["generate", "--prompt-file", "gone.txt"], "--prompt-file gone.txt does not exist"),

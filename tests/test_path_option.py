@@ -7,6 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sfibench.cli import app
+from sfibench.engine.method import MethodSpec
 from sfibench.runners import profile, quality_batch, stability
 from sfibench.runners.quality_batch import conditions
 
@@ -32,14 +33,15 @@ def test_quality_builds_every_condition_on_the_path():
 
 
 def test_quality_decodes_with_the_path(tmp_path, monkeypatch):
-    monkeypatch.setattr(quality_batch, "create_method", stop_with_spec)
+    monkeypatch.setattr(quality_batch.registry, "create_method", stop_with_spec)
     spec = spec_reached(["quality", "--model", "tiny-llama", "--ctx", "600", "--samples", "1", "--tasks", "ppl",
                          "--retention", "0.5"], tmp_path / "run")
     assert (spec.name, spec.path) == ("full_kv", "optimized")
 
 
 def test_stability_probe_stands_for_the_paths_full_kv(tmp_path, monkeypatch):
-    monkeypatch.setattr(stability, "DenseProbe", stop_with_spec)
+    # the probe runs eagerly in torch; the path names whose device requirement the run is held to
+    monkeypatch.setattr(stability.registry, "check_method", lambda name, path: stop_with_spec(MethodSpec(name, path)))
     spec = spec_reached(["stability", "--model", "tiny-llama", "--steps", "4", "--prefix", "300"], tmp_path / "run")
     assert (spec.name, spec.path) == ("full_kv", "optimized")
 

@@ -216,7 +216,7 @@ def test_ablation_run_records_the_sfi_variant(tmp_path):
     (["--tasks", "niah_triple"], "unknown task 'niah_triple'"),
     (["--ctx", "9000"], "exceeds tiny-llama's limit of 4096"),
     (["--retention", "0.2,1.5"], "outside (0, 1]"),
-    (["--methods", "sfi,quest"], "unknown method 'quest'"),
+    (["--methods", "sfi,h2o"], "unknown method 'h2o'"),
     (["--longbench", "/nonexistent/longbench"], "does not exist"),
     # SFI ablation settings
     (["--evidence-norm", "all"], "--evidence-norm 'all' is not one of: candidates, visible"),
