@@ -19,3 +19,11 @@ class RunInterrupted(KeyboardInterrupt):
 
     A KeyboardInterrupt, so it unwinds like one and nothing on the way mistakes it for a failure.
     """
+
+
+class ModelFileError(UsageError):
+    """A model file (GGUF, checkpoint config, weights, tokenizer) that cannot be read as one.
+
+    The message names the file, what is wrong with it and the fix; the loader raises it in place of
+    whatever the reading library raised, so a damaged download is one line, not a traceback.
+    """

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +22,17 @@ from sfibench.models import fused, gemma3
 from sfibench.models.decoder import Decoder
 from sfibench.models.gemma3 import Gemma3Decoder
 from sfibench.models.presets import PRESETS, ModelConfig, get_preset, rope_scaling_tuple
+from sfibench.models.loading_errors import (
+    REDOWNLOAD,
+    check_config,
+    check_sizes,
+    check_gguf_file,
+    matching_weights,
+    read_config_json,
+    reading,
+    reading_config,
+    reading_gguf,
+)
 from sfibench.models.tokenizer import ByteTokenizer, Tokenizer, check_round_trip
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -161,16 +171,25 @@ def config_from_hf(hf: dict, name: str, source: str) -> ModelConfig:
     )
 
 
-def _from_state_dict(config: ModelConfig, state: dict, device, dtype) -> Decoder:
+def _from_state_dict(config: ModelConfig, state: dict, device, dtype, source: Path) -> Decoder:
     model = new_decoder(config)
     state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
-    if missing or unexpected:
-        raise ValueError(f"checkpoint does not match the decoder: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    with matching_weights(source):
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
+        if missing or unexpected:
+            raise ValueError(f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     return _place(model, device, dtype)
+
+
+def _config(hf: dict, name: str, source: str, path: Path) -> ModelConfig:
+    check_sizes(hf, path)
+    with reading_config(path):
+        config = config_from_hf(hf, name, source)
+    check_config(config, path)
+    return config
 
 
 def _load_hf_dir(path: Path, device, dtype) -> LoadedModel:
@@ -181,13 +200,17 @@ def _load_hf_dir(path: Path, device, dtype) -> LoadedModel:
     shards = sorted(path.glob("*.safetensors"))
     if not config_file.exists() or not shards:
         raise MissingWeightsError(f"{path} is not a checkpoint directory: it needs config.json and *.safetensors")
-    config = config_from_hf(json.loads(config_file.read_text()), path.name, "hf")
+    config = _config(read_config_json(config_file), path.name, "hf", config_file)
     state: dict = {}
     for shard in shards:
-        state.update(load_file(str(shard)))
-    tokenizer = Tokenizer(AutoTokenizer.from_pretrained(str(path))) if (path / "tokenizer.json").exists() \
-        or (path / "tokenizer_config.json").exists() else Tokenizer(ByteTokenizer())
-    return LoadedModel(_from_state_dict(config, state, device, dtype), tokenizer, config)
+        with reading(shard, "a safetensors file", REDOWNLOAD):
+            state.update(load_file(str(shard)))
+    tokenizer = Tokenizer(ByteTokenizer())
+    if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
+        with reading(path, "a tokenizer (tokenizer.json, tokenizer_config.json)",
+                     "restore the tokenizer files that came with the checkpoint"):
+            tokenizer = Tokenizer(AutoTokenizer.from_pretrained(str(path)))
+    return LoadedModel(_from_state_dict(config, state, device, dtype, path), tokenizer, config)
 
 
 def _load_gguf(path: Path, device, dtype, name: str) -> LoadedModel:
@@ -196,10 +219,13 @@ def _load_gguf(path: Path, device, dtype, name: str) -> LoadedModel:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    with contextlib.redirect_stderr(io.StringIO()):  # the GGUF converter draws its own progress bar
+    check_gguf_file(path)
+    # the GGUF converter draws its own progress bar
+    with reading_gguf(path), contextlib.redirect_stderr(io.StringIO()):
         hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    config = config_from_hf(hf.config.to_dict(), name, "gguf")
-    model = _from_state_dict(config, hf.state_dict(), device, dtype)
-    tokenizer = Tokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
+    config = _config(hf.config.to_dict(), name, "gguf", path)
+    model = _from_state_dict(config, hf.state_dict(), device, dtype, path)
+    with reading_gguf(path):
+        tokenizer = Tokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
     check_round_trip(tokenizer, config.vocab_size, path.name)  # converters have produced broken ones
     return LoadedModel(model, tokenizer, config)

@@ -6,6 +6,8 @@ then BOS and EOS. Real models use the tokenizer stored with their weights (GGUF 
 
 from __future__ import annotations
 
+from sfibench.core.errors import ModelFileError
+
 
 class ByteTokenizer:
     """Each byte of the UTF-8 text is one token; enough for tiny models and trigger tests."""
@@ -57,8 +59,8 @@ class Tokenizer:
         return self.backend.eos_token_id
 
 
-class BrokenTokenizerError(RuntimeError):
-    pass
+class BrokenTokenizerError(ModelFileError):
+    """A model file whose tokenizer converts wrongly: the model would read text it was never trained on."""
 
 
 def check_round_trip(tokenizer: Tokenizer, vocab_size: int, source: str, samples: int = 400) -> None:
