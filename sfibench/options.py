@@ -164,6 +164,20 @@ def check_session_options(model: str, device: str, dtype: str):
     return check_device(device)
 
 
+def check_device_needs(device: str, option: str, paths=(), graphs: bool = False) -> None:
+    """The GPU-only options against the device `--device` names, before any model loads: the optimized
+    path's Triton kernels (`option` is the flag that asked for it, --path or --paths) and CUDA graphs."""
+    from sfibench.optimized.triton_device import triton_runs_on
+
+    resolved = check_device(device)
+    if "optimized" in paths and not triton_runs_on(resolved):
+        raise UsageError(f"{option} optimized runs Triton kernels and needs a CUDA device, and {resolved} is not "
+                         f"one; use {option} reference on this machine")
+    if graphs and resolved.type != "cuda":
+        raise UsageError(f"--graphs needs a CUDA device, and {resolved} is not one; leave it out (or give "
+                         "--no-graphs) on this machine")
+
+
 def check_top_p(top_p: float) -> None:
     """Typer bounds --top-p to [0, 1]; 0 would keep no token at all."""
     if top_p <= 0:

@@ -162,3 +162,31 @@ def test_a_damaged_checkpoint_through_the_cli_leaves_nothing(checkpoint, tmp_pat
     result = CliRunner().invoke(app, ["quality", "--model", str(model), "--device", "cpu", "--out", "run"])
     one_line_error(result, "config.json", "'vocab_size'", "restore")
     assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------------------------- device checks
+
+GPU_ONLY = {
+    "throughput paths": (["throughput", "--paths", "reference,optimized"], "--paths optimized"),
+    "throughput pinned method": (["throughput", "--methods", "full_kv/optimized"], "--paths optimized"),
+    "throughput graphs": (["throughput", "--graphs"], "--graphs needs a CUDA device"),
+    "quality path": (["quality", "--path", "optimized"], "--path optimized"),
+    "profile path": (["profile", "--path", "optimized"], "--path optimized"),
+    "stability path": (["stability", "--path", "optimized"], "--path optimized"),
+    "generate path": (["generate", "--path", "optimized", "--method", "full_kv"], "--path optimized"),
+}
+
+
+@pytest.mark.parametrize("args, fragment", GPU_ONLY.values(), ids=GPU_ONLY.keys())
+def test_a_gpu_only_option_on_the_cpu_is_refused_before_the_model_loads(tmp_path, monkeypatch, args, fragment):
+    """Without Triton's interpreter the optimized path cannot run on a CPU; every command says so up front."""
+    from no_model import ModelLoaded, forbid_model_loading
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.chdir(tmp_path)
+    forbid_model_loading(monkeypatch)
+    result = CliRunner().invoke(app, [*args, "--device", "cpu"])
+    assert not isinstance(result.exception, ModelLoaded), "the model loaded before the device was checked"
+    text = one_line_error(result, fragment, "CUDA device")
+    assert "--path" not in fragment or "reference" in text
+    assert list(tmp_path.iterdir()) == []

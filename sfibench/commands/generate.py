@@ -25,6 +25,7 @@ from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 from sfibench.engine.sampling import SamplingConfig
 from sfibench.options import (
+    check_device_needs,
     check_session_options,
     check_sfi_settings,
     check_top_p,
@@ -79,6 +80,7 @@ def generate(
     with user_errors():
         check_session_options(model, device, dtype)
         check_method(method, path)
+        check_device_needs(device, "--path", [path])
         check_trigger(trigger)
         check_top_p(top_p)
         check_sfi_settings(evidence_norm, keep_neighbours, publish if method == "sfi" else None, path)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATH_HELP, console, user_errors
-from sfibench.options import check_context_limit, check_shape_options, parse_tokens
+from sfibench.options import check_context_limit, check_device_needs, check_shape_options, parse_tokens
 
 
 def profile(
@@ -33,6 +33,7 @@ def profile(
     with user_errors():
         model, gpu = check_shape_options(model, device, dtype)
         check_method(method, path)
+        check_device_needs(device, "--path", [path])
         context = parse_tokens(ctx if ctx is not None else ("32k" if gpu else "3k"), "--ctx")
         check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)
         run = ProfileRun(model=model, device=device, dtype=dtype, method=method, path=path, context=context,

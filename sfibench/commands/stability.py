@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATH_HELP, console, user_errors
-from sfibench.options import check_session_options, check_top_p, parse_k_head
+from sfibench.options import check_device_needs, check_session_options, check_top_p, parse_k_head
 from sfibench.sfi.config import SFIConfig
 
 
@@ -44,6 +44,7 @@ def stability(
     with user_errors():
         check_session_options(model, device, dtype)
         check_method("full_kv", path)
+        check_device_needs(device, "--path", [path])
         check_top_p(top_p)
         analysis = StabilityConfig(
             model=model, text_file=None if text_file is None else str(text_file), generate=generate, steps=steps,

@@ -20,6 +20,7 @@ from sfibench.core.errors import UsageError
 from sfibench.options import (
     check_choice,
     check_context_limit,
+    check_device_needs,
     check_sfi_settings,
     check_shape_options,
     check_trigger,
@@ -79,8 +80,8 @@ def throughput(
         check_choice(prefill, PREFILL_MODES, "--prefill")
         check_trigger(trigger)
         check_sfi_settings(None, keep_neighbours, None, "optimized")
-        if graphs and not gpu:
-            raise UsageError("--graphs needs a CUDA device; leave it out on a CPU")
+        pinned = tuple(item.partition("/")[2] for item in method_list)
+        check_device_needs(device, "--paths", path_list + pinned, bool(graphs))
         known = [c for c in contexts if c != "max"]
         check_context_limit(PRESETS.get(model), known, steps)
         sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, bridge_steps=bridge_steps,

@@ -16,7 +16,7 @@ from sfibench import registry
 from sfibench.core.budget import BudgetError
 from sfibench.core.errors import UsageError
 from sfibench.models.presets import PRESETS
-from sfibench.options import check_session_options, parse_tokens, split_list
+from sfibench.options import check_device_needs, check_session_options, parse_tokens, split_list
 from sfibench.registry import check_method
 from sfibench.runners.quality_batch import conditions
 from sfibench.sfi.config import preset_retention
@@ -166,6 +166,7 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
                 check_fits(context, PRESETS[model].max_context, model)
                 conditions(methods, retentions, context, variant or None, path)  # every budget fits its method
     check_session_options(model, device, dtype)
+    check_device_needs(device, "--path", [path])
     return QualityRun(model, tuple(methods), tuple(tasks), tuple(files), tuple(contexts), tuple(retentions),
                       tuple(samples), batch=batch, seed=seed, chat=chat, device=device, dtype=dtype, path=path,
                       longbench=None if longbench is None else Path(longbench), sfi_variant=tuple(variant.items()),
