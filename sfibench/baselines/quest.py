@@ -23,6 +23,10 @@ import torch
 
 from sfibench.core.budget import BudgetError
 from sfibench.engine.method import AttentionMethod, MethodConfig, MethodDef, StepPlan
+from sfibench.optimized.decode_attention import dense_decode, sparse_decode
+from sfibench.optimized.retrieval_kernels import expand_positions, page_scores, page_scores_reference
+from sfibench.optimized.top_k_kernels import radix_top_k
+from sfibench.optimized.triton_device import require_triton_device
 from sfibench.reference.attention import dense_attention
 from sfibench.reference.sparse_memory import attend_fixed_plus_tail
 
@@ -82,26 +86,13 @@ def page_bounds(keys: torch.Tensor, lengths: torch.Tensor, page: int) -> tuple[t
     return highest, lowest
 
 
-def page_scores(q: torch.Tensor, highest: torch.Tensor, lowest: torch.Tensor) -> torch.Tensor:
-    """Quest's bound per page, summed over each KV head's G query heads: q `[B, H_q, D]`, bounds
-    `[B, H_kv, P, D]` -> `[B, H_kv, P]` in float32."""
-    batch, q_heads, dim = q.shape
-    kv_heads = highest.shape[1]
-    grouped = q.float().view(batch, kv_heads, q_heads // kv_heads, 1, dim)
-    bound = torch.maximum(grouped * highest.float()[:, :, None], grouped * lowest.float()[:, :, None])
-    return bound.sum(dim=-1).sum(dim=2)
-
-
 def choose_pages(scores: torch.Tensor, kv_lengths: torch.Tensor, page: int, count: int) -> tuple[torch.Tensor,
                                                                                                   torch.Tensor]:
-    """The top `count` full pages by score (the current page excluded): page indices `[B, H_kv, count]`
-    and whether each is real (a sequence with fewer full pages reads them all)."""
-    full = (kv_lengths - 1) // page  # [B]: pages before the current one
-    candidate = torch.arange(scores.shape[-1], device=scores.device) < full[:, None]
-    ranked = scores.masked_fill(~candidate[:, None], float("-inf"))
+    """The top `count` pages by score (only pages before the current one have a finite score): page indices
+    `[B, H_kv, count]` and whether each is real (a sequence with fewer full pages reads them all)."""
     count = min(count, scores.shape[-1])
-    chosen = ranked.topk(count, dim=-1).indices
-    return chosen, chosen < full[:, None, None]
+    chosen = scores.topk(count, dim=-1).indices
+    return chosen, chosen < ((kv_lengths - 1) // page)[:, None, None]
 
 
 class Quest(AttentionMethod):
@@ -129,29 +120,18 @@ class Quest(AttentionMethod):
         capacity = ctx.bucketed(int(ctx.kv_lengths_host.max()))
         return QuestPlan(capacity=capacity, masked=bool((ctx.kv_lengths_host != capacity).any()))
 
-    def update_bounds(self, cache, ctx) -> None:
-        """Fold this step's key into its page's bounds (a new page starts from the key alone)."""
-        layer, page = ctx.layer, self.cfg.page
-        position = ctx.kv_lengths - 1  # [B]: the slot this step wrote
-        heads, dim = cache.k.shape[2], cache.k.shape[-1]
-        key = cache.k[layer].gather(2, position[:, None, None, None].expand(-1, heads, 1, dim))  # [B, H, 1, D]
-        where = (position // page)[:, None, None, None].expand(-1, heads, 1, dim)
-        fresh = (position % page == 0)[:, None, None, None]
-        for bounds, pick in ((self.highest[layer], torch.maximum), (self.lowest[layer], torch.minimum)):
-            old = bounds.gather(2, where)
-            bounds.scatter_(2, where, torch.where(fresh, key, pick(old, key)))
-
     def attend(self, q: torch.Tensor, cache, ctx, plan: QuestPlan) -> torch.Tensor:
         layer, cfg = ctx.layer, self.cfg
         k, v = cache.k[layer], cache.v[layer]
         if layer < cfg.dense_layers:
             ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
             return dense_attention(q, k, v, ctx.kv_lengths, plan.capacity, plan.masked)
-        self.update_bounds(cache, ctx)
-        scores = page_scores(q[:, :, 0], self.highest[layer], self.lowest[layer])
+        # fold this step's key into its page's bounds, then score the pages before the current one
+        scores = page_scores_reference(q[:, :, 0], self.highest[layer], self.lowest[layer], k, ctx.kv_lengths,
+                                       cfg.page)
         chosen, real = choose_pages(scores, ctx.kv_lengths, cfg.page, cfg.pages)
         offsets = torch.arange(cfg.page, device=q.device)
-        fixed = (chosen[..., None] * cfg.page + offsets).flatten(2)  # [B, H_kv, pages * page]
+        fixed = (chosen[..., None] * cfg.page + offsets).flatten(2).clamp(max=k.shape[2] - 1)  # [B, H_kv, n]
         fixed_valid = real[..., None].expand(-1, -1, -1, cfg.page).flatten(2)
         current = (ctx.kv_lengths - 1) // cfg.page * cfg.page
         out, read = attend_fixed_plus_tail(q, k, v, fixed, fixed_valid, current, ctx.kv_lengths, cfg.page)
@@ -159,5 +139,36 @@ class Quest(AttentionMethod):
         return out
 
 
+class OptimizedQuest(Quest):
+    """Per sparse layer: one launch scores the pages (and folds the new key into its page's bounds), the
+    radix top-k ranks them, one launch lists their slots and the current page's, and the split-K decode
+    kernel reads those slots in place in the cache. Nothing is sized on the host, so one CUDA graph
+    serves every step."""
+
+    def start(self, cache, prefilled) -> None:
+        require_triton_device(cache.k.device)
+        super().start(cache, prefilled)
+        mc, cfg, device = self.model_config, self.cfg, cache.k.device
+        pages = self.highest.shape[3]
+        self.chosen_pages = min(cfg.pages, pages)
+        self.state("scores", (cache.batch, mc.num_kv_heads, pages), torch.float32, device)
+        self.state("positions", (cache.batch, mc.num_kv_heads, (self.chosen_pages + 1) * cfg.page), torch.long,
+                   device)
+
+    def plan(self, ctx) -> StepPlan:
+        return StepPlan()  # every length is read on the device
+
+    def attend(self, q: torch.Tensor, cache, ctx, plan) -> torch.Tensor:
+        layer, cfg = ctx.layer, self.cfg
+        k, v = cache.k[layer], cache.v[layer]
+        if layer < cfg.dense_layers:
+            ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
+            return dense_decode(q[:, :, 0], k, v, ctx.kv_lengths, index_before_wait=True)[:, :, None]
+        page_scores(q[:, :, 0], self.highest[layer], self.lowest[layer], k, ctx.kv_lengths, cfg.page, out=self.scores)
+        chosen = radix_top_k(self.scores, self.chosen_pages, 0)  # ascending: the real pages first
+        expand_positions(chosen, ctx.kv_lengths, cfg.page, self.positions, ctx.tokens_read[layer])
+        return sparse_decode(q[:, :, 0], k, v, self.positions, ctx.tokens_read[layer])[:, :, None]
+
+
 METHOD = MethodDef(name="quest", summary="every step, the pages whose key bounds score highest (+ the current)",
-                   config=QuestConfig, paths={"reference": Quest})
+                   config=QuestConfig, paths={"reference": Quest, "optimized": OptimizedQuest})

@@ -17,6 +17,10 @@ import torch
 
 from sfibench.core.budget import BudgetError
 from sfibench.engine.method import AttentionMethod, MethodConfig, MethodDef, StepPlan
+from sfibench.optimized.decode_attention import dense_decode, sparse_decode
+from sfibench.optimized.retrieval_kernels import expand_positions, token_scores
+from sfibench.optimized.top_k_kernels import radix_top_k
+from sfibench.optimized.triton_device import require_triton_device
 from sfibench.reference.attention import dense_attention
 from sfibench.reference.sparse_memory import attend_fixed_plus_tail
 
@@ -111,5 +115,36 @@ class TidalDecode(AttentionMethod):
         return out
 
 
+class OptimizedTidalDecode(TidalDecode):
+    """A selection layer: one launch scores every older slot (the group's q summed, then one dot per key),
+    the radix top-k ranks them, one launch lists them and the current slot, and the layer itself reads
+    densely with the split-K kernel. Every other sparse layer reads the listed slots in place. Nothing is
+    sized on the host, so one CUDA graph serves every step."""
+
+    def start(self, cache, prefilled) -> None:
+        require_triton_device(cache.k.device)
+        mc, device = self.model_config, cache.k.device
+        self.chosen_tokens = min(max(self.cfg.budget - 1, 1), cache.max_seq)
+        self.state("scores", (cache.batch, mc.num_kv_heads, cache.max_seq), torch.float32, device)
+        self.state("positions", (cache.batch, mc.num_kv_heads, self.chosen_tokens + 1), torch.long, device)
+        self.state("counts", (cache.batch, mc.num_kv_heads), torch.long, device)
+
+    def plan(self, ctx) -> StepPlan:
+        return StepPlan()  # every length is read on the device
+
+    def attend(self, q: torch.Tensor, cache, ctx, plan) -> torch.Tensor:
+        layer = ctx.layer
+        k, v = cache.k[layer], cache.v[layer]
+        if layer < self.cfg.dense_layers or layer < self.selecting[0] or layer in self.selecting:
+            if layer in self.selecting:
+                token_scores(q[:, :, 0], k, ctx.kv_lengths, out=self.scores)
+                chosen = radix_top_k(self.scores, self.chosen_tokens, 0)  # ascending: the older slots first
+                expand_positions(chosen, ctx.kv_lengths, 1, self.positions, self.counts)
+            ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
+            return dense_decode(q[:, :, 0], k, v, ctx.kv_lengths, index_before_wait=True)[:, :, None]
+        ctx.tokens_read[layer] = self.counts
+        return sparse_decode(q[:, :, 0], k, v, self.positions, self.counts)[:, :, None]
+
+
 METHOD = MethodDef(name="tidaldecode", summary="every step, top-k tokens chosen in two layers, reused by the rest",
-                   config=TidalDecodeConfig, paths={"reference": TidalDecode})
+                   config=TidalDecodeConfig, paths={"reference": TidalDecode, "optimized": OptimizedTidalDecode})
