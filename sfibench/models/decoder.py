@@ -107,7 +107,7 @@ class SelfAttention(nn.Module):
             squares, eps = folded_norm
             with label("sfibench.projections"):
                 q = fused.ops["linear_qk_norm_rope_append"](
-                    x, self.qkv_folded, self.qkv_proj.bias, *norms, cos, sin, self.num_heads, self.num_kv_heads,
+                    x, self.qkv_proj.weight, self.qkv_proj.bias, *norms, cos, sin, self.num_heads, self.num_kv_heads,
                     *append_target(layer), input_squares=squares, input_eps=eps)
             out = attend(layer, q, None, None)
         elif seq == 1 and append_target is not None:
@@ -188,7 +188,7 @@ class DecoderLayer(nn.Module):
         with label("sfibench.projections"):  # o_proj writes the stream and its partials for gate_up's norm
             residual, squares = fused.ops["linear_add_squares"](heads, self.self_attn.o_proj.weight, residual)
         with label("sfibench.mlp"):
-            activated = fused.ops["gate_up_activation"](residual, mlp.gate_up_folded, mlp.activation,
+            activated = fused.ops["gate_up_activation"](residual, mlp.gate_up_proj.weight, mlp.activation,
                                                         input_squares=squares, input_eps=norm.eps)
             return fused.ops["linear_add_squares"](activated, mlp.down_proj.weight, residual,
                                                    output_gain=output_gain)
@@ -245,31 +245,36 @@ class Decoder(nn.Module):
             gemv.decode_config(1, cfg.hidden_size, n_in, device) is not None
             for n_in in (cfg.intermediate_size, cfg.num_heads * cfg.head_dim))
 
+    @torch.no_grad()
     def fold_input_norms(self) -> None:
         """Decode without a norm kernel per layer (GPU sessions where `fold_pays`).
 
         A layer's input norm feeds only its qkv product, and W (g * x / rms(x)) = (W diag(g)) x / rms(x):
-        the norm's weight can live in a copy of the qkv weight (`qkv_folded`, in the model dtype) and the
-        1 / rms, one number per row, can scale the product's output. The sum of squares it needs comes from
-        the kernel before (down_proj's epilogue, each program its columns' share), so the qkv GEMV's main
-        loop is unchanged. Rounding differs from the unfolded decoder by the copy's one rounding per weight
-        and the norm computed in float32 without the intermediate casts. Prefill keeps the unfolded path.
+        the norm's weight moves into the qkv weight, in place (one rounding per weight, in the model dtype),
+        and the norm keeps only its 1 / rms (its weight becomes ones), so no second copy of any weight
+        exists and every path, prefill and unfolded decode included, computes the same function. At decode
+        the 1 / rms, one number per row, scales the product's output; the sum of squares it needs comes
+        from the kernel before (down_proj's epilogue, each program its columns' share), so the qkv GEMV's
+        main loop is unchanged. Rounding differs from the unfolded decoder by that one rounding per weight
+        and the norm computed in float32 without the intermediate casts.
 
-        The post-attention norm likewise, into a copy of gate_up (`gate_up_folded`), the
-        sums of squares from o_proj's epilogue: o_proj's add + norm epilogue had its last program normalise
-        whole rows while the others waited. The copies cost memory: qkv and gate_up once more per layer.
-        The final norm is folded as well, without a copy of the LM head (vocabulary x hidden): the last
+        The post-attention norm likewise, into gate_up, the sums of squares from o_proj's epilogue: o_proj's
+        add + norm epilogue had its last program normalise whole rows while the others waited. The final
+        norm is folded too, without touching the LM head (which may be the tied embedding): the last
         down_proj writes the stream times the norm's weight (linear_add_squares' `output_gain`).
+        The state dict afterwards holds the folded weights and unit norms: the same model, written
+        differently. Folding twice would scale by the gains twice, so a second call is refused.
         """
         if not self.can_fold_input_norms:
             raise ValueError(f"{type(self).__name__} has its own layer structure: the input-norm fold is "
                              f"written for the Llama-family DecoderLayer only")
+        if getattr(self, "folded_input_norms", False):
+            raise ValueError("the norms are already folded into the weights")
         for layer in self.model.layers:
-            attn, gain = layer.self_attn, layer.input_layernorm.weight
-            weight = attn.qkv_proj.weight
-            attn.qkv_folded = (weight.float() * gain.float()[None, :]).to(weight.dtype)
-            gate_up, gain = layer.mlp.gate_up_proj.weight, layer.post_attention_layernorm.weight
-            layer.mlp.gate_up_folded = (gate_up.float() * gain.float()[None, :]).to(gate_up.dtype)
+            for weight, norm in ((layer.self_attn.qkv_proj.weight, layer.input_layernorm),
+                                 (layer.mlp.gate_up_proj.weight, layer.post_attention_layernorm)):
+                weight.mul_(norm.weight)  # [out, in] * [in]: no temporary
+                norm.weight.fill_(1.0)
         self.folded_input_norms = True
         self.folded_post_attention_norms = True
 

@@ -120,20 +120,27 @@ def random_weights(model: Decoder, seed: int) -> None:
     """Seeded init on the weights' device: norm weights ~ 1 + N(0, 0.1), the rest ~ N(0, 1/hidden).
 
     The 1/sqrt(hidden) scale keeps logits O(1), so greedy decoding of a tiny random model is not a
-    coin toss between near-equal tokens (which would make exact-token tests fragile).
+    coin toss between near-equal tokens (which would make exact-token tests fragile). Each parameter is
+    drawn in float32 and rounded to its own dtype, so a bfloat16 model gets the values a float32 one
+    rounds to, while the float32 scratch is one parameter, never the whole model.
     """
     generator = torch.Generator(device=model.lm_head.weight.device).manual_seed(seed)
     std = model.config.hidden_size ** -0.5
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.normal_(0.0, 0.1 if name.endswith("norm.weight") else std, generator=generator)
+            draw = torch.empty_like(param, dtype=torch.float32)
+            draw.normal_(0.0, 0.1 if name.endswith("norm.weight") else std, generator=generator)
             if name.endswith("norm.weight"):
-                param.add_(1.0)
+                draw.add_(1.0)
+            param.copy_(draw)
+            del draw
 
 
 def _load_random(config: ModelConfig, device, dtype, seed: int) -> LoadedModel:
-    with torch.device("meta"):  # no host-side copy of a multi-GB random model
-        model = new_decoder(config)
+    # Built on the meta device and cast there, so the device only ever holds the model in `dtype`: a
+    # float32 model first would need twice the weights' bytes (qwen3-32b: 131 GB on a 150 GB GPU).
+    with torch.device("meta"):
+        model = new_decoder(config).to(dtype)
     model = model.to_empty(device=device)
     model.tie_weights()
     random_weights(model, seed)

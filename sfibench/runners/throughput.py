@@ -155,6 +155,8 @@ def run_throughput(run: ThroughputRun, console: Console) -> Path:
             "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
             "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
             "decode_gemv": _decode_gemv(session.loaded.model),
+            # the norms' weights moved into the qkv and gate_up weights in place (Decoder.fold_input_norms)
+            "input_norms_folded": bool(getattr(session.loaded.model, "folded_input_norms", False)),
             "pdl": _pdl_state(),
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if run.dense_kernels else [],
         }
