@@ -255,3 +255,65 @@ def test_the_gemma3_gguf_is_assembled_outside_an_unwritable_home(tmp_path, unwri
     path = loading.find_gemma3_gguf()
     assert targets == [path] and path.parent.is_dir()
     assert path.is_relative_to(tmp_path / "tmp") and not path.is_relative_to(unwritable_home)
+
+
+# ------------------------------------------------------------------------------------------ racing runs
+
+def claim_and_write(out: str, name: str, claimed, attempted, outcomes) -> None:
+    """One of two racing runs: claim `out`; the one that gets it writes its results.json only once the
+    other has tried too, so the other meets the folder mid-run, where the race used to be lost."""
+    from sfibench.reporting.results import write_results
+    from sfibench.reporting.run_dir import RunDirError, claimed_run_dir
+
+    try:
+        with claimed_run_dir(out, "quality") as run_dir:
+            claimed.set()
+            attempted.wait(timeout=120)  # only a deadlock guard: both holding the folder would hang here
+            write_results(run_dir, "quality", {"run": name}, {"cells": []})
+        outcomes.put((name, "wrote"))
+    except RunDirError as error:
+        outcomes.put((name, f"refused: {error}"))
+        attempted.set()
+
+
+@pytest.mark.parametrize("start", ["together", "one after the other claims"])
+def test_of_two_runs_racing_for_one_folder_exactly_one_writes(tmp_path, start):
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    claimed, attempted, go = context.Event(), context.Event(), context.Event()
+    outcomes = context.Queue()
+    out = str(tmp_path / "run")
+
+    def racer(name: str):
+        def run():
+            go.wait(timeout=120)
+            if name == "second" and start != "together":
+                claimed.wait(timeout=120)
+            claim_and_write(out, name, claimed, attempted, outcomes)
+        return context.Process(target=run)
+
+    processes = [racer("first"), racer("second")]
+    for process in processes:
+        process.start()
+    go.set()
+    for process in processes:
+        process.join(timeout=300)
+    results = dict(outcomes.get(timeout=10) for _ in processes)
+    wrote = [name for name, outcome in results.items() if outcome == "wrote"]
+    refused = [outcome for outcome in results.values() if outcome.startswith("refused")]
+    assert len(wrote) == 1 and len(refused) == 1, results
+    assert "another sfibench run" in refused[0] or "already contains results.json" in refused[0], refused
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["config"] == {"run": wrote[0]}
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["results.json"]  # the lock is gone
+
+
+def test_a_run_started_while_another_writes_the_folder_is_refused_by_the_cli(tmp_path, monkeypatch):
+    from sfibench.reporting.run_dir import claimed_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    with claimed_run_dir(tmp_path / "run", "stability"):
+        result = CliRunner().invoke(app, ["stability", "--model", "tiny-llama", "--out", "run"])
+    one_line_error(result, "being written by another sfibench run", f"process {os.getpid()}", "--out")
+    assert list((tmp_path / "run").iterdir()) == []

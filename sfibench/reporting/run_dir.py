@@ -5,11 +5,17 @@ Before any expensive work, `claimed_run_dir` makes sure the place can take the r
 a read-only file system, not a folder of the user's own files, not an earlier run unless --overwrite
 (or --resume) says so. It then creates the directory; if the command fails or is stopped before it
 saved anything, the directories it created are removed again, so a failed run leaves nothing behind.
+
+A claimed directory is held, for as long as the run lasts, by an exclusive lock on a file in it (flock,
+which the kernel releases when the process dies, however it dies). Of two runs started at once for one
+--out, one takes the lock and proceeds; the other is refused, and a run that takes the lock checks the
+directory again under it, so one that started while another was writing sees that run's results.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import tempfile
@@ -22,6 +28,7 @@ from sfibench.reporting.results import RESULTS_FILENAME, InvalidResultsError, re
 
 DEFAULT_ROOT = Path("runs")
 _OWN_TEMP_FILE = re.compile(r"\..+\.tmp")  # what an atomic write leaves if the process is killed mid-way
+LOCK_NAME = ".sfibench.lock"  # held while a run writes; left behind only by a run killed outright
 
 
 class RunDirError(UsageError):
@@ -34,6 +41,10 @@ class RunDirExistsError(RunDirError, FileExistsError):
 
 class RunDirIsFileError(RunDirError, NotADirectoryError):
     """--out names an existing file."""
+
+
+class RunDirBusyError(RunDirError):
+    """Another run holds the run directory's lock: it is writing there now."""
 
 
 def make_run_dir(out: Path | str | None, command: str, overwrite: bool = False) -> Path:
@@ -54,15 +65,60 @@ def claimed_run_dir(out: Path | str | None, command: str, *, overwrite: bool = F
     `resume` asks for an existing run of `command` to continue: it must hold that run's results.json.
     """
     run_dir, created = _claim(out, command, overwrite, resume)
+    lock = None
     try:
+        lock = _lock(run_dir)
+        if out is not None:  # a run that held the lock until now may have written here since the check
+            _check_existing(run_dir, command, overwrite, resume)
         yield run_dir
     except BaseException:
+        _unlock(run_dir, lock)
         for directory in reversed(created):  # innermost first; stop at the first one holding anything
             try:
                 directory.rmdir()
             except OSError:
                 break
         raise
+    _unlock(run_dir, lock)
+
+
+def _lock(run_dir: Path) -> int:
+    """An open descriptor of run_dir's lock file, exclusively locked by this process."""
+    path = run_dir / LOCK_NAME
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise RunDirError(f"--out {run_dir}: cannot create {path.name} there ({error.strerror}); "
+                              "pass --out DIR on a writable disk") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise RunDirBusyError(f"run directory {run_dir} is being written by another sfibench run (process "
+                                  f"{holder}); wait for it to finish, or choose another --out") from None
+        except OSError:  # a file system without locks (some network mounts): the checks are all there is
+            return fd
+        # The holder before us unlinks the file as it finishes: a lock on that unlinked file guards nothing,
+        # so take the lock again on the file now at the path.
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            return fd
+        os.close(fd)
+
+
+def _unlock(run_dir: Path, fd: int | None) -> None:
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        (run_dir / LOCK_NAME).unlink()  # before releasing: see the inode check in _lock
+    os.close(fd)
 
 
 def _claim(out: Path | str | None, command: str, overwrite: bool, resume: bool) -> tuple[Path, list[Path]]:
@@ -122,7 +178,8 @@ def _check_existing(run_dir: Path, command: str, overwrite: bool, resume: bool) 
             raise RunDirError(f"--resume: {run_dir} holds no {RESULTS_FILENAME} to continue; "
                               "drop --resume to start a new run, or give the --out of the stopped run")
         try:
-            foreign = [entry.name for entry in run_dir.iterdir() if not _OWN_TEMP_FILE.fullmatch(entry.name)]
+            foreign = [entry.name for entry in run_dir.iterdir()
+                       if entry.name != LOCK_NAME and not _OWN_TEMP_FILE.fullmatch(entry.name)]
         except OSError as error:
             raise RunDirError(f"--out {run_dir} cannot be read ({error.strerror}); choose another --out") from None
         if foreign:

@@ -7,6 +7,7 @@ from pathlib import Path
 from rich.table import Table
 
 from sfibench.reporting.formatting import commit_label, number, percent, styled_table
+from sfibench.reporting.results import write_text_atomically
 from sfibench.reporting.stability_plots import MEMORY_LABELS, PLOTS
 
 DRIFT_ROWS = (1, 2, 4, 8, 16, 32)  # offsets shown in the drift table, plus the last (open) bin
@@ -115,7 +116,7 @@ def write_report(run_dir: Path | str, document: dict) -> Path:
          f"torch {prov.get('torch')}, {prov.get('timestamp_utc')}."), "",
     ]
     path = Path(run_dir) / "report.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_text_atomically(path, "\n".join(lines))
     return path
 
 
