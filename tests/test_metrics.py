@@ -24,11 +24,6 @@ from sfibench.metrics.bytes_model import (
     step_bytes,
     weight_bytes,
 )
-from sfibench.metrics.memory import (
-    MemoryEstimateError,
-    check_fits,
-    estimate_memory,
-)
 from sfibench.metrics.nvml import NvmlSampler, best_energy, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer, measure_copy_bandwidth, time_region
@@ -159,33 +154,6 @@ def test_stats_reject_empty():
 
 
 # ---------------------------------------------------------------- memory
-
-
-def test_estimate_memory_by_hand():
-    est = estimate_memory(TINY, batch=2, max_seq=100, dtype_bytes=2, method_extra_bytes=1000, prefill_chunk=8)
-    assert est["weights"] == 94528 * 2
-    assert est["kv_cache"] == 2 * 100 * (2 * 2 * 16 * 2 * 2)  # B * S * layers*heads*dim*(K,V)*bytes
-    assert est["key_norms"] == 2 * 100 * (2 * 2 * 4)  # float32 [L, B, H_kv, S]
-    # activations per chunk row: 2*64 hidden + (2*4 + 2*2)*16 qkvo + 3*128 MLP = 704 values
-    per_sequence = 8 * 704 * 2 + 320 * 4  # + float32 logits row = 12544
-    scores = 100 * 4 * 8 * 4  # S * heads * chunk * float32
-    assert est["workspace"] == 2 * (per_sequence + scores) == 50688
-    assert est["total"] == 189056 + 51200 + 3200 + 50688 + 1000 == 295144
-
-
-def test_check_fits_explains_what_fits():
-    est = estimate_memory(TINY, batch=2, max_seq=100, dtype_bytes=2, method_extra_bytes=1000, prefill_chunk=8)
-    check_fits(est, 295144)  # exactly enough
-    # 250000 leaves 59944 after weights + extra; one full sequence is 12544 + 100 * 400 = 52544,
-    # so batch 1 fits; at batch 2 the context fits (59944 - 2 * 12544) // (2 * 400) = 43 tokens
-    with pytest.raises(MemoryEstimateError) as info:
-        check_fits(est, 250000)
-    message = str(info.value)
-    assert "batch 2 x 100 tokens" in message
-    assert "batch 1 at 100 tokens" in message and "43 tokens at batch 2" in message
-    assert "Fix:" in message
-    with pytest.raises(MemoryEstimateError, match="do not fit"):
-        check_fits(est, 100000)
 
 
 def test_available_device_memory_cpu():

@@ -46,6 +46,16 @@ class SnapKVConfig(MethodConfig):
     def tokens_read(self, context: int) -> int:
         return min(self.budget, context)
 
+    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
+        """The bootstrap's votes of one (layer, sequence) (SnapKV._votes, float32): the keys widened to
+        every query head beside their float32 copy, then beside the window's logits, their masked copy,
+        their softmax and the causal mask."""
+        mc, rows = model_config, max_seq
+        keys = mc.num_heads * rows * mc.head_dim * 4
+        widening = keys + mc.num_kv_heads * rows * mc.head_dim * 4
+        scoring = keys + 3 * mc.num_heads * self.window * rows * 4 + self.window * rows
+        return max(widening, scoring)
+
     def state_bytes(self, model_config, path: str, dtype_bytes: int, tile_rows: int) -> tuple[int, int]:
         mc, keep = model_config, self.budget - self.window
         positions = mc.num_layers * mc.num_kv_heads * keep * INDEX_BYTES

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DeviceUnavailableError", "cpu_model", "device_info", "gpu_driver_version", "resolve_device"]
+__all__ = ["DeviceUnavailableError", "available_device_memory", "cpu_model", "device_info", "gpu_driver_version",
+           "resolve_device", "total_device_memory"]
 
 _CUDA_NAME = re.compile(r"^cuda(?::(\d+))?$")
 
@@ -147,6 +148,14 @@ def _host_available_bytes() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024  # reported in kB
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def total_device_memory(device: torch.device | str) -> int:
+    """All of `device`'s memory in bytes: the GPU's, or the host's (0 where /proc cannot say)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return _host_memory_bytes() or 0
 
 
 def available_device_memory(device: torch.device | str) -> int:

@@ -51,11 +51,13 @@ class Session:
         return self.loaded.config.max_context
 
     def memory_for_estimate(self) -> int:
-        """Bytes a memory estimate (metrics/memory.py) may plan with: the device's free memory plus, on a GPU,
-        the weights the estimate counts but which are already resident (folded weight copies are not added
-        back: they are not in the estimate)."""
-        resident = self.loaded.config.num_params() * self.cache_dtype_bytes if self.device.type == "cuda" else 0
-        return available_device_memory(self.device) + resident
+        """Bytes this process may fill, the weights it already holds included (a memory estimate counts
+        them): on a GPU the free memory plus what torch's allocator holds (its cached blocks are reusable),
+        on a CPU the available host memory plus the weights."""
+        if self.device.type == "cuda":
+            return available_device_memory(self.device) + torch.cuda.memory_reserved(self.device)
+        weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
+        return available_device_memory(self.device) + weights
 
     def prefill(self, prompts: list[list[int]], max_new_tokens: int, evidence_rows: int = 64) -> Prefilled:
         """Check the prompts fit, size the cache for them, and prefill (dense, shared by all methods)."""

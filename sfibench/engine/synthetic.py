@@ -14,20 +14,29 @@ from sfibench.engine.cache import KVCache
 from sfibench.engine.prefill import Prefilled
 
 
+NORM_CHUNK = 8192  # cached keys whose float32 norms are computed at once (metrics/memory.py plans for it)
+
+
 @torch.no_grad()
 def synthetic_prefill(cache: KVCache, context: int, vocab_size: int, num_heads: int, evidence_rows: int = 64,
                       seed: int = 0) -> Prefilled:
+    """Draw the cache in place, one (layer, sequence, KV head) block of keys or values at a time (each block
+    contiguous, so no scratch copy), then their norms a chunk of keys at a time: the only transient is one
+    chunk of float32 keys, whatever the batch and context."""
     layers, batch, kv_heads, _, dim = cache.k.shape
     generator = torch.Generator(device=cache.k.device).manual_seed(seed)
-    for layer in range(layers):  # one layer at a time keeps the float32 scratch small
-        for tensor in (cache.k, cache.v):
-            chunk = torch.randn((batch, kv_heads, context, dim), generator=generator, device=cache.k.device)
-            tensor[layer, :, :, :context] = chunk.to(tensor.dtype)
-        cache.key_norms[layer, :, :, :context] = cache.k[layer, :, :, :context].float().norm(dim=-1)
+    for layer in range(layers):
+        for row in range(batch):
+            for head in range(kv_heads):
+                for tensor in (cache.k, cache.v):
+                    tensor[layer, row, head, :context].normal_(generator=generator)
+                for start in range(0, context, NORM_CHUNK):
+                    keys = cache.k[layer, row, head, start:min(start + NORM_CHUNK, context)]
+                    cache.key_norms[layer, row, head, start:start + keys.shape[0]] = keys.float().norm(dim=-1)
     lengths = torch.full((batch,), context, device=cache.k.device)
     cache.set_lengths(lengths)
     rows = min(evidence_rows, context)
-    queries = torch.randn((layers, batch, num_heads, evidence_rows, dim), generator=generator,
-                          device=cache.k.device).to(cache.k.dtype)
+    queries = torch.empty((layers, batch, num_heads, evidence_rows, dim), device=cache.k.device,
+                          dtype=cache.k.dtype).normal_(generator=generator)
     logits = torch.randn((batch, vocab_size), generator=generator, device=cache.k.device)
     return Prefilled(lengths, logits, queries, torch.full((batch,), rows, device=cache.k.device))

@@ -1,99 +1,161 @@
-"""Estimate a run's device memory before allocating it, and refuse clearly when it cannot fit.
+"""Estimate a run's device memory before allocating it, size `--batch max` by it, and refuse clearly.
 
-The estimate is linear in batch B and context S, which lets the error say exactly what would fit:
+The estimate counts what a decode run allocates, part by part:
 
-    total = fixed + B * (per_sequence + S * per_sequence_token)
+- weights: every parameter once (the norm folds rewrite weights in place), plus the RoPE position table
+  the GPU decode path gathers from;
+- the KV cache, its float32 key norms, and the prefill snapshot (the last prompt queries every method's
+  bootstrap reads, float32 logits of the last prompt token);
+- the method's own state (MethodConfig.state_bytes: compact buffers, evidence, page bounds), for the
+  largest method of the run, as one method runs at a time;
+- the workspace, the largest of the phases' transients: prefill's (a real prefill runs one sequence and
+  one chunk at a time; a synthetic one writes the cache in place, one (layer, sequence, KV head) at a
+  time, with one chunk of float32 key norms) and the decode phase's (the method's bootstrap and refresh
+  transients, MethodConfig.workspace_bytes, and the decode step's own, which CUDA graphs keep in their
+  pool: one float32 logits row per sequence for each captured plan).
 
-fixed: weights (every parameter is stored, including an untied embedding table) + method extra;
-per_sequence_token: K and V cache + float32 key norms + one prefill chunk's float32 attention scores;
-per_sequence: one prefill chunk's activations in one layer + float32 logits for one row.
-A method's own state adds `method_token_bytes` per sequence and token and `method_sequence_bytes` per
-sequence (see `method_state_bytes` in runners/throughput_measure.py for the optimized SFI's).
+A run plans with MARGIN of the device's memory: the rest is the CUDA context, cuBLAS and Triton's
+workspaces and the caching allocator's fragmentation, none of which torch's allocator counts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
+from sfibench.engine.synthetic import NORM_CHUNK
 from sfibench.models.presets import ModelConfig
 
 FLOAT32_BYTES = 4
 GIB = 1 << 30
+MARGIN = 0.95  # share of the device's memory a run may plan to fill
+PREFILL_CHUNK = 2048  # prompt tokens a real prefill runs at once (engine/prefill.py)
+EVIDENCE_ROWS = 64  # prompt queries the prefill snapshot keeps per layer and query head
+GRAPH_PLANS = 8  # captured step plans whose logits a CUDA-graph pool holds (a bound, from the plans seen)
 
 
 class MemoryEstimateError(ValueError):
     """The requested run needs more memory than the device has."""
 
 
-def estimate_memory(model_cfg: ModelConfig, batch: int, max_seq: int, dtype_bytes: int = 2,
-                    method_extra_bytes: int = 0, prefill_chunk: int = 512, method_token_bytes: int = 0,
-                    method_sequence_bytes: int = 0) -> dict:
-    """Bytes a run needs, by part, plus the linear coefficients `check_fits` solves with.
+@dataclass(frozen=True)
+class RunShape:
+    """What the estimate depends on besides the model: the shape and the run's choices."""
 
-    The workspace is a rough upper bound: activations are freed layer by layer, so only one layer's
-    chunk is live, but the attention scores of a whole chunk are assumed materialised in float32
-    (as an eager reference path does); fused attention kernels need much less.
-    """
+    batch: int
+    max_seq: int  # cache slots per sequence (context + decode steps + 1)
+    dtype_bytes: int = 2
+    method_token_bytes: int = 0  # the method's state per sequence and cached token
+    method_sequence_bytes: int = 0  # ... and per sequence
+    method_workspace_bytes: int = 0  # the method's largest transient, at this batch and context
+    synthetic_prefill: bool = True  # False: the prompt runs through the model (engine/prefill.py)
+    gpu: bool = False  # the RoPE table and the CUDA graphs' pool exist only on a GPU
+
+
+def prefill_workspace(cfg: ModelConfig, shape: RunShape) -> int:
+    """The prefill's largest transient. Synthetic: one chunk of float32 key norms of one KV head. Real: one
+    layer's activations for one chunk of one sequence (residual, norm, qkv, rotated q/k, attention output,
+    gate/up and the activated MLP, their float32 norm temporaries), the attention mask of the chunk against
+    the cache so far, and the last token's float32 logits."""
+    if shape.synthetic_prefill:
+        return min(NORM_CHUNK, shape.max_seq) * (cfg.head_dim + 1) * FLOAT32_BYTES
+    tokens = min(PREFILL_CHUNK, shape.max_seq)
+    qkv_width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    width = 3 * cfg.hidden_size + 2 * qkv_width + 2 * cfg.num_heads * cfg.head_dim + 4 * cfg.intermediate_size
+    norms = 2 * tokens * cfg.hidden_size * FLOAT32_BYTES
+    return tokens * width * shape.dtype_bytes + norms + tokens * shape.max_seq + cfg.vocab_size * FLOAT32_BYTES
+
+
+def estimate_memory(model_cfg: ModelConfig, batch: int, max_seq: int, dtype_bytes: int = 2, **choices) -> dict:
+    """Bytes a run of `batch` sequences of `max_seq` cache slots allocates, by part (see the module
+    docstring); `choices` are RunShape's other fields. The dict keeps the shape, so `check_fits` and
+    `largest_batch` can ask again at other shapes."""
     if batch < 1 or max_seq < 1:
         raise ValueError(f"batch and max_seq must be >= 1, got batch={batch}, max_seq={max_seq}")
-    cfg = model_cfg
-    weights = cfg.num_params() * dtype_bytes
-    kv_per_token = cfg.kv_bytes_per_token(dtype_bytes)
-    norms_per_token = cfg.num_layers * cfg.num_kv_heads * FLOAT32_BYTES
-    scores_per_token = cfg.num_heads * prefill_chunk * FLOAT32_BYTES
-    # residual + normed hidden, q/k/v + attention output, gate/up/activated MLP: one chunk, one layer
-    activation_width = (2 * cfg.hidden_size + (2 * cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-                        + 3 * cfg.intermediate_size)
-    per_sequence = prefill_chunk * activation_width * dtype_bytes + cfg.vocab_size * FLOAT32_BYTES
+    shape = RunShape(batch, max_seq, dtype_bytes, **choices)
+    return _estimate(model_cfg, shape)
 
-    fixed = weights + method_extra_bytes
-    per_sequence += method_sequence_bytes  # e.g. the optimized SFI's compact K/V buffers
-    per_sequence_token = kv_per_token + norms_per_token + scores_per_token + method_token_bytes
-    kv_cache = batch * max_seq * kv_per_token
-    key_norms = batch * max_seq * norms_per_token
-    workspace = batch * (per_sequence + max_seq * scores_per_token)
-    total = fixed + batch * (per_sequence + max_seq * per_sequence_token)
-    return {
-        "batch": batch,
-        "max_seq": max_seq,
-        "weights": weights,
-        "kv_cache": kv_cache,
-        "key_norms": key_norms,
-        "workspace": workspace,
-        "method_extra": method_extra_bytes,
-        "total": total,
-        "fixed_bytes": fixed,
-        "per_sequence_bytes": per_sequence,
-        "per_sequence_token_bytes": per_sequence_token,
-    }
+
+def _estimate(cfg: ModelConfig, shape: RunShape) -> dict:
+    batch, slots, nbytes = shape.batch, shape.max_seq, shape.dtype_bytes
+    rope_table = cfg.max_context * 2 * cfg.head_dim * nbytes if shape.gpu else 0
+    weights = cfg.num_params() * nbytes + rope_table
+    kv_cache = batch * slots * cfg.kv_bytes_per_token(nbytes)
+    key_norms = batch * slots * cfg.num_layers * cfg.num_kv_heads * FLOAT32_BYTES
+    snapshot = batch * (cfg.num_layers * cfg.num_heads * EVIDENCE_ROWS * cfg.head_dim * nbytes
+                        + cfg.vocab_size * FLOAT32_BYTES)
+    method_state = batch * (slots * shape.method_token_bytes + shape.method_sequence_bytes)
+    step = batch * cfg.vocab_size * FLOAT32_BYTES * (GRAPH_PLANS if shape.gpu else 1)
+    prefill, decode = prefill_workspace(cfg, shape), shape.method_workspace_bytes + step
+    workspace = max(prefill, decode)
+    total = weights + kv_cache + key_norms + snapshot + method_state + workspace
+    return {"batch": batch, "max_seq": slots, "weights": weights, "kv_cache": kv_cache, "key_norms": key_norms,
+            "snapshot": snapshot, "method_state": method_state, "workspace": workspace,
+            "prefill_workspace": prefill, "decode_workspace": decode, "total": total,
+            "decode_total": total - workspace + decode, "shape": shape, "model": cfg}
+
+
+def memory_record(estimate: dict) -> dict:
+    """The estimate as results.json keeps it: bytes by part."""
+    return {key: value for key, value in estimate.items() if key not in ("shape", "model")}
 
 
 def _gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f} GiB"
 
 
-def check_fits(estimate: dict, available_bytes: int) -> None:
+def _fits(estimate: dict, batch: int, max_seq: int, available: int, method_at=None) -> bool:
+    shape = replace(estimate["shape"], batch=batch, max_seq=max_seq)
+    if method_at is not None:
+        shape = replace(shape, **method_at(batch, max_seq))
+    return _estimate(estimate["model"], shape)["total"] <= available
+
+
+def largest_batch(estimate: dict, available: int, method_at=None) -> int:
+    """The largest batch at the estimate's `max_seq` that fits in `available` bytes (0: not even one).
+    `method_at(batch, max_seq)`: the method fields of RunShape at another shape (the run's largest method
+    may differ by shape; default: the estimate's)."""
+    if not _fits(estimate, 1, estimate["max_seq"], available, method_at):
+        return 0
+    low, high = 1, 2
+    while _fits(estimate, high, estimate["max_seq"], available, method_at):
+        low, high = high, high * 2
+    while high - low > 1:  # the total grows with the batch: bisect between a fit and a miss
+        middle = (low + high) // 2
+        low, high = (middle, high) if _fits(estimate, middle, estimate["max_seq"], available, method_at) \
+            else (low, middle)
+    return low
+
+
+def largest_context(estimate: dict, batch: int, available: int, method_at=None) -> int:
+    """The most cache slots per sequence at `batch` that fit in `available` bytes (0: none)."""
+    if not _fits(estimate, batch, 1, available, method_at):
+        return 0
+    low, high = 1, estimate["max_seq"]
+    if _fits(estimate, batch, high, available, method_at):
+        return high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if _fits(estimate, batch, middle, available, method_at) else (low, middle)
+    return low
+
+
+def check_fits(estimate: dict, available_bytes: int, method_at=None) -> None:
     """Raise MemoryEstimateError, saying what would fit and how to fix it, if the estimate is too big."""
     if estimate["total"] <= available_bytes:
         return
     batch, max_seq = estimate["batch"], estimate["max_seq"]
-    fixed = estimate["fixed_bytes"]
-    per_sequence = estimate["per_sequence_bytes"]
-    per_token = estimate["per_sequence_token_bytes"]
     asked = (f"batch {batch} x {max_seq} tokens needs about {_gib(estimate['total'])} "
              f"(weights {_gib(estimate['weights'])}, KV cache {_gib(estimate['kv_cache'])}, "
-             f"key norms {_gib(estimate['key_norms'])}, workspace {_gib(estimate['workspace'])}, "
-             f"method {_gib(estimate['method_extra'])}) but only {_gib(available_bytes)} is available")
-    left_for_sequences = available_bytes - fixed
-
-    def largest_context_at(sequences: int) -> int:
-        return max(0, (left_for_sequences - sequences * per_sequence) // (sequences * per_token))
-
-    largest_batch = max(0, left_for_sequences // (per_sequence + max_seq * per_token))
+             f"key norms {_gib(estimate['key_norms'])}, method state {_gib(estimate['method_state'])}, "
+             f"workspace {_gib(estimate['workspace'])}) but only {_gib(available_bytes)} is available")
     fits = []
-    if largest_batch >= 1:
-        fits.append(f"batch {largest_batch} at {max_seq} tokens")
+    sequences = largest_batch(estimate, available_bytes, method_at)
+    if sequences >= 1:
+        fits.append(f"batch {sequences} at {max_seq} tokens")
     for sequences in sorted({batch, 1}, reverse=True):
-        if largest_context_at(sequences) >= 1:
-            fits.append(f"{largest_context_at(sequences)} tokens at batch {sequences}")
+        slots = largest_context(estimate, sequences, available_bytes, method_at)
+        if slots >= 1:
+            fits.append(f"{slots} tokens at batch {sequences}")
             break
     if not fits:
         raise MemoryEstimateError(
@@ -102,3 +164,9 @@ def check_fits(estimate: dict, available_bytes: int) -> None:
     raise MemoryEstimateError(
         f"{asked}. What fits: {' or '.join(fits)}. Fix: lower the batch size or the context (--ctx), "
         "or use a device with more memory.")
+
+
+def planning_bytes(total_bytes: int, usable_bytes: int) -> int:
+    """What a run may plan to fill: MARGIN of the device's memory, and never more than this process can
+    use (`usable_bytes`: free memory plus what torch already holds, weights included)."""
+    return min(int(MARGIN * total_bytes), usable_bytes)

@@ -24,16 +24,14 @@ from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.metrics.bytes_model import kv_read_bytes, roofline_ratio, step_bytes
 from sfibench.metrics.floor import weights_floor_seconds
-from sfibench.metrics.memory import MemoryEstimateError, check_fits, estimate_memory
+from sfibench.metrics.memory import EVIDENCE_ROWS, MemoryEstimateError, check_fits, memory_record
 from sfibench.metrics.nvml import NvmlSampler, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer
-from sfibench.optimized.decode_attention import tile_rows
+from sfibench.runners.throughput_memory import largest_fitting_batch, planned_bytes, run_estimate
 from sfibench.workloads.replay import load_replay, step_inputs, take_rows
 
 MAX_REDONE = 3  # timed passes run again because they had to capture a graph (measure)
-EVIDENCE_ROWS = 64  # last prompt queries kept at prefill (SnapKV's window; SFI uses 16 of them)
-SCORE_CHUNK = 64  # query rows whose float32 scores a bootstrap materialises at once (memory estimate)
 
 
 @dataclass
@@ -63,29 +61,20 @@ def method_specs(cfg: ThroughputConfig, context: int) -> list[MethodSpec]:
     return specs
 
 
-def method_state_bytes(cfg: ThroughputConfig, dims, dtype_bytes: int) -> tuple[int, int]:
-    """(bytes per sequence and token, bytes per sequence) of the largest method state the run allocates (one
-    method runs at a time), for the memory check; each method's MethodConfig.state_bytes counts its own."""
-    tile = tile_rows(dims.head_dim, dtype_bytes)
-    states = [spec.config.state_bytes(dims, spec.path, dtype_bytes, tile)
-              for spec in method_specs(cfg, max(cfg.contexts))]
-    return max(states, default=(0, 0), key=lambda state: state[0] * max(cfg.contexts) + state[1])
-
-
 def largest_batch(session: Session, cfg: ThroughputConfig, context: int) -> int:
-    steps = cfg.steps
-    est = estimate_memory(session.loaded.config, 1, context + steps + 1, session.cache_dtype_bytes,
-                          prefill_chunk=SCORE_CHUNK, **_state_bytes(session, cfg))
-    room = 0.9 * session.memory_for_estimate() - est["fixed_bytes"]
-    per_sequence = est["per_sequence_bytes"] + (context + steps + 1) * est["per_sequence_token_bytes"]
-    if room < per_sequence:
-        raise MemoryEstimateError(f"not even batch 1 fits at {context} tokens; use a shorter --ctx")
-    return int(room // per_sequence)
+    """The largest batch whose memory estimate fits at `context` (runners/throughput_memory.py); refused
+    with the one-line error before anything is allocated where not even one sequence fits."""
+    max_seq = context + cfg.steps + 1
+    synthetic = _synthetic(cfg, context)
+    specs = method_specs(cfg, context)
+    batch = largest_fitting_batch(session, specs, max_seq, synthetic)
+    if batch < 1:
+        check_fits(run_estimate(session, specs, 1, max_seq, synthetic), planned_bytes(session))
+    return batch
 
 
-def _state_bytes(session: Session, cfg: ThroughputConfig) -> dict:
-    token, sequence = method_state_bytes(cfg, session.loaded.config, session.cache_dtype_bytes)
-    return {"method_token_bytes": token, "method_sequence_bytes": sequence}
+def _synthetic(cfg: ThroughputConfig, context: int) -> bool:
+    return cfg.prefill == "synthetic" or (cfg.prefill == "auto" and context >= 16384)
 
 
 def prepare_cache(session: Session, cfg: ThroughputConfig, context: int, batch: int, stream: torch.Tensor,
@@ -95,19 +84,18 @@ def prepare_cache(session: Session, cfg: ThroughputConfig, context: int, batch: 
     Returns the snapshot, whether it was synthetic, and the fill's wall time in seconds (the device
     synchronised at both ends; allocation excluded). Decode throughput never includes it (SPEC 7).
     """
-    steps, mode = cfg.steps, cfg.prefill
+    steps = cfg.steps
     max_seq = context + steps + 1
     session.cache = None
     if session.device.type == "cuda":
         torch.cuda.empty_cache()
-    est = estimate_memory(session.loaded.config, batch, max_seq, session.cache_dtype_bytes,
-                          prefill_chunk=SCORE_CHUNK, **_state_bytes(session, cfg))
-    check_fits(est, session.memory_for_estimate())
+    check_fits(run_estimate(session, method_specs(cfg, context), batch, max_seq, _synthetic(cfg, context)),
+               planned_bytes(session))
     if context + steps > session.max_tokens:
         raise MemoryEstimateError(f"context {context} + {steps} steps exceeds the model's limit of "
                                   f"{session.max_tokens} tokens; use a shorter --ctx")
     session.cache = KVCache(session.loaded.config, batch, max_seq, session.device, session.dtype)
-    synthetic = mode == "synthetic" or (mode == "auto" and context >= 16384)
+    synthetic = _synthetic(cfg, context)
     cfg = session.loaded.config
     prompts = None if synthetic else take_rows(stream, 0, batch, context).tolist()
     _synchronize(session.device)
@@ -219,6 +207,9 @@ def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: 
                    "captured": len(runner.graphs), "capture_seconds": runner.capture_seconds,
                    "length_bucket": runner.length_bucket, "timed_passes_redone": facts["passes_redone"]},
         "peak_memory_bytes": torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None,
+        # beside the peak of this method's decode: what the estimate planned for it (metrics/memory.py)
+        "memory_estimate": memory_record(run_estimate(session, [spec], batch, session.cache.max_seq,
+                                                      _synthetic(cfg, context))),
         # the sampler also ran through the redone passes
         "energy": energy | energy_per_token(energy, batch * cfg.steps * (cfg.repeats + facts["passes_redone"])),
     }
@@ -266,13 +257,17 @@ def measure_all(session: Session, cfg: ThroughputConfig, progress=None) -> list[
     floors = {batch: weights_floor_seconds(session.loaded.model, batch, session.device) for batch in dict.fromkeys(batches)}
     for context in cfg.contexts:
         for batch in dict.fromkeys(batches):
+            if session.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(session.device)
             prefilled, synthetic, prefill_seconds = prepare_cache(session, cfg, context, batch, stream, seed=0)
+            prefill_peak = torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None
             # every sequence replays its own stretch of text, starting where its prompt would end
             inputs = step_inputs(take_rows(stream, context, batch, cfg.steps + 1), session.device)
             for spec in method_specs(cfg, context):
                 row = measure(session, prefilled, spec, cfg, inputs, tokenizer, context)
                 row["prefill"] = "synthetic" if synthetic else "real"
                 row["prefill_seconds"] = prefill_seconds
+                row["prefill_peak_memory_bytes"] = prefill_peak  # weights, cache and the prefill's transients
                 row["weights_floor"] = floors[batch]
                 rows.append(row)
                 if progress:

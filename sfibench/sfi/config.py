@@ -19,6 +19,8 @@ from sfibench.sfi import geometry, traffic
 from sfibench.sfi.recall import SFIRecall
 from sfibench.sfi.selector import SelectorConfig
 
+EVIDENCE_CHUNK_BYTES = 1 << 30  # float32 evidence the Selector takes at once (layers are chunked to fit)
+
 PUBLISH_POLICIES = ("next_step", "when_ready")
 
 
@@ -72,6 +74,14 @@ class SFIConfig(MethodConfig):
         # two buffers of int64 positions per KV head, and the step's queries kept for the refresh
         positions = 2 * mc.num_layers * mc.num_kv_heads * self.k_head * 8
         return 0, positions + mc.num_layers * mc.num_heads * mc.head_dim * dtype_bytes
+
+    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
+        """A refresh's float32 evidence, one chunk of layers at a time (SFIMethod.refresh), bootstrap's
+        `w_prefill` query rows the widest, and the Selector's scores over it, one more of the same size."""
+        mc = model_config
+        evidence = len(mc.global_layers) * mc.num_heads * self.w_prefill * max_seq * 4
+        per_layer = mc.num_heads * self.w_prefill * max_seq * 4
+        return 2 * max(min(evidence, EVIDENCE_CHUNK_BYTES), per_layer)
 
     def refresh_bytes(self, model_config, context: int, path: str, dtype_bytes: int) -> float:
         layers = len(model_config.global_layers) / self.layer_groups

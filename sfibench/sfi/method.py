@@ -21,13 +21,12 @@ from sfibench.engine.context import StepContext
 from sfibench.engine.method import AttentionMethod, StepPlan
 from sfibench.engine.prefill import Prefilled
 from sfibench.sfi import geometry
-from sfibench.sfi.config import PUBLISH_POLICIES
+from sfibench.sfi.config import EVIDENCE_CHUNK_BYTES, PUBLISH_POLICIES
 from sfibench.sfi.selector import select
 from sfibench.sfi.state import SelectionState
 from sfibench.sfi.transfer import layer_index, pinned
 from sfibench.sfi.triggers import SlowStepScheduler, token_byte_table, token_classes
 
-EVIDENCE_CHUNK_BYTES = 1 << 30  # float32 evidence the Selector takes at once (layers are chunked to fit)
 
 
 class SFIMethod(AttentionMethod):

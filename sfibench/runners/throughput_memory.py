@@ -1,0 +1,48 @@
+"""`sfibench throughput`'s memory plan: the estimate (metrics/memory.py) of a run of these methods, the
+bytes it may plan with, and the largest batch that fits, asked of each method through the registry."""
+
+from __future__ import annotations
+
+from sfibench.core.device import total_device_memory
+from sfibench.engine.method import MethodSpec
+from sfibench.engine.session import Session
+from sfibench.metrics.memory import estimate_memory, largest_batch, planning_bytes
+from sfibench.optimized.decode_attention import tile_rows
+
+
+def method_bytes(specs: list[MethodSpec], dims, dtype_bytes: int, batch: int, max_seq: int) -> dict:
+    """The state and workspace of the run's largest method at this shape (one method runs at a time): the
+    method's own MethodConfig.state_bytes and workspace_bytes."""
+    tile = tile_rows(dims.head_dim, dtype_bytes)
+    best = {"method_token_bytes": 0, "method_sequence_bytes": 0, "method_workspace_bytes": 0}
+    for spec in specs:
+        token, sequence = spec.config.state_bytes(dims, spec.path, dtype_bytes, tile)
+        workspace = spec.config.workspace_bytes(dims, spec.path, dtype_bytes, batch, max_seq)
+        if batch * (max_seq * token + sequence) + workspace > \
+                batch * (max_seq * best["method_token_bytes"] + best["method_sequence_bytes"]) \
+                + best["method_workspace_bytes"]:
+            best = {"method_token_bytes": token, "method_sequence_bytes": sequence,
+                    "method_workspace_bytes": workspace}
+    return best
+
+
+def run_estimate(session: Session, specs: list[MethodSpec], batch: int, max_seq: int, synthetic: bool) -> dict:
+    """The estimate of a run of `specs` at this shape, on the session's device."""
+    dims, nbytes = session.loaded.config, session.cache_dtype_bytes
+    return estimate_memory(dims, batch, max_seq, nbytes, synthetic_prefill=synthetic,
+                           gpu=session.device.type == "cuda", **method_bytes(specs, dims, nbytes, batch, max_seq))
+
+
+def planned_bytes(session: Session) -> int:
+    """What a run on this session may plan to fill (metrics/memory.py's MARGIN of the device)."""
+    return planning_bytes(total_device_memory(session.device), session.memory_for_estimate())
+
+
+def largest_fitting_batch(session: Session, specs: list[MethodSpec], max_seq: int, synthetic: bool) -> int:
+    """The largest batch whose estimate fits the planned bytes at `max_seq` cache slots (0: none)."""
+    dims, nbytes = session.loaded.config, session.cache_dtype_bytes
+
+    def method_at(batch: int, slots: int) -> dict:
+        return method_bytes(specs, dims, nbytes, batch, slots)
+
+    return largest_batch(run_estimate(session, specs, 1, max_seq, synthetic), planned_bytes(session), method_at)

@@ -1,0 +1,134 @@
+"""The memory estimate: its parts by hand, the largest batch on a stated H200 (pure arithmetic), the
+one-line refusal naming what fits, and the estimate against the CPU allocator's peak of real runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from allocator import AllocatorPeak
+from sfibench import registry
+from sfibench.engine.session import Session
+from sfibench.metrics.memory import (
+    GIB,
+    MARGIN,
+    MemoryEstimateError,
+    check_fits,
+    estimate_memory,
+    largest_batch,
+    planning_bytes,
+)
+from sfibench.models.presets import get_preset
+from sfibench.runners.throughput_measure import ThroughputConfig, measure, method_specs, prepare_cache
+from sfibench.runners.throughput_memory import method_bytes, run_estimate
+from sfibench.workloads.replay import load_replay, step_inputs, take_rows
+
+TINY = get_preset("tiny-llama")  # 2 layers, 4 heads, 2 KV heads, head_dim 16, vocab 320, 94,528 parameters
+H200_BYTES = int(139.8 * GIB)  # what torch reports as an H200's memory
+STEPS = 128
+LONGEST = 131072 - STEPS  # `--ctx max` of the Qwen3 presets at the default GPU steps
+FAMILY_METHODS = ("full_kv", "sfi", "streaming_llm", "snapkv")  # `sfibench throughput`'s default methods
+
+
+def test_the_parts_by_hand():
+    est = estimate_memory(TINY, batch=2, max_seq=100, dtype_bytes=2, method_token_bytes=8, method_sequence_bytes=50,
+                          method_workspace_bytes=1000)
+    assert est["weights"] == 94528 * 2  # no RoPE table off the GPU
+    assert est["kv_cache"] == 2 * 100 * (2 * 2 * 16 * 2 * 2)  # B * S * layers*heads*dim*(K,V)*bytes
+    assert est["key_norms"] == 2 * 100 * (2 * 2 * 4)  # float32 [L, B, H_kv, S]
+    assert est["snapshot"] == 2 * (2 * 4 * 64 * 16 * 2 + 320 * 4)  # the last 64 prompt queries + logits
+    assert est["method_state"] == 2 * (100 * 8 + 50)
+    assert est["decode_workspace"] == 1000 + 2 * 320 * 4  # the method's, then a logits row per sequence
+    assert est["prefill_workspace"] == 100 * 17 * 4  # synthetic: one chunk of float32 key norms
+    assert est["workspace"] == max(est["decode_workspace"], est["prefill_workspace"])
+    parts = ("weights", "kv_cache", "key_norms", "snapshot", "method_state", "workspace")
+    assert est["total"] == sum(est[part] for part in parts)
+    gpu = estimate_memory(TINY, batch=2, max_seq=100, dtype_bytes=2, gpu=True)
+    assert gpu["weights"] == est["weights"] + 4096 * 2 * 16 * 2  # the position table decode gathers from
+
+
+def test_a_real_prefill_plans_for_one_chunk_of_one_sequence():
+    """A real prefill runs one sequence at a time: its workspace does not grow with the batch."""
+    one = estimate_memory(TINY, batch=1, max_seq=3000, dtype_bytes=4, synthetic_prefill=False)
+    four = estimate_memory(TINY, batch=4, max_seq=3000, dtype_bytes=4, synthetic_prefill=False)
+    assert one["prefill_workspace"] == four["prefill_workspace"] > one["decode_workspace"]
+
+
+@pytest.mark.parametrize("model, expected", [("qwen3-0.6b", 8), ("qwen3-1.7b", 8), ("qwen3-4b", 6),
+                                             ("qwen3-8b", 5), ("qwen3-14b", 4), ("qwen3-32b", 1)])
+def test_the_largest_batch_at_128k_on_an_h200(model, expected):
+    """`--batch max` at 128K for the default methods on both paths, planned with MARGIN of a 139.8 GiB
+    H200, by arithmetic only. The KV cache alone would allow 9 sequences of qwen3-0.6b and 6 of qwen3-8b;
+    the optimized SFI's state (float32 evidence per query head and slot, two compact K/V buffers per
+    layer) and the largest bootstrap's transient take the rest."""
+    dims = get_preset(model)
+    cfg = ThroughputConfig(model=model, contexts=[LONGEST], batches=["max"], steps=STEPS,
+                           methods=[(name, path) for name, path in registry.available() if name in FAMILY_METHODS])
+    specs, slots = method_specs(cfg, LONGEST), LONGEST + STEPS + 1
+
+    def method_at(batch, max_seq):
+        return method_bytes(specs, dims, 2, batch, max_seq)
+
+    planned = planning_bytes(H200_BYTES, H200_BYTES)
+    assert planned == int(MARGIN * H200_BYTES)
+    first = estimate_memory(dims, 1, slots, 2, gpu=True, **method_at(1, slots))
+    batch = largest_batch(first, planned, method_at)
+    assert batch == expected
+    fits = estimate_memory(dims, batch, slots, 2, gpu=True, **method_at(batch, slots))
+    over = estimate_memory(dims, batch + 1, slots, 2, gpu=True, **method_at(batch + 1, slots))
+    assert fits["total"] <= planned < over["total"]
+    kv_only = (planned - dims.num_params() * 2) // (slots * dims.kv_bytes_per_token(2))
+    assert batch <= kv_only
+
+
+def test_a_shape_that_does_not_fit_is_one_line_naming_what_fits():
+    est = estimate_memory(TINY, batch=4, max_seq=1000, dtype_bytes=2)
+    check_fits(est, est["total"])  # exactly enough
+    with pytest.raises(MemoryEstimateError) as info:
+        check_fits(est, est["total"] - 1)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "batch 4 x 1000 tokens" in message and "What fits: batch 3 at 1000 tokens" in message
+    allowed = int(message.split(" or ")[1].split(" tokens at batch 4")[0])
+    assert estimate_memory(TINY, 4, allowed, 2)["total"] <= est["total"] - 1
+    assert estimate_memory(TINY, 4, allowed + 1, 2)["total"] > est["total"] - 1
+    with pytest.raises(MemoryEstimateError, match="weights and workspace alone do not fit"):
+        check_fits(est, est["weights"])
+
+
+CONTEXT, BATCH = 3072, 2  # tiny models at a context where the cache, not Python's small tensors, is most
+
+
+# Reference paths whose decode transients no MethodConfig.workspace_bytes declares yet (measured here: the
+# run's peak is 24-40% above the estimate); strict, so the mark fails once a declaration closes the gap.
+UNDECLARED = {"quest": "Quest's page scoring", "sfi": "the reference Selector's copies of the evidence",
+              "streaming_llm": "the tail attention's gathered keys"}
+
+
+def _reference_cases():
+    for name, path in registry.available():
+        if path == "reference":
+            marks = [pytest.mark.xfail(strict=True, reason=f"undeclared workspace: {UNDECLARED[name]}")] \
+                if name in UNDECLARED else []
+            yield pytest.param(name, path, marks=marks)
+
+
+@pytest.mark.parametrize("name, path", list(_reference_cases()))
+def test_the_estimate_is_the_cpu_allocators_peak(name, path):
+    """A throughput run of each method (synthetic prefill, then the method's bootstrap and decode steps) on
+    tiny-qwen3 in float32: the peak of torch's CPU allocator from before the cache is allocated to the end,
+    plus the weights already held, is the estimate within 10%. The optimized paths run Triton's interpreter
+    here, whose buffers are not the GPU's; the GPU test (tests/test_memory_gpu.py) checks those."""
+    session = Session.open("tiny-qwen3", "cpu", dtype="float32")
+    cfg = ThroughputConfig(model="tiny-qwen3", contexts=[CONTEXT], batches=[BATCH], methods=[(name, path)],
+                           steps=8, repeats=1, prefill="synthetic", graphs=False)
+    stream, tokenizer = load_replay(session.loaded.config.vocab_size, session.loaded.tokenizer)
+    inputs = step_inputs(take_rows(stream, CONTEXT, BATCH, cfg.steps + 1), session.device)
+    specs = method_specs(cfg, CONTEXT)
+    with AllocatorPeak() as run:
+        prefilled, _, _ = prepare_cache(session, cfg, CONTEXT, BATCH, stream, seed=0)
+        for spec in specs:
+            measure(session, prefilled, spec, cfg, inputs, tokenizer, CONTEXT)
+    weights = session.loaded.config.num_params() * 4
+    estimate = run_estimate(session, specs, BATCH, CONTEXT + cfg.steps + 1, synthetic=True)["total"]
+    assert run.peak + weights == pytest.approx(estimate, rel=0.10)
