@@ -1,0 +1,26 @@
+"""The memory estimate against torch.cuda.max_memory_allocated on a GPU, two presets at small contexts:
+every method's optimized decode (CUDA graphs on) peaks within 10% of what the estimate planned for it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sfibench import registry
+from sfibench.engine.session import Session
+from sfibench.runners.throughput_measure import ThroughputConfig, measure_all
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("model", ["qwen3-0.6b", "qwen3-1.7b"])
+def test_every_methods_peak_is_its_estimate(model):
+    session = Session.open(model, "cuda")
+    methods = [(name, "optimized") for name in registry.names() if (name, "optimized") in registry.available()]
+    cfg = ThroughputConfig(model=model, contexts=[16384], batches=[2], methods=methods, steps=32, repeats=1,
+                           prefill="synthetic")
+    rows = measure_all(session, cfg)
+    assert rows
+    for row in rows:
+        estimate = row["memory_estimate"]["decode_total"]
+        assert row["peak_memory_bytes"] == pytest.approx(estimate, rel=0.10), (row["method"], row.get("publish"))
