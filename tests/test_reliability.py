@@ -317,3 +317,87 @@ def test_a_run_started_while_another_writes_the_folder_is_refused_by_the_cli(tmp
         result = CliRunner().invoke(app, ["stability", "--model", "tiny-llama", "--out", "run"])
     one_line_error(result, "being written by another sfibench run", f"process {os.getpid()}", "--out")
     assert list((tmp_path / "run").iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------- SIGTERM
+
+# The quality run of test_resume.py, in a process of its own whose 5th decode pass (of 12 or more; 18
+# sample results in all) waits for a signal: the test sends SIGTERM once it is there, as `timeout` would.
+WAIT_AT_DECODE = """
+import signal, sys
+from pathlib import Path
+from sfibench.runners import quality_batch
+from sfibench.cli import app
+
+decode, calls = quality_batch._decode, [0]
+
+def waiting(*args, **kwargs):
+    calls[0] += 1
+    if calls[0] == 5:
+        Path(sys.argv[1]).write_text("waiting")
+        while True:
+            signal.pause()
+    return decode(*args, **kwargs)
+
+quality_batch._decode = waiting
+app(sys.argv[2:])
+"""
+
+
+def test_sigterm_saves_renders_says_how_to_resume_and_resuming_gives_the_whole_run(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_resume import CLI_RUN, RUN
+
+    from sfibench.reporting.results import read_results
+    from sfibench.runners.quality import run_quality
+    from sfibench.runners.quality_inputs import quality_run
+
+    out, marker = tmp_path / "run", tmp_path / "waiting"
+    env = {**os.environ, "COLUMNS": "200"}
+    process = subprocess.Popen([sys.executable, "-c", WAIT_AT_DECODE, str(marker), *CLI_RUN, "--out", str(out)],
+                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not marker.exists() and process.poll() is None:  # waits for a state, asserts no duration
+            time.sleep(0.2)
+        assert marker.exists(), process.communicate()
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr
+    message = " ".join(stderr.split())
+    assert "terminated (SIGTERM):" in message and f"--out {out} --resume" in message, message
+    assert "Traceback" not in stderr
+    stopped = read_results(out)
+    assert 0 < len(stopped["samples"]) < 18 and stopped["results"]["complete"] is False
+    assert "Partial run" in (out / "report.md").read_text()
+
+    result = CliRunner().invoke(app, [*CLI_RUN, "--out", str(out), "--resume"])
+    assert result.exit_code == 0, result.output
+    whole = read_results(run_quality(quality_run(**RUN, out=tmp_path / "whole")))
+    resumed = read_results(out)
+    assert resumed["results"]["cells"] == whole["results"]["cells"] and resumed["samples"] == whole["samples"]
+
+
+def test_sigterm_before_anything_finished_leaves_nothing_and_exits_143(tmp_path, monkeypatch):
+    import signal
+
+    from test_resume import CLI_RUN
+
+    from sfibench.runners import quality_batch
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered to this process's handler, as from outside
+        raise AssertionError("SIGTERM did not stop the run")
+
+    monkeypatch.setattr(quality_batch, "_decode", terminated)
+    previous = signal.getsignal(signal.SIGTERM)
+    result = CliRunner().invoke(app, [*CLI_RUN, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 143, result.output
+    assert "terminated (SIGTERM): nothing was saved" in " ".join(result.output.split())
+    assert not (tmp_path / "run").exists()
+    assert signal.getsignal(signal.SIGTERM) is previous  # the command put the earlier handler back

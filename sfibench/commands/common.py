@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 
 import typer
 from rich.console import Console
@@ -23,7 +25,8 @@ def user_errors():
 
     Only errors raised by validation are caught: UsageError and the equally specific classes other
     modules raise. Anything else is a bug or an environment failure and keeps its traceback. Ctrl-C
-    prints what was kept and exits 130, the shell's status for an interrupt.
+    prints what was kept and exits 130, the shell's status for an interrupt. SIGTERM (what `timeout`,
+    SLURM and Kubernetes send) stops the command the same way and exits 143 (128 + SIGTERM).
     """
     from sfibench.core.device import DeviceUnavailableError
     from sfibench.engine.prefill import PromptError
@@ -35,6 +38,8 @@ def user_errors():
     from sfibench.workloads.base import ContextSizeError, UnknownTaskError
     from sfibench.workloads.longbench import LongBenchError
 
+    terminated: list[int] = []
+    restore = _stop_on_sigterm(terminated)
     try:
         yield
     except (UsageError, UnknownModelError, UnknownMethodError, UnknownTaskError, PromptError, ContextSizeError,
@@ -44,8 +49,29 @@ def user_errors():
         raise typer.Exit(code=2) from None
     except KeyboardInterrupt as interrupt:
         kept = str(interrupt) if isinstance(interrupt, RunInterrupted) else "nothing was saved"
-        err_console.print(f"\n[bold yellow]interrupted:[/] {kept}", highlight=False, soft_wrap=True)
-        raise typer.Exit(code=130) from None
+        how = "terminated (SIGTERM)" if terminated else "interrupted"
+        err_console.print(f"\n[bold yellow]{how}:[/] {kept}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=128 + signal.SIGTERM if terminated else 130) from None
+    finally:
+        restore()
+
+
+def _stop_on_sigterm(terminated: list[int]):
+    """Make SIGTERM raise KeyboardInterrupt, so it unwinds like Ctrl-C: each runner saves what is finished
+    and says how to continue. Returns what puts the earlier handler back. Python installs handlers only
+    from the main thread; elsewhere SIGTERM keeps its earlier meaning."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the save short
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, stop)
+    # None: a handler installed outside Python, which cannot be put back; the default is the nearest
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def print_error(error: Exception) -> None:
