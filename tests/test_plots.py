@@ -73,8 +73,9 @@ def test_profile_keeps_each_components_spread_over_the_steps_and_draws_it(tmp_pa
     drawn = []
     monkeypatch.setattr(plt.Figure, "savefig", lambda figure, *args, **kwargs: drawn.append(figure))
     chart(saved, tmp_path / "profile.png")
-    bars = [c for c in drawn[0].axes[0].containers if isinstance(c, ErrorbarContainer)]
-    assert len(bars) == 1 and bars[0].has_xerr
+    for ax in drawn[0].axes:  # a panel per step kind
+        bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+        assert len(bars) == 1 and bars[0].has_xerr
 
 
 def test_profile_report_shows_the_refresh_parts_only_when_the_run_timed_them():

@@ -41,12 +41,12 @@ def _row(method: str, tok_s: list[float], read: float) -> dict:
             "mean_slow_interval": None}  # a method without slow steps
 
 
-@pytest.mark.parametrize("sparse_read,sparse_tok_s,supported", [
-    (4096, [30.0, 31.0, 32.0], False),  # as many tokens read as Full-KV: a faster sparse row only shows a slow dense path
-    (1000, [10.5, 11.0, 11.5], False),  # fewer tokens, but the tok/s ranges overlap: within the noise
-    (1000, [30.0, 31.0, 32.0], True),  # fewer tokens and clearly separated
+@pytest.mark.parametrize("sparse_read,sparse_tok_s,supported,cell", [
+    (4096, [30.0, 31.0, 32.0], False, "= same tokens"),  # as many tokens read as Full-KV: only a slow dense path
+    (1000, [10.5, 11.0, 11.5], False, "= in the noise"),  # fewer tokens, but the tok/s ranges overlap
+    (1000, [30.0, 31.0, 32.0], True, "2.82x"),  # fewer tokens and clearly separated
 ])
-def test_speedup_is_claimed_only_where_the_run_supports_it(sparse_read, sparse_tok_s, supported):
+def test_speedup_is_claimed_only_where_the_run_supports_it(sparse_read, sparse_tok_s, supported, cell):
     from sfibench.reporting.throughput_report import table_rows
     from sfibench.runners.throughput_measure import add_comparisons
 
@@ -57,8 +57,8 @@ def test_speedup_is_claimed_only_where_the_run_supports_it(sparse_read, sparse_t
     assert rows[1]["speedup_supported"] is supported
     # every sparse row gets its roofline speedup; K and V of a token: 2 layers x 2 KV heads x 2 x 16 dims x 4 bytes
     assert rows[1]["roofline_speedup"] == pytest.approx((5e5 + 4096 * 512) / (5e5 + sparse_read * 512))
-    speedup_cell = table_rows(rows)[1][-2]
-    assert (speedup_cell != "-") is supported
+    assert table_rows(rows)[1][-2] == cell
+    assert table_rows(rows)[0][-2] == "ref"  # the Full-KV row every ratio at this shape is measured against
 
 
 def test_replay_stream_carries_real_sentence_boundaries():
@@ -218,16 +218,26 @@ def test_method_path_pinning():
     assert resolve_methods(["sfi/reference", "snapkv"], ["optimized"]) == [("sfi", "reference"), ("snapkv", "optimized")]
 
 
-def test_profile_breaks_a_step_into_components(tmp_path):
+def test_profile_breaks_a_step_of_every_kind_into_components(tmp_path, capfd):
+    """No arguments beyond a short run: SFI's fast step and a slow step with its Selector stages, each
+    kind holding only what ran in it, no profiler chatter on stderr, and the same steps timed unprofiled."""
     out = tmp_path / "profile"
     result = runner.invoke(app, ["profile", "--ctx", "3000", "--steps", "4", "--out", str(out)])
     assert result.exit_code == 0, result.output
+    assert "USDT" not in capfd.readouterr().err
     saved = json.loads((out / "results.json").read_text())["results"]
-    parts = saved["ms_per_step"]
-    assert {"attention", "MLP", "q/k/v/o projections", "selector: top-K", "sparse index build",
-            "other model ops"} <= set(parts)
-    assert parts["attention"] > 0 and parts["MLP"] > 0
-    assert sum(parts.values()) == pytest.approx(saved["wall_ms_per_step"], rel=0.05)
+    fast, slow = saved["by_kind"]["fast"], saved["by_kind"]["slow"]
+    assert {"attention", "MLP", "q/k/v/o projections", "sparse index build", "other model ops"} <= set(fast["ms_per_step"])
+    assert not any(name.startswith("selector") for name in fast["ms_per_step"])  # a fast step runs no Selector
+    assert {"selector: top-K", "selector: evidence logits"} <= set(slow["ms_per_step"])
+    assert saved["step_kinds"].count("fast") == 4 and saved["step_kinds"].count("slow") >= 1
+    for part in (fast, slow):
+        assert part["ms_per_step"]["attention"] > 0
+        assert sum(part["ms_per_step"].values()) == pytest.approx(part["wall_ms_per_step"], rel=0.05)
+    assert saved["ms_per_step"] == fast["ms_per_step"]  # the main kind, as graphed runs and the gate read it
+    assert set(saved["step_ms_by_kind"]) == {"fast", "slow"}
+    report = (out / "report.md").read_text()
+    assert "## slow step" in report and "Without the profiler" in report and "profiler's own cost" in report
     assert (out / "profile.png").exists()
     bad = runner.invoke(app, ["profile", "--method", "h2o", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "valid methods" in bad.output
@@ -273,7 +283,7 @@ def test_profile_splits_slow_steps_by_selector_stage():
     spec = MethodSpec("sfi", "reference", SFIConfig(trigger=TriggerConfig(policy="fixed", interval=2, min_gap=1)))
     result = profile_steps(Session.open("tiny-llama", "cpu", "float32"), spec, 3000, 4)
     assert "slow" in result["step_kinds"]
-    parts = result["ms_per_step"]
+    parts = result["by_kind"]["slow"]["ms_per_step"]
     for stage in ("evidence logits", "power-mean pooling", "prior + fusion", "soft-NMS", "top-K"):
         assert parts[f"selector: {stage}"] > 0, stage
 

@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from sfibench.reporting.formatting import commit_label
-from sfibench.reporting.plot_style import context_axis, context_label, legend_below, save, yerr
+from sfibench.reporting.plot_style import context_axis, context_label, legend_below, save, wrapped, yerr
 from sfibench.reporting.results import read_results, write_results, write_text_atomically
 from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.reporting.run_metrics import device_identity, extract
@@ -151,8 +151,9 @@ def _plot_metric(name: str, rows: list[dict], runs: list[dict], run_dir: Path) -
                                                           [None if c is None else c[2] for c in changes]),
                                 marker="s", ms=4, capsize=3, ls="none", color=f"C{i}")
         bottom.axhline(0.0, color="grey", lw=0.8)
-        top.set_ylabel(f"{name} ({unit})" if unit else name, fontsize=8)
-        bottom.set_ylabel(f"change vs run 1 ({unit})" if unit else "change vs run 1", fontsize=8)
+        # a long unit stays within the panel's height, which is all a vertical label has
+        top.set_ylabel(wrapped(f"{name} ({unit})" if unit else name, 36), fontsize=8)
+        bottom.set_ylabel(wrapped(f"change vs run 1 ({unit})" if unit else "change vs run 1", 24), fontsize=8)
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
         if by_context:

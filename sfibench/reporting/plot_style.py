@@ -2,18 +2,20 @@
 
 - a measured spread or interval on every point (`yerr`: asymmetric bars, never negative);
 - contexts on a log2 axis with a tick, labelled, at every context that was measured and no others;
-- one legend per figure, below the panels, so it never covers data.
+- one legend per figure, below the panels, so it never covers data;
+- log axes labelled at a few round values only (`log_axis`), so tick labels never run into each other.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import LogLocator, MaxNLocator, NullFormatter, NullLocator, ScalarFormatter
 
 
 def yerr(values: list[float | None], lows: list[float | None], highs: list[float | None]) -> list[list[float]]:
@@ -49,16 +51,47 @@ def context_axis(ax, contexts: list[int], label: str = "context (tokens)") -> No
     ax.set_xlabel(label)
 
 
+def log_axis(ax, axis: str = "y") -> None:
+    """A log scale labelled in plain numbers (20, not 2 x 10^1) at 1, 2 and 5 per decade (only powers of ten
+    over a wide span, a few round values over a narrow one) and no labels on minor ticks: matplotlib's own
+    minor labels on a log axis print 60 70 80 90 into one another. Call after the data is drawn."""
+    which = ax.yaxis if axis == "y" else ax.xaxis
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    low, high = ax.get_ylim() if axis == "y" else ax.get_xlim()
+    decades = math.log10(high / low) if low > 0 and high > low else 1.0
+    if decades > 0.6:
+        which.set_major_locator(LogLocator(base=10, subs=(1.0,) if decades > 3 else (1.0, 2.0, 5.0)))
+    else:  # under a factor of four no 1-2-5 value may fall inside: round values, as on a linear axis
+        which.set_major_locator(MaxNLocator(nbins=4))
+    formatter = ScalarFormatter()
+    formatter.set_useOffset(False)
+    which.set_major_formatter(formatter)
+    which.set_minor_locator(LogLocator(base=10, subs=tuple(float(k) for k in range(2, 10))))
+    which.set_minor_formatter(NullFormatter())
+
+
 def legend_below(fig, axes, columns: int = 4) -> None:
     """One legend for the whole figure, outside and under its panels (the figure must use
-    layout="constrained", which makes room for it); a label used in several panels appears once."""
+    layout="constrained", which makes room for it); a label used in several panels appears once. Columns
+    are dropped until the legend fits the figure's width, so no entry is cut at an edge."""
     handles = {}
     for ax in axes:
         for handle, text in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(text, handle)
-    if handles:
-        fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=max(1, min(columns, len(handles))),
-                   fontsize=8, frameon=False)
+    if not handles:
+        return
+    renderer = fig.canvas.get_renderer()
+    for ncol in range(max(1, min(columns, len(handles))), 0, -1):
+        legend = fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=ncol, fontsize=8,
+                            frameon=False)
+        if ncol == 1 or legend.get_window_extent(renderer).width <= 0.98 * fig.bbox.width:
+            return
+        legend.remove()
+
+
+def wrapped(text: str, width: int) -> str:
+    """A label broken into lines of at most `width` characters, so it stays inside a narrow figure."""
+    return "\n".join(textwrap.wrap(text, width)) or text
 
 
 def save(fig, path) -> None:

@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from sfibench import registry
-from sfibench.reporting.plot_style import context_label, legend_below, save, yerr
+from sfibench.reporting.plot_style import context_label, legend_below, save, wrapped, yerr
 from sfibench.reporting.results import read_results
 from sfibench.reporting.run_metrics import interval
 
@@ -94,7 +94,7 @@ def plot_accuracy(cells: list[dict], path: Path, scope: dict) -> Path | None:
             ax.set_ylim(-0.05, 1.05)
             ax.grid(alpha=0.3)
             if i == len(tasks) - 1:
-                ax.set_xlabel(_xlabel(scope))
+                ax.set_xlabel(wrapped(_xlabel(scope), 40))
             if j == 0:
                 ax.set_ylabel("accuracy (share, 95% CI)")
     legend_below(fig, axes.flat)
@@ -126,7 +126,9 @@ def plot_fidelity(cells: list[dict], intervals: dict, path: Path) -> Path | None
                 ax.text(0.5, 0.5, "not applicable", ha="center", va="center", transform=ax.transAxes)
             ax.set_title(f"{task}", fontsize=9)
             ax.set_ylabel(label, fontsize=8)
-            ax.set_xticks(retentions, [f"{r:g}" for r in retentions])
+            # retentions crowd at the low end (0.1, 0.15, 0.2): slanted labels keep them apart
+            slant = {"rotation": 45, "ha": "right", "fontsize": 7} if len(retentions) > 4 else {}
+            ax.set_xticks(retentions, [f"{r:g}" for r in retentions], **slant)
             ax.set_xlabel("nominal retention (budget / context)")
             ax.grid(alpha=0.3)
     legend_below(fig, axes.flat, columns=2 * len(contexts))
@@ -153,7 +155,7 @@ def plot_perplexity(cells: list[dict], intervals: dict, path: Path, scope: dict)
                         color=COLORS.get(method), label=method)
         n = next(c["n"] for c in ppl if c["context"] == context)
         ax.set_title(f"ppl @ {context_label(context)} tokens (n={n})", fontsize=9)
-        ax.set_xlabel(_xlabel(scope))
+        ax.set_xlabel(wrapped(_xlabel(scope), 40))
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("perplexity (exp of mean NLL per token)")
     legend_below(fig, axes.flat)

@@ -26,7 +26,8 @@ def render(run_dir: Path) -> list[Path]:
 
 def _throughput(run_dir: Path, document: dict) -> list[Path]:
     from sfibench.reporting.results import write_text_atomically
-    from sfibench.reporting.throughput_report import markdown, plot
+    from sfibench.reporting.throughput_plots import plot
+    from sfibench.reporting.throughput_report import markdown
 
     plots = plot(document["results"]["rows"], run_dir)
     write_text_atomically(run_dir / "report.md", markdown(document))

@@ -15,7 +15,8 @@ from functools import partial
 
 from sfibench import registry
 from sfibench.metrics.quality import mean_ci
-from sfibench.reporting.throughput_report import method_label, speedup_range
+from sfibench.reporting.speedup_claims import speedup_claim
+from sfibench.reporting.throughput_report import method_label
 
 HIGHER, LOWER, SAME, INFO = "higher", "lower", "same", "info"  # which way is better; INFO is never gated
 
@@ -157,7 +158,8 @@ def _throughput(document: dict) -> list[Metric]:
         if row.get("mean_slow_interval") is not None:
             metrics.append(metric("mean_slow_interval", row["mean_slow_interval"], SAME, "steps"))
         if row.get("speedup_vs_full_kv") is not None:
-            low, high = speedup_range(row, document["results"]["rows"])
+            claim = speedup_claim(row, document["results"]["rows"])
+            low, high = (claim.low, claim.high) if claim else (None, None)
             metrics.append(metric("speedup_vs_full_kv", row["speedup_vs_full_kv"], HIGHER, "x Full-KV", low, high,
                                   device_bound=True))
     return metrics

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from matplotlib.ticker import ScalarFormatter
 from rich.table import Table
 
-from sfibench import registry
 from sfibench.metrics.nvml import best_energy
 from sfibench.reporting.formatting import commit_label, styled_table
-from sfibench.reporting.plot_style import context_axis, legend_below, save, yerr
+from sfibench.reporting.speedup_claims import (
+    IN_NOISE,
+    MEANINGS,
+    REFERENCE,
+    SAME_TOKENS,
+    half_spread,
+    noise_note,
+    speedup_claim,
+    verdict_notes,
+)
 
 COLUMNS = ("method", "path", "ctx", "batch", "tok/s", "spread", "ms fast/dense", "ms slow", "floor ms",
            "x floor", "tokens read", "GB/s", "% roofline", "speedup", "roofline speedup")
@@ -65,17 +66,15 @@ def _ms(row: dict, kinds: tuple[str, ...]) -> str:
 def table_rows(rows: list[dict]) -> list[tuple[str, ...]]:
     out = []
     for r in rows:
-        speedup = r.get("speedup_vs_full_kv")
+        claim = speedup_claim(r, rows)  # the one rule report.md and the plots apply too
         roof = r.get("roofline_speedup")
-        if speedup and not r.get("speedup_supported", True):
-            speedup = None  # equal tokens read, or a spread that swamps the difference: no claim
         out.append((
             method_label(r), r["path"], f"{r['context']:,}", str(r["batch"]), f"{r['tokens_per_s']:,.1f}",
-            f"±{100 * r['tokens_per_s_spread']['rel_spread'] / 2:.1f}%", _ms(r, ("fast", "dense", "sparse")),
+            f"±{100 * half_spread(r):.1f}%", _ms(r, ("fast", "dense", "sparse")),
             _ms(r, ("slow",)), _floor(r, "floor ms"), _floor(r, "x floor"), f"{r['tokens_read_mean']:,.0f}",
             f"{r['achieved_gb_s']:,.0f}",
             f"{100 * r['roofline_efficiency']:.0f}%" if "roofline_efficiency" in r else "-",
-            f"{speedup:.2f}x" if speedup else "-", f"{roof:.2f}x" if roof else "-",
+            claim.cell() if claim else "-", f"{roof:.2f}x" if roof else "-",
         ))
     return out
 
@@ -87,20 +86,42 @@ NUMERIC = ("ctx", "batch", "tok/s", "spread", "ms fast/dense", "ms slow", "floor
 GPU_ONLY = ("GB/s", "% roofline", "roofline speedup")
 
 
+def on_cpu(document: dict) -> bool:
+    return document["provenance"].get("device") == "cpu"
+
+
+def columns(document: dict, wide: bool = True) -> tuple[str, ...]:
+    """The columns a run's table shows: on a CPU, none of the bandwidth ones (a CPU's caches make bytes per
+    second against its copy bandwidth meaningless, so they read 0 or 1%)."""
+    if not wide:
+        return COMPACT_COLUMNS
+    return tuple(c for c in COLUMNS if not (on_cpu(document) and c in GPU_ONLY))
+
+
 def terminal_table(document: dict, wide: bool = False) -> Table:
     """The run's rows as `sfibench throughput` prints them when it finishes: the columns read first (tok/s
-    with its spread over the passes), or with `wide` every column of report.md (less the bandwidth ones on
-    a CPU)."""
-    on_cpu = document["provenance"].get("device") == "cpu"
-    columns = tuple(c for c in COLUMNS if not (on_cpu and c in GPU_ONLY)) if wide else COMPACT_COLUMNS
+    with its spread over the passes), or with `wide` every column of report.md. `table_notes` are printed
+    under it."""
+    shown = columns(document, wide)
     title = f"sfibench throughput: {document['config']['model']} on {document['provenance'].get('device')}"
-    table = styled_table(title, columns, NUMERIC)
-    for cells in table_rows(document["results"]["rows"]):
+    table = styled_table(title, shown, NUMERIC)
+    rows = document["results"]["rows"]
+    for cells in table_rows(rows):
         named = dict(zip(COLUMNS, cells))
         if not wide:
             named["tok/s"] = f"{named['tok/s']} {named['spread']}"
-        table.add_row(*(named[c] for c in columns))
+        table.add_row(*(named[c] for c in shown))
     return table
+
+
+def table_notes(rows: list[dict]) -> list[str]:
+    """What the speedup cells that are not ratios mean, then the noise warning, if any."""
+    cells = {claim.verdict for claim in (speedup_claim(r, rows) for r in rows) if claim and claim.verdict}
+    lines = [f"{'ref' if verdict == REFERENCE else '= ' + verdict}: "
+             + ("" if verdict == REFERENCE else "no difference measured, as the row ") + MEANINGS[verdict]
+             for verdict in (REFERENCE, SAME_TOKENS, IN_NOISE) if verdict in cells]
+    note = noise_note(rows)
+    return lines + ([note] if note else [])
 
 
 def latency_energy_rows(rows: list[dict]) -> list[tuple[str, ...]]:
@@ -119,85 +140,6 @@ def latency_energy_rows(rows: list[dict]) -> list[tuple[str, ...]]:
                         *(f"{ms[q]:.2f}" for q in ("p50", "p90", "p99", "max")),
                         *(tail if i == 0 else ("", "", ""))))
     return out
-
-
-def speedup_range(row: dict, rows: list[dict]) -> tuple[float | None, float | None]:
-    """Bounds of a row's speedup over the timed passes: its slowest pass against Full-KV's fastest, and the
-    reverse (the speedup is a ratio of pass medians, so the passes' extremes bound it)."""
-    full = [r for r in rows if r["method"] == registry.dense().name and (r["context"], r["batch"]) == (row["context"], row["batch"])
-            and r["path"] == row.get("full_kv_reference_path", r["path"])]
-    if not full:
-        return None, None
-    mine, theirs = row["tokens_per_s_spread"], full[0]["tokens_per_s_spread"]
-    return mine["min"] / theirs["max"], mine["max"] / theirs["min"]
-
-
-def plot(rows: list[dict], run_dir: Path) -> list[Path]:
-    """throughput.png (tokens/s and speedup by context, bars = range over the timed passes) and
-    latency.png (per-step latency percentiles by step kind at the longest context)."""
-    return [_throughput_figure(rows, run_dir / "throughput.png"), _latency_figure(rows, run_dir / "latency.png")]
-
-
-def _throughput_figure(rows: list[dict], path: Path) -> Path:
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
-    series: dict[tuple, list[dict]] = {}
-    for r in rows:
-        series.setdefault((method_label(r), r["path"], r["batch"]), []).append(r)
-    # colour = method and path, line and marker = batch, so sixteen series stay distinguishable
-    colours = {pair: f"C{i % 10}" for i, pair in enumerate(sorted({key[:2] for key in series}))}
-    batches = sorted({key[2] for key in series}, key=str)
-    for (method, path_name, batch), points in sorted(series.items(), key=lambda item: str(item[0])):
-        points.sort(key=lambda r: r["context"])
-        style = {"marker": "osD^"[batches.index(batch) % 4], "ls": ["-", "--", ":", "-."][batches.index(batch) % 4],
-                 "ms": 4, "capsize": 3, "color": colours[(method, path_name)], "label": f"{method}/{path_name} B={batch}"}
-        xs = [p["context"] for p in points]
-        speed = [p["tokens_per_s"] for p in points]
-        axes[0].errorbar(xs, speed, yerr=yerr(speed, [p["tokens_per_s_spread"]["min"] for p in points],
-                                              [p["tokens_per_s_spread"]["max"] for p in points]), **style)
-        if all(p.get("speedup_vs_full_kv") is not None for p in points):
-            ratio = [p["speedup_vs_full_kv"] for p in points]
-            low, high = zip(*(speedup_range(p, rows) for p in points))
-            axes[1].errorbar(xs, ratio, yerr=yerr(ratio, list(low), list(high)), **style)
-    contexts = [r["context"] for r in rows]
-    for ax, (title, unit) in zip(axes, (("decode throughput", "tokens/s (log scale)"),
-                                        ("speedup vs the fastest Full-KV path", "x Full-KV tokens/s"))):
-        context_axis(ax, contexts)
-        ax.set_title(f"{title}; bars: range over the timed passes", fontsize=9)
-        ax.set_ylabel(unit)
-        ax.grid(alpha=0.3)
-    axes[0].set_yscale("log")
-    axes[0].yaxis.set_major_formatter(ScalarFormatter())  # 20, not 2 x 10^1
-    axes[0].yaxis.set_minor_formatter(ScalarFormatter())
-    axes[1].axhline(1.0, color="grey", lw=0.8)
-    legend_below(fig, axes, columns=4)
-    save(fig, path)
-    return path
-
-
-PERCENTILES = (("p50", "C0"), ("p90", "C1"), ("p99", "C2"), ("max", "C3"))
-
-
-def _latency_figure(rows: list[dict], path: Path) -> Path:
-    longest = max(r["context"] for r in rows)
-    chosen = [r for r in rows if r["context"] == longest]
-    labels = [(r, kind) for r in chosen for kind in r["ms_per_step"]]
-    fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels) + 2), 4.8), layout="constrained")
-    for i, (r, kind) in enumerate(labels):
-        stats = r["ms_per_step"][kind]
-        ax.plot([i, i], [stats["p50"], stats["max"]], color="grey", lw=1)
-        for name, color in PERCENTILES:
-            ax.scatter([i], [stats[name]], color=color, s=18, zorder=3, label=name)
-    ax.set_xticks(range(len(labels)), [f"{method_label(r)}/{r['path']}\nB={r['batch']} {kind} (n={r['ms_per_step'][kind]['n']})"
-                                       for r, kind in labels], fontsize=7, rotation=30, ha="right")
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(ScalarFormatter())  # 4, 6, 10: not 4 x 10^0
-    ax.yaxis.set_minor_formatter(ScalarFormatter())
-    ax.set_ylabel("ms per decode step (log scale)")
-    ax.set_title(f"step latency by kind at {longest:,} tokens: spread over every timed step", fontsize=9)
-    ax.grid(alpha=0.3)
-    legend_below(fig, [ax], columns=4)
-    save(fig, path)
-    return path
 
 
 def _selector_variant(sfi: dict) -> list[str]:
@@ -241,17 +183,13 @@ def _prefill_times(rows: list[dict]) -> list[str]:
             "also pays one-time start-up (kernel compilation, library initialisation)."]
 
 
-def markdown(results: dict) -> str:
-    cfg, res, prov = results["config"], results["results"], results["provenance"]
-    rows = res["rows"]
-    lines = [
-        "# sfibench throughput", "",
-        f"Model `{cfg['model']}` ({res['weights']}), dtype {res['dtype']}, device {prov.get('device')}, "
-        f"torch {prov.get('torch')}, triton {prov.get('triton')}, commit {commit_label(prov)}, "
-        f"{prov.get('timestamp_utc')}.", "",
-        f"- Decode: {cfg['steps']} teacher-forced steps of a replayed real-text token stream per pass, one "
-        f"untimed warm-up pass, median of {cfg['repeats']} timed passes (spread = (max-min)/median/2)"
-        + _redone_passes(rows) + ".",
+def _decode_lines(cfg: dict, res: dict, cpu: bool) -> list[str]:
+    """How the steps ran: graphed or eager, where the Selector runs, which kernels the decoder used. A CPU
+    run has none of the GPU machinery, so its line says only what ran."""
+    if cpu:
+        return ["- Steps run eagerly, one after another on the CPU; the SFI Selector runs inside the slow step. "
+                "Decoder: stacked qkv and gate_up products (torch's F.linear), no fused kernels."]
+    return [
         f"- CUDA graphs: {'yes' if cfg['graphs'] else 'no (eager)'}; graphed steps read up to the next multiple of "
         f"{cfg['length_bucket']} slots with a mask (at most {cfg['length_bucket'] - 1} wasted slots per layer and KV "
         "head; the optimized kernels read every length on the device and waste none). A step mixing slow and fast "
@@ -265,6 +203,53 @@ def markdown(results: dict) -> str:
         + (f"; one loop in the two-segment split that straddles compact rows and tail: {res['straddle_one_loop']}"
            if res.get("straddle_one_loop") else "")
         + (f"; long fast-read splits (B > 1): {res['long_splits']}" if res.get("long_splits") else "") + ".",
+    ]
+
+
+def _column_notes(cpu: bool) -> str:
+    speedup = ("speedup against the fastest Full-KV path at the same shape, a ratio only where the row reads at "
+               "least 5% fewer tokens than Full-KV and the tok/s ranges over the passes do not overlap (else "
+               "`= same tokens` or `= in the noise`: no difference measured; `ref` marks the Full-KV row itself)")
+    if cpu:
+        return (f"tokens read = mean per (layer, KV head, sequence) per step; {speedup}; floor ms = the model's own "
+                "products chained eagerly at this batch, measured in the same run, + the step's K/V bytes at the "
+                "measured copy bandwidth, for the fast/dense step kind; x floor = that step's p50 / its floor.")
+    return (f"tokens read = mean per (layer, KV head, sequence) per step; GB/s and % roofline from the bytes model "
+            f"(weights + K/V read + appends + refresh traffic); {speedup}; roofline speedup = (W + B·KV_full) / "
+            "(W + B·KV_sparse + (W + B·KV_full)/N_slow); floor ms = the weights floor (the model's own GEMMs chained "
+            "in one CUDA graph at this batch, measured in the same run) + the step's K/V bytes at the copy "
+            "bandwidth, for the fast/dense step kind; x floor = that step's p50 / its floor.")
+
+
+def _latency_section(rows: list[dict], cpu: bool) -> list[str]:
+    """Per-step latency by kind; on a GPU also peak memory and NVML energy (a CPU run measures neither)."""
+    if cpu:
+        lines = ["## Step latency", "", "Latency per decode step (ms) by kind over all timed passes.", "",
+                 "| method | path | ctx | batch | step | n | p50 | p90 | p99 | max |", "|" + "---|" * 10]
+        return lines + ["| " + " | ".join(cells[:10]) + " |" for cells in latency_energy_rows(rows)] + [""]
+    lines = ["## Step latency, memory and energy", "",
+             "Latency per decode step (ms) by kind over all timed passes. Peak memory: torch's peak allocation "
+             "during the method's passes. Energy: NVML over the timed passes (gaps between passes included), "
+             "from the driver's energy counter where it exists, else the integral of the sampled power, which "
+             "lags because the driver averages power over about a second; mean W = that energy / the span.", "",
+             "| method | path | ctx | batch | step | n | p50 | p90 | p99 | max | peak GiB | mean W | J/token |",
+             "|" + "---|" * 13]
+    return lines + ["| " + " | ".join(cells) + " |" for cells in latency_energy_rows(rows)] + [""]
+
+
+def markdown(results: dict) -> str:
+    cfg, res, prov = results["config"], results["results"], results["provenance"]
+    rows, cpu = res["rows"], on_cpu(results)
+    shown = columns(results)
+    lines = [
+        "# sfibench throughput", "",
+        f"Model `{cfg['model']}` ({res['weights']}), dtype {res['dtype']}, device {prov.get('device')}, "
+        f"torch {prov.get('torch')}" + ("" if cpu else f", triton {prov.get('triton')}")
+        + f", commit {commit_label(prov)}, {prov.get('timestamp_utc')}.", "",
+        f"- Decode: {cfg['steps']} teacher-forced steps of a replayed real-text token stream per pass, one "
+        f"untimed warm-up pass, median of {cfg['repeats']} timed passes (spread = (max-min)/median/2)"
+        + _redone_passes(rows) + ".",
+        *_decode_lines(cfg, res, cpu),
         f"- Prefill: {', '.join(sorted({r['prefill'] for r in rows}))} (synthetic = random K/V written straight into "
         "the cache; speed does not depend on cache contents).",
         f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads right after a "
@@ -273,26 +258,18 @@ def markdown(results: dict) -> str:
         *_selector_variant(cfg["sfi"]),
         *_bridge_steps(cfg["sfi"]),
         *_prefill_times(rows),
-        f"- Measured copy bandwidth (read + write): {res['copy_bandwidth_gb_s']:,.0f} GB/s: the roofline ceiling.", "",
-        "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
+        *([] if cpu else [f"- Measured copy bandwidth (read + write): {res['copy_bandwidth_gb_s']:,.0f} GB/s: the "
+                          "roofline ceiling."]),
+        "",
     ]
-    lines += ["| " + " | ".join(cells) + " |" for cells in table_rows(rows)]
-    lines += ["", "tokens read = mean per (layer, KV head, sequence) per step; GB/s and % roofline from the bytes "
-              "model (weights + K/V read + appends + refresh traffic); speedup against the fastest Full-KV path at "
-              "the same shape, shown only where the row reads at least 5% fewer tokens than Full-KV and the tok/s "
-              "ranges over the passes do not overlap; roofline speedup = (W + B·KV_full) / (W + B·KV_sparse + "
-              "(W + B·KV_full)/N_slow); floor ms = the weights floor (the model's own GEMMs chained in one CUDA graph "
-              "at this batch, measured in the same run) + the step's K/V bytes at the copy bandwidth, for the "
-              "fast/dense step kind; x floor = that step's p50 / its floor.", ""]
-    lines += ["## Step latency, memory and energy", "",
-              "Latency per decode step (ms) by kind over all timed passes. Peak memory: torch's peak allocation "
-              "during the method's passes. Energy: NVML over the timed passes (gaps between passes included), "
-              "from the driver's energy counter where it exists, else the integral of the sampled power, which "
-              "lags because the driver averages power over about a second; mean W = that energy / the span.", "",
-              "| method | path | ctx | batch | step | n | p50 | p90 | p99 | max | peak GiB | mean W | J/token |",
-              "|" + "---|" * 13]
-    lines += ["| " + " | ".join(cells) + " |" for cells in latency_energy_rows(rows)]
-    lines.append("")
+    note = noise_note(rows)
+    lines += [f"**{note}**", ""] if note else []
+    lines += ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(dict(zip(COLUMNS, cells))[c] for c in shown) + " |" for cells in table_rows(rows)]
+    lines += ["", _column_notes(cpu), ""]
+    verdicts = verdict_notes(rows, method_label)
+    lines += [f"- {line[0].upper()}{line[1:]}." for line in verdicts] + ([""] if verdicts else [])
+    lines += _latency_section(rows, cpu)
     if res.get("dense_kernels"):
         lines += ["## Full-KV attention against PyTorch's SDPA backends", "",
                   "One layer's decode attention at the run's shapes (random q/K/V, bf16, L2 cleared before each "

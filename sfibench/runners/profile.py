@@ -14,13 +14,18 @@ after each refresh would show.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
 import time
-import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, schedule
+from torch.profiler import ProfilerActivity, profile
 
 from sfibench import registry
 from sfibench.engine.method import MethodSpec
@@ -38,6 +43,8 @@ from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.workloads.replay import load_replay, take_rows
 
 PROFILE_MARGIN = 8  # cache positions beyond the profiled steps: two warm-up steps and slack
+WARMUP = 2  # first decode steps left out: lazy initialisation
+SEARCH_STEPS = 128  # steps decoded, at most, to meet every step kind (SFI's t_max of 96 forces a slow step)
 
 # label -> (component name, the component it runs inside). A component's row is its own time: the
 # time of the components nested in it is subtracted, so the rows add up to the step.
@@ -71,52 +78,122 @@ def _times(event, cuda: bool) -> float:
     return getattr(event, "device_time_total", getattr(event, "cuda_time_total", 0.0)) if cuda else event.cpu_time_total
 
 
-def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int, batch: int = 1) -> dict:
+def expected_kinds(method) -> list[str]:
+    """The step kinds a method has: a refreshing method's fast and slow steps, else its one kind."""
+    return ["fast", "slow"] if method.has_slow_steps else [method.step_kind]
+
+
+@contextmanager
+def profiler_chatter_dropped():
+    """torch's profiler library prints a `USDT: ... profiler_start` / `profiler_stop` line to the process's
+    stderr (file descriptor 2, below Python) every time a profiler starts or stops. Those lines are held
+    back while profiling; anything else written there is passed on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().decode(errors="replace").splitlines(keepends=True)
+                    if not line.startswith("USDT:")]
+            if kept:
+                sys.stderr.write("".join(kept))
+
+
+def _decode(driver, method, prefilled, inputs, device, profiled=frozenset(), stop=None):
+    """Decode from the prefill, teacher-forced on `inputs`: each step's kind, wall time (µs) and, for the
+    step numbers in `profiled`, its components. Stops after the last input row or when `stop(kinds)`."""
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    kinds, walls_us, components = [], [], {}
+    driver.start(prefilled)
+    method.observe(inputs[:, 0])
+    for step in range(1, inputs.shape[1]):
+        tokens = inputs[:, step - 1].to(device)
+        recorder = profile(activities=activities) if step in profiled else contextlib.nullcontext()
+        with recorder as prof:
+            started = time.perf_counter()
+            ctx = driver.step(tokens).ctx
+            if cuda:
+                torch.cuda.synchronize()
+            walls_us.append((time.perf_counter() - started) * 1e6)
+        if step in profiled:
+            components[step] = _components(prof, cuda, walls_us[-1])
+        kinds.append(batch_step_kind(method, ctx))
+        method.observe(inputs[:, step])
+        if stop is not None and stop(kinds):
+            break
+    return kinds, walls_us, components
+
+
+def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int, batch: int = 1,
+                  search: int = SEARCH_STEPS) -> dict:
+    """Profile `steps` eager decode steps and, where they hold none, the first step of each other kind the
+    method has (SFI: a slow step with its Selector) within `search` steps.
+
+    A first pass decodes without the profiler, recording each step's kind and wall time; a second replays
+    the same teacher-forced tokens from the same prefill (so the same steps come out slow) and profiles
+    the chosen steps one by one. The first pass's times are what the profiler's own cost is judged by."""
     cfg, device = session.loaded.config, session.device
     if device.type == "cuda" and spec.path == "optimized":  # what a graphed step pays, part by part
         from sfibench.runners.profile_graphed import profile_graphed
 
         return profile_graphed(session, spec, context, steps, PROFILE_MARGIN, batch)
+    search = max(search, steps + WARMUP)
     stream, tokenizer = load_replay(cfg.vocab_size, session.loaded.tokenizer)
-    cache = KVCache(cfg, batch, context + steps + PROFILE_MARGIN, device, session.dtype)
+    cache = KVCache(cfg, batch, context + search + PROFILE_MARGIN, device, session.dtype)
     if device.type == "cuda":
         prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
     else:
         prefilled = prefill(session.loaded.model, cache, take_rows(stream, 0, batch, context).tolist())
     method = registry.create_method(spec, cfg, tokenizer)
-    inputs = take_rows(stream, context, batch, steps + 4)  # as a throughput run's rows
+    inputs = take_rows(stream, context, batch, search + 1)  # as a throughput run's rows
     driver = StepDriver(session.loaded.model, cache, method)
-    driver.start(prefilled)
-    method.observe(inputs[:, 0])
-    for step in range(1, 3):  # warm-up: lazy initialisation stays out of the profile
-        driver.step(inputs[:, step - 1].to(device))
-        method.observe(inputs[:, step])
-    cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    kinds, walls_us, per_step = [], [], []
-    # One profiler window per step (`schedule`), so each component gets a time per step and a spread; the
-    # untimed steps above warmed up, so the profiler's warnings about warm-up and per-cycle events do not apply.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*(warmup|clears events).*", category=UserWarning)
-        with profile(activities=activities, schedule=schedule(wait=0, warmup=0, active=1, repeat=steps),
-                     on_trace_ready=lambda prof: per_step.append(_components(prof, cuda, walls_us[-1]))) as prof:
-            for step in range(3, 3 + steps):
-                started = time.perf_counter()
-                ctx = driver.step(inputs[:, step - 1].to(device)).ctx
-                if cuda:
-                    torch.cuda.synchronize()
-                walls_us.append((time.perf_counter() - started) * 1e6)
-                kinds.append(batch_step_kind(method, ctx))
-                method.observe(inputs[:, step])
-                prof.step()
-    per_step_ms = {name: [step[name] / 1e3 for step in per_step] for name in per_step[0]}
-    return {"method": spec.name, "path": spec.path, "context": context, "batch": batch, "steps": steps,
-            "step_kinds": kinds,
-            "ms_per_step": {name: sum(values) / len(values) for name, values in per_step_ms.items()},
-            "ms_per_step_range": {name: [min(values), max(values)] for name, values in per_step_ms.items()},
-            "wall_ms_per_step": sum(walls_us) / steps / 1e3,
-            "wall_ms_range": [min(walls_us) / 1e3, max(walls_us) / 1e3],
-            "clock": "device kernel time" if cuda else "host time", "graphs": False}
+    wanted = expected_kinds(method)
+
+    def met(kinds: list[str]) -> bool:  # the warm-up steps (lazy initialisation) count for nothing
+        return len(kinds) >= WARMUP + steps and set(wanted) <= set(kinds[WARMUP:])
+
+    kinds, walls_us, _ = _decode(driver, method, prefilled, inputs, device, stop=met)
+    chosen = set(range(WARMUP + 1, WARMUP + steps + 1))  # step numbers count from 1
+    for kind in wanted:
+        if kind not in {kinds[s - 1] for s in chosen}:
+            chosen |= {s for s in range(WARMUP + 1, len(kinds) + 1) if kinds[s - 1] == kind}
+    with profiler_chatter_dropped():
+        replayed, replay_walls_us, components = _decode(driver, method, prefilled, inputs[:, : max(chosen) + 1], device, chosen)
+    profiled = sorted(chosen)
+    by_kind: dict[str, list[int]] = {}
+    for step in profiled:
+        by_kind.setdefault(replayed[step - 1], []).append(step)
+    unprofiled: dict[str, list[float]] = {}
+    for kind, wall in list(zip(kinds, walls_us))[WARMUP:]:
+        unprofiled.setdefault(kind, []).append(wall / 1e3)
+    per_kind = {kind: _summary([components[s] for s in numbers], [replay_walls_us[s - 1] for s in numbers])
+                for kind, numbers in by_kind.items()}
+    main = next((k for k in ("fast", "dense", "sparse") if k in per_kind), next(iter(per_kind)))
+    return {"method": spec.name, "path": spec.path, "context": context, "batch": batch, "steps": len(profiled),
+            "step_kinds": [replayed[s - 1] for s in profiled], "main_kind": main, **per_kind[main],
+            "by_kind": per_kind, "kinds_missing": [k for k in wanted if k not in per_kind],
+            "searched_steps": len(kinds) - WARMUP,
+            "step_ms_by_kind": {k: statistics.median(v) for k, v in unprofiled.items()},
+            "unprofiled_steps_by_kind": {k: len(v) for k, v in unprofiled.items()},
+            "clock": "device kernel time" if device.type == "cuda" else "host time", "graphs": False}
+
+
+def _summary(steps: list[dict], walls_us: list[float]) -> dict:
+    """Mean and range of each component over some profiled steps of one kind, leaving out the components
+    that never ran in them (a fast step runs no Selector), and the steps' wall time."""
+    names = [n for n in steps[0] if any(step[n] > 0 for step in steps)]
+    per_step = {name: [step[name] / 1e3 for step in steps] for name in names}
+    return {"ms_per_step": {name: statistics.fmean(values) for name, values in per_step.items()},
+            "ms_per_step_range": {name: [min(values), max(values)] for name, values in per_step.items()},
+            "wall_ms_per_step": statistics.fmean(walls_us) / 1e3,
+            "wall_ms_range": [min(walls_us) / 1e3, max(walls_us) / 1e3], "profiled_steps": len(steps)}
 
 
 def _components(prof, cuda: bool, wall_us: float) -> dict[str, float]:
@@ -159,8 +236,11 @@ def run_profile(run: ProfileRun) -> Path:
     with claimed_run_dir(run.out, "profile", overwrite=run.overwrite) as run_dir:
         session = Session.open(run.model, run.device, run.dtype)
         check_context_limit(session.loaded.config, [run.context], run.steps + PROFILE_MARGIN)
-        _check_batch_fits(session, run.batch, run.context + run.steps + PROFILE_MARGIN)
-        result = profile_steps(session, registry.spec(run.method, run.path), run.context, run.steps, run.batch)
+        # steps decoded while looking for every step kind, as many as the model's limit leaves room for
+        search = max(min(SEARCH_STEPS, session.max_tokens - run.context - PROFILE_MARGIN), run.steps + WARMUP)
+        _check_batch_fits(session, run.batch, run.context + search + PROFILE_MARGIN)
+        result = profile_steps(session, registry.spec(run.method, run.path), run.context, run.steps, run.batch,
+                               search)
         write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": run.context,
                                            "method": run.method, "path": run.path, "steps": run.steps,
                                            "batch": run.batch}, result)

@@ -28,6 +28,7 @@ from sfibench.metrics.memory import EVIDENCE_ROWS, MemoryEstimateError, check_fi
 from sfibench.metrics.nvml import NvmlSampler, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer
+from sfibench.reporting.speedup_claims import full_kv_reference, speedup_claim
 from sfibench.runners.throughput_memory import largest_fitting_batch, planned_bytes, run_estimate
 from sfibench.workloads.replay import load_replay, step_inputs, take_rows
 
@@ -218,34 +219,27 @@ def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: 
 def add_comparisons(rows: list[dict], cfg: ThroughputConfig, dims, dtype_bytes: int, bandwidth: float) -> None:
     """Speedup vs the fastest Full-KV path at the same shape, roofline efficiency and ratio, step floors.
 
-    A speedup is only claimed (`speedup_supported`) where the row reads at least 5% fewer tokens than
-    Full-KV and the two tok/s ranges over the repeats do not overlap: a faster "sparse" method reading
-    as many tokens as Full-KV only shows a slow dense path, and a gap inside the noise shows nothing."""
+    `speedup_supported` records reporting/speedup_claims.py's rule (fewer tokens read, tok/s ranges apart),
+    which the table, report.md and the plots apply alike."""
     for row in rows:
         row["roofline_ms"] = row["bytes_per_step"]["total"] / bandwidth * 1e3
         row["roofline_efficiency"] = row["roofline_ms"] / row["mean_step_ms"]
         if row.get("weights_floor"):  # SPEC 7: every step kind against weights floor + its K/V at copy bandwidth
             row["floor_ms"] = {kind: (row["weights_floor"]["seconds"] + kv_read_bytes(dims, read, row["batch"], dtype_bytes)
                                       / bandwidth) * 1e3 for kind, read in row["tokens_read_by_kind"].items()}
-        dense = [r for r in rows if r["method"] == registry.dense().name and (r["context"], r["batch"]) == (row["context"], row["batch"])]
-        if not dense:
+        claim = speedup_claim(row, rows)
+        if claim is None:
             continue
-        best = max(dense, key=lambda r: r["tokens_per_s"])
-        row["speedup_vs_full_kv"] = row["tokens_per_s"] / best["tokens_per_s"]
+        best = full_kv_reference(row, rows)
+        row["speedup_vs_full_kv"] = claim.ratio
         row["full_kv_reference_path"] = best["path"]
-        row["speedup_supported"] = (row["tokens_read_mean"] <= 0.95 * best["tokens_read_mean"]
-                                    and _separated(row["tokens_per_s_spread"], best["tokens_per_s_spread"]))
+        row["speedup_supported"] = claim.supported
         if not registry.get(row["method"]).dense:
             w = best["bytes_per_step"]["weights"]
             kv_full = kv_read_bytes(dims, row["context"], 1, dtype_bytes)
             kv_sparse = kv_read_bytes(dims, row["tokens_read_by_kind"].get("fast", row["tokens_read_mean"]), 1, dtype_bytes)
             interval = row["mean_slow_interval"] or float("inf")
             row["roofline_speedup"] = roofline_ratio(w, kv_full, kv_sparse, row["batch"], interval)
-
-
-def _separated(a: dict, b: dict) -> bool:
-    """Whether two [min, max] ranges of tok/s over the repeats are disjoint."""
-    return a["min"] > b["max"] or b["min"] > a["max"]
 
 
 def measure_all(session: Session, cfg: ThroughputConfig, progress=None) -> list[dict]:

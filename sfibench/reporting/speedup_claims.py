@@ -1,0 +1,103 @@
+"""When a throughput run supports a speedup over Full-KV: the one rule the table, report.md and every plot use.
+
+A ratio of tokens/s is claimed only where the run measured a difference:
+
+- the row reads at least 5% fewer tokens per step than Full-KV (a "sparse" row that reads as many tokens
+  and comes out faster only shows a slow dense path or noise, not what sparsity buys), and
+- its tok/s range over the timed passes does not overlap Full-KV's (a gap inside the noise shows nothing).
+
+Every other row is "no difference measured", with the reason. `noise_note` says, in one line, when the
+passes of a run disagree so much (a busy CPU) that no figure of it can be read to better than its spread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sfibench import registry
+
+FEWER_TOKENS = 0.95  # a claimed row reads at most this share of Full-KV's tokens per step
+NOISY = 0.20  # a run whose passes differ by more than ±20% of the median (somewhere) is called noisy
+
+SAME_TOKENS = "same tokens"
+IN_NOISE = "in the noise"
+REFERENCE = "ref"
+# what each short verdict means, for the notes under a table and a plot
+MEANINGS = {
+    SAME_TOKENS: "reads as many tokens per step as Full-KV (less than 5% fewer), so a faster figure shows no "
+                 "saving from reading less",
+    IN_NOISE: "its tok/s range over the timed passes overlaps Full-KV's",
+    REFERENCE: "the Full-KV row every speedup at this shape is measured against",
+}
+
+
+@dataclass(frozen=True)
+class SpeedupClaim:
+    """A row's tok/s against the fastest Full-KV path at its shape, and whether the run supports it."""
+
+    ratio: float  # median tok/s over the reference's
+    low: float  # the row's slowest pass over the reference's fastest
+    high: float  # the row's fastest pass over the reference's slowest
+    verdict: str  # "" where the ratio is claimed, else SAME_TOKENS, IN_NOISE or REFERENCE
+
+    @property
+    def supported(self) -> bool:
+        return not self.verdict
+
+    def cell(self) -> str:
+        """How a table spells it: '2.10x', or the short verdict."""
+        return f"{self.ratio:.2f}x" if self.supported else f"= {self.verdict}" if self.verdict != REFERENCE else "ref"
+
+
+def full_kv_reference(row: dict, rows: list[dict]) -> dict | None:
+    """The fastest dense row at the same (context, batch), or None where the run measured none."""
+    dense = [r for r in rows if r["method"] == registry.dense().name and (r["context"], r["batch"]) == (row["context"], row["batch"])]
+    return max(dense, key=lambda r: r["tokens_per_s"]) if dense else None
+
+
+def speedup_claim(row: dict, rows: list[dict]) -> SpeedupClaim | None:
+    """The row's claim against Full-KV at its shape; None where no Full-KV row shares the shape."""
+    reference = full_kv_reference(row, rows)
+    if reference is None:
+        return None
+    mine, theirs = row["tokens_per_s_spread"], reference["tokens_per_s_spread"]
+    ratio = row["tokens_per_s"] / reference["tokens_per_s"]
+    low, high = mine["min"] / theirs["max"], mine["max"] / theirs["min"]
+    if row is reference:
+        verdict = REFERENCE
+    elif row["tokens_read_mean"] > FEWER_TOKENS * reference["tokens_read_mean"]:
+        verdict = SAME_TOKENS
+    elif not (mine["min"] > theirs["max"] or theirs["min"] > mine["max"]):
+        verdict = IN_NOISE
+    else:
+        verdict = ""
+    return SpeedupClaim(ratio, low, high, verdict)
+
+
+def half_spread(row: dict) -> float:
+    """± share of the median that the row's tok/s ranged over its timed passes."""
+    return row["tokens_per_s_spread"]["rel_spread"] / 2
+
+
+def noise_note(rows: list[dict]) -> str:
+    """One line where the passes disagree by more than ±20% somewhere (the figures are then as uncertain as
+    their spread says); empty where the run was steady."""
+    spreads = sorted(half_spread(r) for r in rows)
+    if not spreads or spreads[-1] <= NOISY:
+        return ""
+    worst = max(rows, key=half_spread)
+    return (f"Noisy run: tok/s varied between timed passes by up to ±{100 * spreads[-1]:.0f}% "
+            f"({worst['method']}/{worst['path']} at {worst['context']:,} tokens; median row ±"
+            f"{100 * spreads[len(spreads) // 2]:.0f}%), so differences smaller than that are not measured; "
+            "on a shared or busy machine, rerun when it is idle or with more --repeats.")
+
+
+def verdict_notes(rows: list[dict], label) -> list[str]:
+    """'= same tokens: streaming_llm/reference at 1,024 tokens, ... (why)' per verdict the rows have."""
+    by_verdict: dict[str, list[str]] = {}
+    for row in rows:
+        claim = speedup_claim(row, rows)
+        if claim is not None and claim.verdict and claim.verdict != REFERENCE:
+            by_verdict.setdefault(claim.verdict, []).append(f"{label(row)}/{row['path']} at {row['context']:,}")
+    return [f"no difference measured where the row {MEANINGS[verdict]}: {', '.join(names)}"
+            for verdict, names in by_verdict.items()]

@@ -1,0 +1,145 @@
+"""What a throughput run shows a reader: one rule for every speedup (table, report.md and the speedup panel
+of throughput.png), a noisy run said to be noisy, CPU rows without GPU-only figures, and every plot a
+report draws whole on its canvas with no overprinted tick labels."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import matplotlib.figure
+import pytest
+from plot_bounds import problems
+
+from sfibench.reporting import throughput_plots, throughput_report
+from sfibench.reporting.report_run import render
+from sfibench.reporting.speedup_claims import speedup_claim
+
+REPORTS = Path(__file__).resolve().parents[1] / "reports"
+
+
+def committed(name: str) -> dict:
+    return json.loads((REPORTS / name / "results.json").read_text())
+
+
+def cpu_run(spreads: float = 0.02) -> dict:
+    """The committed CPU throughput run with StreamingLLM at 1K made 2.2x faster than Full-KV while reading
+    as many tokens, and every row's passes `spreads` (max-min over median) apart."""
+    document = copy.deepcopy(committed("ci/throughput"))
+    rows = document["results"]["rows"]
+    for row in rows:
+        median = row["tokens_per_s"]
+        row["tokens_per_s_spread"] = {"min": median * (1 - spreads / 2), "max": median * (1 + spreads / 2),
+                                      "rel_spread": spreads}
+    full = next(r for r in rows if r["method"] == "full_kv" and r["context"] == 1024)
+    fast = next(r for r in rows if r["method"] == "streaming_llm" and r["context"] == 1024)
+    fast["tokens_read_mean"] = full["tokens_read_mean"]
+    fast["tokens_per_s"] = 2.2 * full["tokens_per_s"]
+    fast["tokens_per_s_spread"] = {"min": 2.15 * full["tokens_per_s"], "max": 2.25 * full["tokens_per_s"],
+                                   "rel_spread": 0.045}
+    return document
+
+
+def drawn(draw, *args) -> matplotlib.figure.Figure:
+    """The figure a plot function saves, kept open for inspection."""
+    figures = []
+    original = throughput_plots.save
+    throughput_plots.save = lambda fig, path: figures.append(fig)
+    try:
+        draw(*args)
+    finally:
+        throughput_plots.save = original
+    return figures[0]
+
+
+def test_a_ratio_the_table_refuses_is_not_plotted_either(tmp_path):
+    document = cpu_run()
+    rows = document["results"]["rows"]
+    fast = next(r for r in rows if r["method"] == "streaming_llm" and r["context"] == 1024)
+    assert speedup_claim(fast, rows).verdict == "same tokens"
+    cells = {(r["method"], r["context"]): cells[-2] for r, cells in zip(rows, throughput_report.table_rows(rows))}
+    assert cells[("streaming_llm", 1024)] == "= same tokens" and cells[("full_kv", 1024)] == "ref"
+    figure = drawn(throughput_plots.throughput_figure, rows, tmp_path / "throughput.png")
+    speedup_panel = figure.axes[1]
+    plotted = [(x, y) for line in speedup_panel.lines for x, y in zip(line.get_xdata(), line.get_ydata())]
+    assert not any(x == 1024 and y > 1.5 for x, y in plotted), "the 2.2x the table refuses is drawn"
+    hollow = [line for line in speedup_panel.lines if line.get_markerfacecolor() == "none" and len(line.get_xdata())]
+    assert any(1024 in line.get_xdata() and list(line.get_ydata()) == [1.0] * len(line.get_xdata()) for line in hollow)
+    caption = speedup_panel.get_xlabel()
+    assert "no difference measured" in caption and "streaming_llm/reference at 1,024" in " ".join(caption.split())
+    report = throughput_report.markdown(document)
+    assert "streaming_llm/reference at 1,024" in report and "2.20x" not in report
+
+
+def test_only_separated_spreads_support_a_ratio_on_the_plot(tmp_path):
+    """A row reading fewer tokens but with passes overlapping Full-KV's is 'in the noise' everywhere."""
+    document = cpu_run(spreads=1.8)
+    rows = document["results"]["rows"]
+    verdicts = {(r["method"], r["context"]): speedup_claim(r, rows).verdict for r in rows}
+    assert verdicts[("sfi", 2048)] == "in the noise"
+    figure = drawn(throughput_plots.throughput_figure, rows, tmp_path / "throughput.png")
+    filled = [line for line in figure.axes[1].lines if line.get_markerfacecolor() != "none"]
+    assert not any(2048 in line.get_xdata() and line.get_marker() not in ("", "None", None) for line in filled)
+    assert "its tok/s range over the timed passes overlaps" in " ".join(figure.axes[1].get_xlabel().split())
+
+
+@pytest.mark.parametrize("spreads, noisy", [(1.8, True), (0.04, False)])
+def test_a_noisy_run_says_so_once_with_its_spread(spreads, noisy):
+    document = cpu_run(spreads)
+    report = throughput_report.markdown(document)
+    notes = throughput_report.table_notes(document["results"]["rows"])
+    assert report.count("Noisy run") == int(noisy)
+    assert sum("Noisy run" in note for note in notes) == int(noisy)
+    if noisy:
+        assert "±90%" in report and "±90%" in " ".join(notes)
+
+
+def test_a_cpu_report_has_no_gpu_figures_or_words():
+    document = committed("ci/throughput")
+    report = throughput_report.markdown(document)
+    for word in ("CUDA", "GB/s", "roofline", "NVML", "cuBLAS", "J/token", "peak GiB"):
+        assert word not in report, word
+    assert "| tok/s |" in report and "| tokens read |" in report
+    gpu = throughput_report.markdown(committed("throughput-qwen3-4b-h200"))
+    assert "CUDA graphs" in gpu and "| GB/s |" in gpu and "| % roofline |" in gpu
+
+
+RUNS = ["ci/throughput", "throughput-qwen3-4b-h200", "stability-smollm2", "quality-smollm2", "quality-gemma3-8k",
+        "profile-qwen3-4b-optimized-h200", "quality-smollm2-paths/comparison"]
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_every_plot_is_whole_on_its_canvas(tmp_path, monkeypatch, name):
+    """Each figure the report draws, checked as it is saved: no text or legend past an edge, no tick labels
+    printed over each other."""
+    found, saved = [], []
+    original = matplotlib.figure.Figure.savefig
+
+    def checked(fig, path, *args, **kwargs):
+        found.extend(f"{Path(str(path)).name}: {problem}" for problem in problems(fig))
+        saved.append(path)
+        return original(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", checked)
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(REPORTS / name / "results.json", run / "results.json")
+    render(run)
+    assert saved and not found, "\n".join(found)
+
+
+def test_the_plot_check_sees_overprinted_log_labels():
+    """The checker itself: matplotlib's default minor labels on a log axis spanning 20-150 collide."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.plot([0, 1], [20, 150])
+    ax.set_yscale("log")
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
+    assert any("overlap" in problem for problem in problems(fig))
+    ax.set_title("a title much too long for a four inch wide figure, running well past both of its edges")
+    assert any("outside the canvas" in problem for problem in problems(fig))
+    plt.close(fig)
