@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from sfibench.engine.memory_phases import with_cache
 from sfibench.models import fused
 from sfibench.models.presets import ModelConfig
 
@@ -17,9 +18,11 @@ from sfibench.models.presets import ModelConfig
 class KVCache:
     def __init__(self, config: ModelConfig, batch: int, max_seq: int, device, dtype: torch.dtype):
         shape = (config.num_layers, batch, config.num_kv_heads, max_seq, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.key_norms = torch.zeros(shape[:-1], device=device, dtype=torch.float32)
+        with with_cache("prefill", config, batch, max_seq, torch.device(device), torch.finfo(dtype).bits // 8):
+            self.k = torch.zeros(shape, device=device, dtype=dtype)
+            self.v = torch.zeros(shape, device=device, dtype=dtype)
+            self.key_norms = torch.zeros(shape[:-1], device=device, dtype=torch.float32)
+        self.config = config
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.lengths_host = torch.zeros(batch, dtype=torch.long)  # mirror: sizes without a device sync
         self.max_seq = max_seq

@@ -23,6 +23,7 @@ import torch
 from sfibench.core.labels import label
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
+from sfibench.engine.memory_phases import on_cache
 from sfibench.engine.prefill import Prefilled, restore
 from sfibench.engine.sliding import window_decode_attention, window_tokens_read
 from sfibench.engine.method import AttentionMethod, StepPlan
@@ -60,16 +61,22 @@ class StepDriver:
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
         self.capture_seconds = 0.0
         self.step_index = 0
+        self.decoding = on_cache("decode", cache)  # made once: it is entered on every step
 
     def start(self, prefilled: Prefilled) -> None:
         """Rewind the cache to the prefilled prompts and let the method start on them (its bootstrap)."""
         restore(self.cache, prefilled)
-        self.method.start(self.cache, prefilled)
+        with self.decoding:  # the method's bootstrap: its first selection and buffers
+            self.method.start(self.cache, prefilled)
         self.step_index = 0
 
     @torch.no_grad()
     def step(self, tokens: torch.Tensor) -> StepResult:
         """Feed `tokens [B]` (one per sequence) at each sequence's next position."""
+        with self.decoding:
+            return self._step(tokens)
+
+    def _step(self, tokens: torch.Tensor) -> StepResult:
         self.step_index += 1
         ctx = StepContext(step=self.step_index, positions=self.cache.lengths, kv_lengths=self.kv_lengths,
                           kv_lengths_host=self.cache.lengths_host + 1,
@@ -111,6 +118,10 @@ class StepDriver:
         return self.model(self.tokens[:, None], ctx.positions[:, None], attend)[:, -1]
 
     def _capture(self, plan: StepPlan, ctx: StepContext) -> _Captured:
+        with on_cache("graph capture", self.cache, also=", or decode without CUDA graphs (--no-graphs)"):
+            return self._capture_graph(plan, ctx)
+
+    def _capture_graph(self, plan: StepPlan, ctx: StepContext) -> _Captured:
         started = time.perf_counter()
         # Warm up on a side stream first: lazy initialisation (cuBLAS handles, Triton compilation)
         # must not happen inside a capture. Writing this step's K/V twice is harmless.

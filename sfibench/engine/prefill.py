@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from sfibench.engine.cache import KVCache
+from sfibench.engine.memory_phases import on_cache
 from sfibench.engine.sliding import window_prefill_attention
 from sfibench.models.decoder import Decoder
 
@@ -60,6 +61,11 @@ def check_prompts(prompts: list[list[int]], max_tokens: int, max_new_tokens: int
 @torch.no_grad()
 def prefill(model: Decoder, cache: KVCache, prompts: list[list[int]], chunk: int = 2048,
             evidence_rows: int = 64) -> Prefilled:
+    with on_cache("prefill", cache):
+        return _prefill(model, cache, prompts, chunk, evidence_rows)
+
+
+def _prefill(model: Decoder, cache: KVCache, prompts: list[list[int]], chunk: int, evidence_rows: int) -> Prefilled:
     cfg = model.config
     device = cache.k.device
     batch = len(prompts)

@@ -9,6 +9,7 @@ import torch
 from sfibench.core.device import available_device_memory, resolve_device
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import Trace, generate
+from sfibench.engine.memory_phases import loading
 from sfibench.engine.method import AttentionMethod
 from sfibench.engine.prefill import Prefilled, check_prompts, prefill
 from sfibench.engine.sampling import Sampler, SamplingConfig
@@ -39,7 +40,8 @@ class Session:
         chooses them."""
         resolved = resolve_device(device)
         torch_dtype = parse_dtype(dtype, resolved)
-        loaded = load_for_decode(model, resolved, torch_dtype, seed, fuse)
+        with loading(model, resolved, torch_dtype):
+            loaded = load_for_decode(model, resolved, torch_dtype, seed, fuse)
         return cls(loaded, resolved, torch_dtype)
 
     @property
