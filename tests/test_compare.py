@@ -62,6 +62,27 @@ def test_two_runs_side_by_side_with_deltas(tmp_path):
     assert (tmp_path / "cmp" / "report.md").read_text() == text
 
 
+def test_every_setting_the_runs_differ_in_is_stated(tmp_path):
+    def shorter(document):
+        document["config"].update(steps=4, repeats=1)
+        document["config"]["sfi"]["trigger"]["t_max"] = 48
+        document["provenance"]["torch"] = "2.99.0"
+
+    first = copy_results("ci/throughput", tmp_path / "a")
+    second = copy_results("ci/throughput", tmp_path / "b", shorter)
+    status, output = report(first, second, "--out", tmp_path / "cmp")
+    assert status == 0, output
+    assert "the runs differ in 4 settings: steps 32 / 4; repeats 3 / 1; sfi.trigger.t_max 96 / 48; " \
+           "provenance.torch" in output
+    text = (tmp_path / "cmp" / "report.md").read_text()
+    for line in ("| steps | 32 | 4 |", "| repeats | 3 | 1 |", "| sfi.trigger.t_max | 96 | 48 |"):
+        assert line in text
+    same = copy_results("ci/throughput", tmp_path / "c")
+    status, output = report(first, same, "--out", tmp_path / "same")
+    assert status == 0 and "differ in" not in output
+    assert "share every recorded setting" in (tmp_path / "same" / "report.md").read_text()
+
+
 def test_runs_of_different_commands_are_refused(tmp_path):
     status, output = report(copy_results(RUNS[0], tmp_path / "a"), copy_results(RUNS[1], tmp_path / "b"),
                             "--out", tmp_path / "cmp")

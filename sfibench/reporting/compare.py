@@ -33,6 +33,7 @@ def compare_runs(run_dirs: list[Path], out: Path | None, overwrite: bool) -> Pat
         raise BaselineError(f"these runs come from different commands ({', '.join(commands)}); side by side only "
                             "compares runs of one command")
     runs = [_describe(Path(d), doc) for d, doc in zip(run_dirs, documents)]
+    settings = differing_settings(documents)
     metrics = [{m.key: m for m in extract(doc)} for doc in documents]
     keys = list(dict.fromkeys(key for run in metrics for key in run))
     rows = []
@@ -42,9 +43,37 @@ def compare_runs(run_dirs: list[Path], out: Path | None, overwrite: bool) -> Pat
                      "unit": present.unit, "values": [_point(run.get(key)) for run in metrics]})
     with claimed_run_dir(out, "report", overwrite=overwrite) as run_dir:
         write_results(run_dir, "report", {"runs": [str(d) for d in run_dirs], "compared_command": commands[0]},
-                      {"runs": runs, "rows": rows})
+                      {"runs": runs, "rows": rows, "differing_settings": settings})
         render_comparison(run_dir)
     return run_dir
+
+
+# provenance that is a setting of the run (what it ran on and with), not a fact about when or where it was saved
+PROVENANCE_SETTINGS = ("device", "cpu", "cpu_count", "gpu_driver", "cuda", "python", "torch", "triton",
+                       "transformers", "sfibench")
+RUN_LOCAL = ("out", "overwrite", "resume")  # where a run was written, which no comparison is about
+
+
+def _flat(value, prefix: str = "") -> dict[str, str]:
+    """{'sfi.trigger.t_max': '96', ...}: every leaf of a config, spelled as results.json holds it."""
+    if isinstance(value, dict):
+        return {key: leaf for name, inner in value.items() if name not in RUN_LOCAL
+                for key, leaf in _flat(inner, f"{prefix}{name}.").items()}
+    if isinstance(value, list) and value and all(isinstance(item, list) for item in value):
+        value = ["/".join(map(str, item)) for item in value]  # (method, path) pairs
+    text = ",".join(map(str, value)) if isinstance(value, list) else "-" if value is None else str(value)
+    return {prefix.rstrip("."): text}
+
+
+def differing_settings(documents: list[dict]) -> list[dict]:
+    """Every setting (config leaf or what the run ran on) whose value is not the same in all runs, with each
+    run's value ('-' where a run does not record it): what a reader must know before reading the deltas."""
+    flat = [{**_flat(doc.get("config", {})),
+             **{f"provenance.{key}": str(doc["provenance"][key]) for key in PROVENANCE_SETTINGS
+                if doc.get("provenance", {}).get(key) is not None}} for doc in documents]
+    keys = list(dict.fromkeys(key for run in flat for key in run))
+    return [{"setting": key, "values": [run.get(key, "-") for run in flat]}
+            for key in keys if len({run.get(key, "-") for run in flat}) > 1]
 
 
 def render_comparison(run_dir: Path) -> Path:
@@ -66,6 +95,7 @@ def markdown(document: dict, plots: list[str]) -> str:
              "|---|---|---|---|---|---|"]
     lines += [f"| {i + 1} | {r['dir']} | {r['model']} | {r['commit']} | {r['device']} | {r['date']} |"
               for i, r in enumerate(runs)]
+    lines += [""] + settings_lines(document["results"].get("differing_settings"), len(runs))
     lines += ["", "| metric | unit | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " |",
               "|---|---|" + "---|" * len(runs)]
     for row in rows:
@@ -74,6 +104,24 @@ def markdown(document: dict, plots: list[str]) -> str:
         lines.append(f"| {row['key']} | {row['unit']} | " + " | ".join(cells) + " |")
     lines += [""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def settings_summary(settings: list[dict]) -> str:
+    """One line for the terminal: 'steps 32 / 4; repeats 3 / 1'."""
+    return "; ".join(f"{s['setting']} {' / '.join(s['values'])}" for s in settings)
+
+
+def settings_lines(settings: list[dict] | None, runs: int) -> list[str]:
+    """The settings the runs differ in, as a table, or a sentence saying they share every setting."""
+    if settings is None:  # a comparison saved before settings were compared
+        return []
+    if not settings:
+        return ["The runs share every recorded setting (the run's configuration, the device and the package "
+                "versions).", ""]
+    lines = [f"**The runs differ in {len(settings)} setting{'s' if len(settings) > 1 else ''}**; a delta below "
+             "may come from any of them, not only from the code:", "",
+             "| setting | " + " | ".join(f"run {i + 1}" for i in range(runs)) + " |", "|---|" + "---|" * runs]
+    return lines + [f"| {s['setting']} | " + " | ".join(s["values"]) + " |" for s in settings] + [""]
 
 
 def _describe(run_dir: Path, document: dict) -> dict:
