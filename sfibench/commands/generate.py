@@ -75,6 +75,7 @@ def generate(
 ):
     """Generate text with one method; slow (refresh) steps are highlighted, --json gives per-step stats."""
     from sfibench.registry import check_method
+    from sfibench.reporting.generate_summary import summary_lines
     from sfibench.runners.generate import GenerateRun, run_generate
 
     with user_errors():
@@ -105,10 +106,8 @@ def generate(
     if json_out:
         print(json.dumps(result))
         return
-    s, tokens = result["summary"], result["generated_ids"]
     console.print()
-    console.print(f"[dim]{result['prompt_tokens']} prompt tokens, {len(tokens)} generated; "
-                  f"steps {s['steps_by_kind']}; mean retention {s['mean_retention']:.3f}"
-                  + (f"; mean slow interval {s['mean_slow_interval']}" if "mean_slow_interval" in s else "")
-                  + ("; [black on yellow]highlighted[/] = emitted by a slow step" if method == "sfi" else "")
-                  + "[/]")
+    for line in summary_lines(result):
+        console.print(f"[dim]{line}[/]", highlight=False)
+    if console.is_terminal and result["summary"]["steps_by_kind"].get("slow"):
+        console.print("[dim][black on yellow]highlighted[/] = emitted by a slow step[/]")

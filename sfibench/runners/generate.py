@@ -63,16 +63,18 @@ def run_generate(run: GenerateRun, console: Console, err_console: Console) -> di
     tokens = trace.sequence(0)
     return {
         "model": session.loaded.config.name, "method": run.method, "path": run.path,
-        "prompt_tokens": len(ids), "generated_ids": tokens, "generated_text": tokenizer.decode(tokens),
+        "prompt_tokens": len(ids), "budget_tokens": config.tokens_read(len(ids)), "generated_ids": tokens, "generated_text": tokenizer.decode(tokens),
         "summary": {**summarize(trace, 0), **summary}, "steps": step_stats(trace, 0)[: max(len(tokens) - 1, 0)],
     }
 
 
 class TextStreamer:
-    """Prints text as tokens arrive; text emitted by a slow (refresh) step is highlighted."""
+    """Prints text as tokens arrive; where the output is a terminal, text emitted by a slow (refresh) step is
+    highlighted (piped or redirected text stays plain)."""
 
     def __init__(self, tokenizer, console: Console, enabled: bool):
         self.tokenizer, self.console, self.enabled = tokenizer, console, enabled
+        self.highlight = console.is_terminal
         self.ids: list[int] = []
         self.shown = ""
 
@@ -82,6 +84,6 @@ class TextStreamer:
         self.ids.append(int(tokens[0]))
         text = self.tokenizer.decode(self.ids)  # decode the whole prefix: multi-byte characters stay whole
         new, self.shown = text[len(self.shown):], text
-        slow = record is not None and record.kinds[0] == "slow"
+        slow = self.highlight and record is not None and record.kinds[0] == "slow"
         self.console.print(new, end="", style="bold black on yellow" if slow else None, highlight=False,
                            markup=False)
