@@ -13,9 +13,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
-
 from sfibench.core.errors import ModelFileError, UsageError
+from sfibench.core.oom import is_out_of_memory
 from sfibench.models.presets import ModelConfig
 
 GGUF_MAGIC = b"GGUF"
@@ -29,7 +28,7 @@ SIZES = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate
 def _passes_through(error: BaseException) -> bool:
     """Errors that say nothing about the file: running out of memory while reading a large one, and the
     equally specific errors sfibench raised itself."""
-    return isinstance(error, (MemoryError, torch.OutOfMemoryError, UsageError))
+    return is_out_of_memory(error) or isinstance(error, UsageError)
 
 
 def _reason(error: BaseException) -> str:
