@@ -38,12 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "reports" / "ci"))
 from derive_tolerances import ENV, EXACT, gated, run
 
+from sfibench import registry
 from sfibench.reporting.baseline import FORMAT, save_manifest
 
 OUT = ROOT / "reports" / "ci-h200"
 ARGV = ["throughput", "--model", "qwen3-0.6b", "--device", "cuda", "--dtype", "bfloat16", "--ctx", "8k,32k",
         "--batch", "1", "--steps", "64", "--repeats", "3", "--no-dense-kernels",
-        "--methods", "full_kv/optimized,sfi/optimized,streaming_llm/optimized,snapkv/optimized"]
+        "--methods", ",".join(f"{name}/optimized" for name in registry.names())]  # every registered method
 ACCOUNTING = [(pattern, how) for pattern, how in EXACT if pattern.startswith("throughput/")]
 # Twice the range of one key across separate device calls on unchanged 8K B=1 code paths: StreamingLLM's
 # speedup was 1.158 (ee3f00d's baseline runs), 1.152 and 1.151 (the 0.6B reports at 28a8103 and e2dd341),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: bash benchmarks/h200_report_run.sh 4b|0.6b [THROUGHPUT_SECONDS [TOTAL_SECONDS]]
-# Makes reports/throughput-qwen3-{4b,0.6b}-h200 (every method, both paths, sync + async SFI; 8K, 32K,
-# 128K; B = 1 and the largest batch), then, in the time left, reports/profile-qwen3-*-optimized-h200
+# Makes reports/throughput-qwen3-{4b,0.6b}-h200 (every registered method on the optimized path, sync + async
+# SFI; 8K, 32K, 128K; B = 1 and the largest batch), then, in the time left, reports/profile-qwen3-*-optimized-h200
 # (the optimized SFI's graphed step at 128K). Run from the repository root on the GPU with OUT set to an
 # empty folder; each run comes back as OUT/NAME.tar, to unpack under reports/. DEVICE_COMMIT, when
 # present, names the exported commit.
@@ -11,7 +11,7 @@ started=$SECONDS
 cat DEVICE_COMMIT 2>/dev/null
 run=$OUT/throughput-qwen3-$1-h200
 timeout "${2:-540}" python -m sfibench throughput --model "qwen3-$1" --ctx 8k,32k,130944 --batch 1,max \
-    --methods full_kv/optimized,sfi,streaming_llm,snapkv --paths reference,optimized --steps 96 --out "$run" \
+    --paths optimized --steps 96 --out "$run" \
     > "$OUT/run.log" 2>&1
 echo "throughput rc=$? after $((SECONDS - started)) s"
 cp "$OUT/run.log" "$run/run.log" 2>/dev/null

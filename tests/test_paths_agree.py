@@ -30,15 +30,16 @@ BOTH_PATHS = sorted({name for name, path in METHOD_PATHS if path == "optimized"}
                     & {name for name, path in METHOD_PATHS if path == "reference"})
 
 
+def decode(loaded, prompts, spec, steps):
+    """Greedy decoding of `prompts` with `spec` in float32 on DEVICE: (the trace, the method)."""
+    cache = KVCache(loaded.config, len(prompts), max(map(len, prompts)) + steps, DEVICE, torch.float32)
+    pre = prefill(loaded.model, cache, prompts, chunk=64)
+    method = create_method(spec, loaded.config, loaded.tokenizer)
+    return generate(loaded.model, cache, method, pre, steps, Sampler(SamplingConfig(), DEVICE)), method
+
+
 def decode_both(loaded, prompts, spec_for, steps):
-    out = {}
-    for path in ("reference", "optimized"):
-        cache = KVCache(loaded.config, len(prompts), max(map(len, prompts)) + steps, DEVICE, torch.float32)
-        pre = prefill(loaded.model, cache, prompts, chunk=64)
-        method = create_method(spec_for(path), loaded.config, loaded.tokenizer)
-        sampler = Sampler(SamplingConfig(), DEVICE)
-        out[path] = (generate(loaded.model, cache, method, pre, steps, sampler), method)
-    return out
+    return {path: decode(loaded, prompts, spec_for(path), steps) for path in ("reference", "optimized")}
 
 
 def assert_same_selection(reference, optimized):

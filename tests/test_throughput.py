@@ -8,6 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from sfibench import registry
 from sfibench.cli import app
 from sfibench.engine.cache import KVCache
 from sfibench.engine.session import Session
@@ -183,7 +184,7 @@ def test_cli_default_writes_a_report_and_refuses_to_overwrite(tmp_path):
     result = runner.invoke(app, ["throughput", "--ctx", "1k", "--steps", "8", "--repeats", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
     saved = json.loads((out / "results.json").read_text())
-    assert {r["method"] for r in saved["results"]["rows"]} == {"full_kv", "sfi", "streaming_llm", "snapkv"}
+    assert {r["method"] for r in saved["results"]["rows"]} == set(registry.names())  # every method by default
     assert all(r["prefill"] == "real" and r["prefill_seconds"] > 0 for r in saved["results"]["rows"])
     report = (out / "report.md").read_text()
     assert report.startswith("# sfibench throughput") and "1,024 x 1 real" in report

@@ -5,7 +5,9 @@ The whole cache is kept. At every decode step the first layers read densely; the
 group's query heads' scores summed); one re-selection layer in the middle of the stack (the authors'
 layer 13 of 32, scaled to the model's depth) does the same again; every other layer reads the positions
 chosen by the last selection layer before it, plus the current token. The selection layers' dense reads
-count in the tokens read. Only global layers select or reuse (a sliding-window layer reads its window).
+count in the tokens read. Only global layers select or reuse (a sliding-window layer reads its window). A
+model too shallow to hold a selection layer after its dense ones reads densely in every layer: TidalDecode
+is Full-KV there, and its rows say so by the tokens they read.
 """
 
 from __future__ import annotations
@@ -71,9 +73,9 @@ class TidalDecode(AttentionMethod):
     def __init__(self, config, model_config, tokenizer):
         super().__init__(config, model_config, tokenizer)
         self.selecting = config.selection_layers(model_config)
-        if not self.selecting:
-            raise ValueError(f"{model_config.name} has no global layer at or after layer {config.selection_layer} "
-                             "to select in")
+        # the first layers, the layers before the first selection and the selection layers read everything
+        first = self.selecting[0] if self.selecting else model_config.num_layers
+        self.reads_densely = set(range(max(config.dense_layers, first))) | set(self.selecting)
 
     def start(self, cache, prefilled) -> None:
         mc = self.model_config
@@ -104,7 +106,7 @@ class TidalDecode(AttentionMethod):
     def attend(self, q: torch.Tensor, cache, ctx, plan: TidalPlan) -> torch.Tensor:
         layer = ctx.layer
         k, v = cache.k[layer], cache.v[layer]
-        if layer < self.cfg.dense_layers or layer < self.selecting[0] or layer in self.selecting:
+        if layer in self.reads_densely:
             if layer in self.selecting:
                 self.select(q[:, :, 0], k, ctx.kv_lengths, plan.capacity)
             ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
@@ -135,7 +137,7 @@ class OptimizedTidalDecode(TidalDecode):
     def attend(self, q: torch.Tensor, cache, ctx, plan) -> torch.Tensor:
         layer = ctx.layer
         k, v = cache.k[layer], cache.v[layer]
-        if layer < self.cfg.dense_layers or layer < self.selecting[0] or layer in self.selecting:
+        if layer in self.reads_densely:
             if layer in self.selecting:
                 token_scores(q[:, :, 0], k, ctx.kv_lengths, out=self.scores)
                 chosen = radix_top_k(self.scores, self.chosen_tokens, 0)  # ascending: the older slots first

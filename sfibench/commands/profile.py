@@ -6,16 +6,24 @@ from pathlib import Path
 
 import typer
 
+from sfibench import registry
 from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATH_HELP, console, user_errors
-from sfibench.options import check_context_limit, check_device_needs, check_shape_options, parse_tokens
+from sfibench.options import (
+    check_context_limit,
+    check_device_needs,
+    check_memory_before_loading,
+    check_shape_options,
+    parse_tokens,
+)
 
 
 def profile(
     model: str = typer.Option(None, help="default: qwen3-4b (random weights) on a GPU, tiny-llama on a CPU"),
     ctx: str = typer.Option(None, help="context in tokens (k = 1,024; default 32k on a GPU, 3k on a CPU)"),
-    method: str = typer.Option("sfi", help="full_kv, sfi, streaming_llm or snapkv"),
+    method: str = typer.Option("sfi", help=", ".join(registry.names())),
     path: str = typer.Option("reference", help=PATH_HELP),
-    steps: int = typer.Option(16, min=1, help="eager decode steps profiled (slow ones included as they come)"),
+    steps: int = typer.Option(16, min=1, help="eager decode steps profiled, plus the first step of each other "
+                                              "kind the method has (SFI: a slow step)"),
     batch: int = typer.Option(1, min=1, help="sequences decoded together, each replaying its own text"),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
@@ -36,6 +44,8 @@ def profile(
         check_device_needs(device, "--path", [path])
         context = parse_tokens(ctx if ctx is not None else ("32k" if gpu else "3k"), "--ctx")
         check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)
+        check_memory_before_loading(model, [batch], [context], steps + PROFILE_MARGIN, device, dtype,
+                                    synthetic_prefill=True)  # the smaller prefill workspace: a lower bound
         run = ProfileRun(model=model, device=device, dtype=dtype, method=method, path=path, context=context,
                          steps=steps, batch=batch, out=out, overwrite=overwrite)
         run_dir = run_profile(run)

@@ -20,14 +20,15 @@ from sfibench.commands.common import (
     err_console,
     user_errors,
 )
+from sfibench import registry
 from sfibench.options import check_sfi_settings, split_list
 from sfibench.sfi.config import SelectorConfig, SFIConfig
 
 
 def quality(
     model: str = typer.Option("smollm2-135m", help="preset name, HF checkpoint directory or .gguf file"),
-    methods: str = typer.Option("full_kv,sfi,streaming_llm,snapkv", help="comma-separated; Full-KV always runs "
-                                                                         "(it is the reference)"),
+    methods: str = typer.Option(",".join(registry.names()), help="comma-separated; Full-KV always runs (it is "
+                                                                  "the reference)"),
     tasks: str = typer.Option("niah_single,niah_multiturn,ppl", help="comma-separated: passkey, niah_single, "
                               "niah_single_word, niah_multikey, niah_multivalue, niah_multiquery, niah_multiturn, "
                               "vt, cwe, fwe, ppl"),

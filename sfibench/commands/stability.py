@@ -36,6 +36,7 @@ def stability(
 ):
     """Is the dominant attention support stable within a sentence? Dense attention over real text."""
     from sfibench.metrics.stability import StabilityConfig
+    from sfibench import registry
     from sfibench.registry import check_method
     from sfibench.reporting.results import read_results
     from sfibench.reporting.stability_markdown import terminal_table
@@ -43,7 +44,7 @@ def stability(
 
     with user_errors():
         check_session_options(model, device, dtype)
-        check_method("full_kv", path)
+        check_method(registry.dense().name, path)
         check_device_needs(device, "--path", [path])
         check_top_p(top_p)
         analysis = StabilityConfig(

@@ -16,6 +16,7 @@ from sfibench.commands.common import (
     user_errors,
 )
 from sfibench.sfi.config import SelectorConfig, SFIConfig, TriggerConfig
+from sfibench import registry
 from sfibench.core.errors import UsageError
 from sfibench.options import (
     check_choice,
@@ -23,7 +24,10 @@ from sfibench.options import (
     check_device_needs,
     check_sfi_settings,
     check_shape_options,
+    check_memory_before_loading,
     check_trigger,
+    distinct_counts,
+    ordered_contexts,
     parse_counts,
     parse_k_head,
     parse_token_list,
@@ -37,7 +41,7 @@ def throughput(
                                        "minus --steps (default: 8k,32k,max on a GPU, 1k,3k on a CPU)"),
     batch: str = typer.Option(None, help="batch sizes, e.g. 1,4; 'max' = the largest that fits at the longest "
                                          "context (default: 1,4 on a GPU, 1 on a CPU)"),
-    methods: str = typer.Option("full_kv,sfi,streaming_llm,snapkv", help="names, or name/path to pin a path"),
+    methods: str = typer.Option(",".join(registry.names()), help="names, or name/path to pin a path"),
     paths: str = typer.Option(None, help="reference,optimized (default: both on a GPU, reference on a CPU)"),
     steps: int = typer.Option(None, min=2, help="decode steps per pass (default 128 on a GPU, 32 on a CPU)"),
     repeats: int = typer.Option(3, min=1, help="timed passes (median and spread reported)"),
@@ -62,14 +66,16 @@ def throughput(
     """Decode speed of every method: tok/s, ms/step by kind, GB/s against the measured roofline."""
     from sfibench.models.presets import PRESETS
     from sfibench.reporting.results import read_results
-    from sfibench.reporting.throughput_report import terminal_table
+    from sfibench.reporting.throughput_report import table_notes, terminal_table
     from sfibench.runners.throughput import PREFILL_MODES, ThroughputRun, resolve_methods, run_throughput
 
     with user_errors():
         model, gpu = check_shape_options(model, device, dtype)
         steps = steps or (128 if gpu else 32)
-        contexts = parse_token_list(ctx if ctx is not None else ("8k,32k,max" if gpu else "1k,3k"), "--ctx")
-        batches = parse_counts(batch if batch is not None else ("1,4" if gpu else "1"), "--batch", allow_max=True)
+        contexts, order_note = ordered_contexts(
+            parse_token_list(ctx if ctx is not None else ("8k,32k,max" if gpu else "1k,3k"), "--ctx"))
+        batches = distinct_counts(parse_counts(batch if batch is not None else ("1,4" if gpu else "1"), "--batch",
+                                               allow_max=True), "--batch")
         default_paths = "reference,optimized" if gpu else "reference"
         path_list = tuple(check_choice(p, PATHS, "--paths")
                           for p in split_list(default_paths if paths is None else paths, "--paths"))
@@ -84,6 +90,8 @@ def throughput(
         check_device_needs(device, "--paths", path_list + pinned, bool(graphs))
         known = [c for c in contexts if c != "max"]
         check_context_limit(PRESETS.get(model), known, steps)
+        # auto counts as synthetic here, the smaller prefill workspace: this check only refuses what cannot fit
+        check_memory_before_loading(model, batches, contexts, steps, device, dtype, synthetic_prefill=prefill != "real")
         sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, bridge_steps=bridge_steps,
                         trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap),
                         selector=SelectorConfig(use_nms=not no_nms, keep_neighbours=keep_neighbours))
@@ -92,6 +100,11 @@ def throughput(
                             graphs=gpu if graphs is None else graphs, length_bucket=length_bucket,
                             dense_kernels=dense_kernels and gpu, k_head=parse_k_head(k_head, known), sfi=sfi,
                             out=out, overwrite=overwrite)
+        if order_note:
+            console.print(order_note, highlight=False)
         run_dir = run_throughput(run, console)
-    console.print(terminal_table(read_results(run_dir), wide))
+    document = read_results(run_dir)
+    console.print(terminal_table(document, wide))
+    for note in table_notes(document["results"]["rows"]):
+        console.print(note, highlight=False)
     console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, throughput.png, latency.png")

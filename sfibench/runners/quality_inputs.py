@@ -138,7 +138,7 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
     variant = dict(sfi_variant or {})
     retentions = parse_retentions(_preset_retentions(sfi_preset, contexts, retentions))
     if not methods:
-        raise UsageError("--methods is empty; give at least one of full_kv, sfi, streaming_llm, snapkv")
+        raise UsageError(f"--methods is empty; give at least one of {', '.join(registry.names())}")
     methods = list(dict.fromkeys([registry.dense().name, *methods]))
     for method in methods:
         check_method(method, path)
