@@ -223,3 +223,63 @@ def check_sfi_settings(evidence_norm: str | None, keep_neighbours: int | None, p
     if keep_neighbours is not None and keep_neighbours % 2 == 0:
         raise UsageError(f"--keep-neighbours {keep_neighbours} is even; the pool is centred on each position, "
                          "so give an odd kernel such as 3, 5 or 7 (1 = off)")
+
+
+def ordered_contexts(contexts: list[int | str], option: str = "--ctx") -> tuple[list[int | str], str]:
+    """Each context once, shortest first ('max' last), and a note to print once where the order changed.
+    A repeat is refused (it would measure the same shape twice and plot it as two points)."""
+    repeated = sorted({f"{c:,}" if isinstance(c, int) else c for c in contexts if contexts.count(c) > 1})
+    if repeated:
+        raise UsageError(f"{option} gives {', '.join(repeated)} more than once; list each length once")
+    ordered = sorted(contexts, key=lambda c: (c == "max", c if isinstance(c, int) else 0))
+    if ordered == list(contexts):
+        return ordered, ""
+    return ordered, f"{option}: measuring shortest first: " + ", ".join(f"{c:,}" if isinstance(c, int) else c
+                                                                        for c in ordered)
+
+
+def distinct_counts(counts: list[int | str], option: str) -> list[int | str]:
+    """Each count once: a repeated batch would measure the same shape twice."""
+    repeated = sorted({str(c) for c in counts if counts.count(c) > 1})
+    if repeated:
+        raise UsageError(f"{option} gives {', '.join(repeated)} more than once; list each size once")
+    return counts
+
+
+def config_before_loading(model: str):
+    """The model's shape without loading it: a preset's, or a checkpoint directory's config.json; None for
+    a .gguf file, whose shape is known only once transformers reads it."""
+    import json
+
+    from sfibench.models.loading import config_from_hf
+    from sfibench.models.presets import PRESETS
+
+    if model in PRESETS:
+        return PRESETS[model]
+    path = Path(model)
+    if path.is_dir():
+        return config_from_hf(json.loads((path / "config.json").read_text(encoding="utf-8")), path.name, "hf")
+    return None
+
+
+def check_memory_before_loading(model: str, batches: list[int | str], contexts: list[int | str], decode: int,
+                                device: str, dtype: str, synthetic_prefill: bool = False) -> None:
+    """Refuse, before the model loads or anything is measured, a batch x context whose weights, KV cache
+    and workspace cannot fit the device (metrics/memory.py's estimate from the preset's or the checkpoint's
+    shape). The methods' own state is added once the run knows its methods; this is the part that needs
+    no model."""
+    from sfibench.core.device import available_device_memory, total_device_memory
+    from sfibench.engine.session import parse_dtype
+    from sfibench.metrics.memory import check_fits, estimate_memory, planning_bytes
+
+    config = config_before_loading(model)
+    sizes = [b for b in batches if b != "max"]
+    if config is None or not sizes:
+        return
+    resolved = check_device(device)
+    longest = max(config.max_context - decode if c == "max" else c for c in contexts)
+    free = available_device_memory(resolved)
+    planned = planning_bytes(total_device_memory(resolved) or free, free)
+    dtype_bytes = parse_dtype(dtype, resolved).itemsize
+    check_fits(estimate_memory(config, max(sizes), longest + decode + 1, dtype_bytes,  # the largest may not fit
+                               synthetic_prefill=synthetic_prefill, gpu=resolved.type == "cuda"), planned)

@@ -44,6 +44,8 @@ BAD_INPUT = {
     "ctx empty": (["throughput", "--ctx", ""], "--ctx is empty"),
     "ctx repeated": (["quality", "--ctx", "2k,2048"], "--ctx gives 2048 more than once"),
     "ctx fractional": (["quality", "--ctx", "1.5k"], "--ctx '1.5k' is not a token count"),
+    "throughput ctx repeated": (["throughput", "--ctx", "1k,1024"], "--ctx gives 1,024 more than once"),
+    "throughput batch repeated": (["throughput", "--batch", "2,2"], "--batch gives 2 more than once"),
     "profile ctx zero": (["profile", "--ctx", "0"], "--ctx '0' is not a token count"),
     "throughput ctx too long": (["throughput", "--ctx", "5000"], "the longest --ctx that fits with this --steps is 4,064"),
     "profile ctx too long": (["profile", "--ctx", "9000"], "exceeds tiny-llama's limit of 4,096 tokens"),
@@ -52,6 +54,11 @@ BAD_INPUT = {
     # counts and lists
     "batch zero": (["throughput", "--batch", "0"], "--batch '0' is not a whole number >= 1"),
     "batch word": (["throughput", "--batch", "abc"], "--batch 'abc' is not a whole number >= 1"),
+    # memory, estimated from the preset's shape before the model loads or anything is measured
+    "throughput batch beyond memory": (["throughput", "--batch", "100000"], "lower the batch size"),
+    "throughput batch beyond memory at max": (["throughput", "--batch", "1,100000", "--ctx", "1k,max"],
+                                              "lower the batch size"),
+    "profile batch beyond memory": (["profile", "--batch", "10000000"], "lower the batch size"),
     "samples word": (["quality", "--samples", "abc"], "--samples 'abc' is not a whole number >= 1"),
     "samples per context": (["quality", "--samples", "1,2,3"], "3 counts for 1 contexts"),
     "methods empty": (["quality", "--methods", ""], "--methods is empty"),
@@ -111,6 +118,24 @@ def test_bad_input_is_refused_before_any_work(workdir, args, message):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_contexts_out_of_order_are_measured_shortest_first_and_said_once(workdir):
+    result = CliRunner().invoke(app, ["throughput", "--ctx", "3k,1k"])
+    assert isinstance(result.exception, ModelLoaded)  # accepted: the run went on to load the model
+    assert result.output.count("--ctx: measuring shortest first: 1,024, 3,072") == 1, result.output
+
+
+def test_a_checkpoints_batch_is_refused_from_its_config_before_loading(workdir):
+    checkpoint = workdir / "big"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(
+        '{"model_type": "llama", "vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1024, '
+        '"num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8, '
+        '"max_position_embeddings": 4096}')
+    (checkpoint / "model.safetensors").write_bytes(b"")
+    assert "lower the batch size" in refused(["throughput", "--model", str(checkpoint), "--batch", "50000",
+                                              "--ctx", "2k"], workdir)
+
+
 def test_asking_for_a_gpu_that_is_not_there(workdir):
     assert "no CUDA device is visible" in refused(["quality", "--device", "cuda"], workdir)
 
