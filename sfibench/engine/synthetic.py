@@ -25,10 +25,11 @@ def synthetic_prefill(cache: KVCache, context: int, vocab_size: int, num_heads: 
     contiguous, so no scratch copy), then their norms a chunk of keys at a time: the only transient is one
     chunk of float32 keys, whatever the batch and context."""
     with on_cache("prefill", cache):
-        return _draw(cache, context, num_heads, evidence_rows, seed)
+        return _draw(cache, context, vocab_size, num_heads, evidence_rows, seed)
 
 
-def _draw(cache: KVCache, context: int, num_heads: int, evidence_rows: int, seed: int) -> Prefilled:
+def _draw(cache: KVCache, context: int, vocab_size: int, num_heads: int, evidence_rows: int,
+          seed: int) -> Prefilled:
     layers, batch, kv_heads, _, dim = cache.k.shape
     generator = torch.Generator(device=cache.k.device).manual_seed(seed)
     for layer in range(layers):
