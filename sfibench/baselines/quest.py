@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from sfibench.core.budget import BudgetError
-from sfibench.engine.method import AttentionMethod, MethodConfig, MethodDef, StepPlan
+from sfibench.engine.method import AttentionMethod, AttentionView, MethodConfig, MethodDef, RecallMemory, StepPlan
 from sfibench.optimized.decode_attention import dense_decode, sparse_decode
 from sfibench.optimized.retrieval_kernels import expand_positions, page_scores, page_scores_reference
 from sfibench.optimized.top_k_kernels import radix_top_k
@@ -66,6 +66,9 @@ class QuestConfig(MethodConfig):
         sparse = len([layer for layer in mc.global_layers if layer >= self.dense_layers])
         return sparse * mc.num_kv_heads * -(-context // self.page) * 2 * mc.head_dim * dtype_bytes
 
+    def recall_memory(self, selection_budget) -> RecallMemory:
+        return QuestRecall(self)
+
 
 @dataclass(frozen=True)
 class QuestPlan(StepPlan):
@@ -93,6 +96,54 @@ def choose_pages(scores: torch.Tensor, kv_lengths: torch.Tensor, page: int, coun
     count = min(count, scores.shape[-1])
     chosen = scores.topk(count, dim=-1).indices
     return chosen, chosen < ((kv_lengths - 1) // page)[:, None, None]
+
+
+class QuestRecall(RecallMemory):
+    """The pages a Quest step reads, at as many tokens per (layer, KV head) as the budget reference reads
+    there: the first `dense_layers` layers read everything; every other layer the top (budget // page - 1)
+    pages before the current one by their bound, plus the current page. A sliding-window layer counts as a
+    global one here, as it does in every memory the analysis compares.
+
+    Successive views are the steps of one sequence, whose cached keys never change: as Quest keeps its
+    page bounds current on every write, only the pages not yet full are summarised again at a step."""
+
+    names = ("quest",)
+    labels = {"quest": "Quest"}
+
+    def __init__(self, cfg: QuestConfig):
+        self.cfg = cfg
+        self.highest = self.lowest = None  # [layers, H_kv, pages, D]: the bounds of the keys seen so far
+
+    def bounds(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        page, length = self.cfg.page, keys.shape[2]
+        kept = 0 if self.highest is None else self.highest.shape[2] - 1  # the last page may have been partial
+        kept = kept if kept * page <= length else 0
+        rest = torch.full((keys.shape[0],), length - kept * page, device=keys.device)
+        highest, lowest = page_bounds(keys[:, :, kept * page:], rest, page)  # the layers stand in for the batch
+        self.highest = torch.cat([self.highest[:, :, :kept], highest], dim=2) if kept else highest
+        self.lowest = torch.cat([self.lowest[:, :, :kept], lowest], dim=2) if kept else lowest
+        return self.highest, self.lowest
+
+    def masks(self, view: AttentionView) -> dict[str, torch.Tensor] | None:
+        if view.budget is None or view.queries is None or view.keys is None:
+            return None
+        cfg, keys = self.cfg, view.keys
+        layers, kv_heads, length, dim = keys.shape
+        highest, lowest = self.bounds(keys)
+        group = view.queries.float().view(layers, kv_heads, -1, dim)
+        # max(q_i M_i, q_i m_i) is q_i M_i where q_i >= 0 and q_i m_i elsewhere (M >= m), so the bound summed
+        # over the group is two products with the group's summed positive and negative parts
+        scores = (torch.einsum("lhd,lhpd->lhp", group.clamp(min=0).sum(dim=2), highest.float())
+                  + torch.einsum("lhd,lhpd->lhp", group.clamp(max=0).sum(dim=2), lowest.float()))
+        current = (length - 1) // cfg.page
+        scores[..., current:] = float("-inf")  # only the pages before the current one are chosen by bound
+        pages = (view.budget // cfg.page - 1).clamp_min(0)
+        rank = scores.argsort(dim=-1, descending=True).argsort(dim=-1)
+        chosen = (rank < pages) & scores.isfinite()
+        positions = torch.arange(length, device=keys.device)
+        mask = chosen.repeat_interleave(cfg.page, dim=-1)[..., :length] | (positions >= current * cfg.page)
+        mask[:cfg.dense_layers] = True
+        return {"quest": mask}
 
 
 class Quest(AttentionMethod):

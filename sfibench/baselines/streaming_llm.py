@@ -43,6 +43,7 @@ class StreamingRecall(RecallMemory):
     """Sinks + the most recent tokens, as many in all as the budget reference's memory reads."""
 
     names = ("streaming",)
+    labels = {"streaming": "StreamingLLM"}
 
     def __init__(self, cfg: StreamingLLMConfig):
         self.cfg = cfg

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from sfibench.core.budget import BudgetError
-from sfibench.engine.method import AttentionMethod, MethodConfig, MethodDef, StepPlan
+from sfibench.engine.method import AttentionMethod, AttentionView, MethodConfig, MethodDef, RecallMemory, StepPlan
 from sfibench.optimized.decode_attention import dense_decode, sparse_decode
 from sfibench.optimized.retrieval_kernels import expand_positions, token_scores
 from sfibench.optimized.top_k_kernels import radix_top_k
@@ -59,6 +59,41 @@ class TidalDecodeConfig(MethodConfig):
             wanted.append(max(round(self.reselection_fraction * model_config.num_layers), self.selection_layer + 1))
         picked = [next((layer for layer in globals_ if layer >= at), None) for at in wanted]
         return sorted({layer for layer in picked if layer is not None})
+
+    def recall_memory(self, selection_budget) -> RecallMemory:
+        return TidalDecodeRecall(self)
+
+
+class TidalDecodeRecall(RecallMemory):
+    """The tokens a TidalDecode step reads, at as many per (layer, KV head) as the budget reference reads
+    there: the first layers, those before the first selection layer and the selection layers read
+    everything; every other layer reads the current token and the older positions its last selection layer
+    ranks highest, as many as the budget leaves beside the current token. A selection layer ranks by its G
+    query heads' logits summed, which ranks as their q.k summed: a logit is q.k times one positive scale
+    (no supported model soft-caps attention logits). A sliding-window layer counts as a global one here, as
+    it does in every memory the analysis compares."""
+
+    names = ("tidaldecode",)
+    labels = {"tidaldecode": "TidalDecode"}
+
+    def __init__(self, cfg: TidalDecodeConfig):
+        self.cfg = cfg
+
+    def masks(self, view: AttentionView) -> dict[str, torch.Tensor] | None:
+        if view.budget is None or view.model_config is None:
+            return None
+        logits = view.logits
+        layers, length = logits.shape[0], logits.shape[-1]
+        selecting = self.cfg.selection_layers(view.model_config)
+        mask = torch.ones(layers, logits.shape[1], length, dtype=torch.bool, device=logits.device)
+        rank = None  # of the older positions, by the last selection layer's summed logits
+        for layer in range(selecting[0] if selecting else layers, layers):
+            if layer in selecting:
+                older = logits[layer, ..., :length - 1].sum(dim=1)  # [H_kv, L - 1]
+                rank = older.argsort(dim=-1, descending=True).argsort(dim=-1)
+            else:
+                mask[layer, :, :length - 1] = rank < view.budget[layer] - 1
+        return {"tidaldecode": mask}
 
 
 @dataclass(frozen=True)

@@ -101,19 +101,26 @@ class AttentionView:
     `logits [layers, H_kv, G, L]` are the dense attention logits of every query head, `key_norms
     [layers, H_kv, L]` the cached key norms, `sentence_start` whether the step opens a sentence, and
     `budget [layers, H_kv, 1]` the tokens the budget reference's memory reads at this step, which every
-    other method is matched to (None while the reference has nothing to compare).
+    other method is matched to (None while the reference has nothing to compare). A method that ranks
+    by something other than the logits finds the step's post-RoPE `queries [layers, H_q, D]` and the
+    cached `keys [layers, H_kv, L, D]`, and one that treats layers differently the `model_config`; each
+    is None where the caller has none to give (a memory that needs it then has nothing to compare).
     """
 
     logits: torch.Tensor
     key_norms: torch.Tensor
     sentence_start: bool
     budget: torch.Tensor | None = None
+    queries: torch.Tensor | None = None
+    keys: torch.Tensor | None = None
+    model_config: Any = None
 
 
 class RecallMemory:
     """The positions a method's step would read, as bool masks `[layers, H_kv, L]` named for reports."""
 
     names: tuple[str, ...] = ()
+    labels: dict[str, str] = {}  # name -> what reports call the memory (results.json records it)
 
     def masks(self, view: AttentionView) -> dict[str, torch.Tensor] | None:
         """This step's memories by name, or None when the step has nothing to compare."""

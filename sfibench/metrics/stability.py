@@ -13,7 +13,10 @@ the group's attention each position gets), and reduces it to running sums:
 - drift: the same overlap against the support at the sentence's first step t0, by offset t - t0;
 - recall: the share of step t's attention mass that each method's memory reads (MethodConfig.recall_memory,
   every registered method that has one): SFI's, selected by its real Selector at t0 (stale) and at t
-  (fresh), and the others' at as many tokens as the stale memory (StreamingLLM: sinks + recent tokens).
+  (fresh), and the others' at as many tokens per (layer, KV head) as the stale memory reads there (each
+  method says how it spends them; a memory that ranks pages by key bounds is handed the step's queries
+  and the cached keys). Each memory's label is recorded beside its numbers, so reports list whatever
+  memories a run compared.
 
 Only the previous step's supports and the sentence start's supports and selection are kept (boolean
 masks per (layer, KV head)); everything else is sums, counts and fixed histograms, so memory does not
@@ -169,10 +172,12 @@ SIDES = ("within", "across")  # step t continues the sentence of t-1, or opens a
 class StabilityReducer:
     """Feed one decode step at a time with `update`; `summary()` gives JSON-ready results."""
 
-    def __init__(self, cfg: StabilityConfig, num_layers: int, num_kv_heads: int):
+    def __init__(self, cfg: StabilityConfig, num_layers: int, num_kv_heads: int, model_config=None):
         self.cfg = cfg
+        self.model_config = model_config  # handed to the memories (None: memories that need it compare nothing)
         self.memories = recall_memories(cfg)
         names = [name for memory in self.memories for name in memory.names]
+        self.labels = {name: memory.labels.get(name, name) for memory in self.memories for name in memory.names}
         shape = (num_layers, num_kv_heads)
         bins = cfg.max_offset + 1  # index = offset t - t0; 0 (the start itself) stays empty
         self.step = 0
@@ -191,8 +196,10 @@ class StabilityReducer:
         self.candidate_mass = Mean(*shape)
         self.chance_overlap = Mean()  # k / |C|: expected overlap of two unrelated top-k sets, for scale
 
-    def update(self, logits: torch.Tensor, key_norms: torch.Tensor, sentence_start: bool) -> None:
-        """One step: dense logits `[layers, H, G, L]` of its query, key norms `[layers, H, L]`.
+    def update(self, logits: torch.Tensor, key_norms: torch.Tensor, sentence_start: bool,
+               queries: torch.Tensor | None = None, keys: torch.Tensor | None = None) -> None:
+        """One step: dense logits `[layers, H, G, L]` of its query, key norms `[layers, H, L]`, and where the
+        caller has them the step's queries `[layers, H_q, D]` and the cached keys `[layers, H, L, D]`.
 
         `sentence_start`: this step's input token opens a new sentence (SPEC 3), so a boundary lies
         between this step and the previous one, and this step is t0 of the new sentence.
@@ -216,7 +223,8 @@ class StabilityReducer:
                     self.hist[kind, side, metric] += torch.histc(values.double().cpu(), HIST_BINS, 0, 1)
                 if kind == "topk":
                     self.layer_overlap[side].add(overlap.mean(dim=-1))
-        view = AttentionView(logits, key_norms, sentence_start)
+        view = AttentionView(logits, key_norms, sentence_start, queries=queries, keys=keys,
+                             model_config=self.model_config)
         memories = self.memories[0].masks(view)  # the budget reference's: the others read as many tokens
         if memories is not None:
             view.budget = next(iter(memories.values())).sum(dim=-1, keepdim=True)
@@ -260,6 +268,7 @@ class StabilityReducer:
             consecutive["topk"][side]["overlap_per_layer_ci95"] = self.layer_overlap[side].ci95().tolist()
         candidate_mass = self.candidate_mass.total
         recall = {name: {
+            "label": self.labels[name],
             "mean": overall(self.recall[name]),
             "candidate_recall": (float(self.captured[name].total.sum() / candidate_mass.sum())
                                  if candidate_mass.sum() > 0 else None),

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from sfibench.reporting.formatting import commit_label, number, percent, styled_table
 from sfibench.reporting.results import write_text_atomically
-from sfibench.reporting.stability_plots import MEMORY_LABELS, PLOTS
+from sfibench.reporting.stability_plots import PLOTS, memory_labels
 
 DRIFT_ROWS = (1, 2, 4, 8, 16, 32)  # offsets shown in the drift table, plus the last (open) bin
 
@@ -22,9 +22,11 @@ DEFINITIONS = (
     ("- Overlap = |S_t ∩ S'| / min(|S_t|, |S'|), which is |∩|/k when k is unchanged and keeps a constant "
      "ranking at 1 while k = frac x L grows; Jaccard = |∩|/|∪|."),
     ("- Stale memory: sinks ∪ Selector picks at t0 ∪ [min(recent_start(t0), recent_start(t)), L), what a fast "
-     "step after a refresh at t0 reads. Fresh: the same with picks and window from step t. StreamingLLM: "
-     "sinks + the most recent tokens, as many as the stale memory. Recall = share of step t's dense "
-     "attention mass on the memory. t0 is the sentence's first step (no t_max fallback, no min_gap)."),
+     "step after a refresh at t0 reads. Fresh: the same with picks and window from step t. Every other "
+     "memory holds the positions another method's step would read, chosen as that method chooses them, "
+     "as many per (layer, KV head) as the stale memory reads there at that step; a layer the method "
+     "reads densely counts whole, in its recall and in its tokens read. Recall = share of step t's dense attention mass on the memory. t0 is the sentence's first step "
+     "(no t_max fallback, no min_gap)."),
 )
 
 
@@ -36,12 +38,14 @@ def summary_sentences(results: dict) -> str:
              f"support within a sentence and {percent(topk['across']['overlap_mean'])} across a sentence boundary, "
              f"and overlap with the sentence's first step falls from {percent(drift[0])} at offset 1 to "
              f"{percent(drift[late - 1])} at offset {late}.")
+    others = [f"{percent(recall[name]['mean'])} ({percent(recall[name]['candidate_recall'])}) for {label}"
+              for name, label in memory_labels(results).items() if name not in ("stale", "fresh")]
     second = (f"Fast steps reading a selection the SFI Selector made at the sentence's first step keep "
               f"{percent(recall['stale']['mean'])} of the dense attention mass "
               f"({percent(recall['stale']['candidate_recall'])} of the mass on candidates), against "
               f"{percent(recall['fresh']['mean'])} ({percent(recall['fresh']['candidate_recall'])}) for a selection "
-              f"refreshed at every step and {percent(recall['streaming']['mean'])} "
-              f"({percent(recall['streaming']['candidate_recall'])}) for StreamingLLM reading as many tokens.")
+              "refreshed at every step" + (", and, reading as many tokens, " + ", ".join(others) if others else "")
+              + ".")
     return f"{first} {second}"
 
 
@@ -78,13 +82,14 @@ def _consecutive(results: dict) -> list[str]:
 
 
 def _drift(results: dict) -> list[str]:
-    drift, recall = results["drift"], results["recall"]
+    drift, recall, labels = results["drift"], results["recall"], memory_labels(results)
     last = drift["offsets"][-1]
-    lines = [("| offset t - t0 | samples | top-k overlap | 90%-mass overlap | stale recall | fresh recall "
-              "| StreamingLLM recall |"), "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| offset t - t0 | samples | top-k overlap | 90%-mass overlap | "
+             + " | ".join(f"recall: {label}" for label in labels.values()) + " |",
+             "| --- | --- | --- | --- | " + " | ".join("---" for _ in labels) + " |"]
     for offset in [o for o in DRIFT_ROWS if o < last] + [last]:
         i = offset - 1
-        cells = [drift["topk_overlap"][i], drift["mass_overlap"][i], *(recall[m]["by_offset"][i] for m in MEMORY_LABELS)]
+        cells = [drift["topk_overlap"][i], drift["mass_overlap"][i], *(recall[m]["by_offset"][i] for m in labels)]
         label = f">= {offset}" if offset == last else str(offset)
         lines.append(f"| {label} | {drift['samples'][i]} | " + " | ".join(number(c) for c in cells) + " |")
     return lines
@@ -93,11 +98,11 @@ def _drift(results: dict) -> list[str]:
 def _recall(results: dict) -> list[str]:
     lines = ["| memory | recall of dense mass | recall of candidate mass | mean tokens read |",
              "| --- | --- | --- | --- |"]
-    for name, label in MEMORY_LABELS.items():
+    for name, label in memory_labels(results).items():
         r = results["recall"][name]
         lines.append(f"| {label} | {number(r['mean'])} | {number(r['candidate_recall'])} | {number(r['tokens_read_mean'], 0)} |")
     lines += ["", (f"Candidates hold {percent(results['candidate_mass_share'])} of the dense mass on average; the rest "
-                   "is on sinks and the recent window, which every memory keeps.")]
+                   "is on sinks and the recent window, which SFI's memories keep whole.")]
     return lines
 
 
@@ -133,7 +138,6 @@ def terminal_table(document: dict, wide: bool = False) -> Table:
                           *(number(sides[side][f"{metric}_mean"]) for side in ("within", "across")))
     if wide:
         table.add_row(f"chance overlap, top-{cfg['topk_frac']:g}L", number(results["chance_topk_overlap"]), "")
-    for memory, name in (("stale", "SFI selection from t0"), ("fresh", "SFI selection at t"),
-                         ("streaming", "StreamingLLM, same tokens")):
-        table.add_row(f"recall: {name}", number(results["recall"][memory]["mean"]), "")
+    for memory, label in memory_labels(results).items():
+        table.add_row(f"recall: {label}", number(results["recall"][memory]["mean"]), "")
     return table

@@ -20,10 +20,17 @@ from sfibench.reporting.plot_style import legend_below
 
 PLOTS = {"overlap_vs_offset.png": "Overlap with the sentence's first step, and memory recall, by offset",
          "within_vs_across.png": "Consecutive-step support overlap: within a sentence vs across a boundary",
-         "recall_heatmap.png": "Recall per layer and KV head: stale SFI selection, fresh selection, StreamingLLM"}
+         "recall_heatmap.png": "Recall per layer and KV head of every memory compared"}
 MIN_SAMPLES = 10  # offsets reached by fewer sentences are left out of the drift plot
-MEMORY_LABELS = {"stale": "SFI, selected at t0 (stale)", "fresh": "SFI, selected at t (fresh)",
-                 "streaming": "StreamingLLM, same tokens"}
+# results.json records each memory's label; runs saved without them compared these three
+UNLABELLED = {"stale": "SFI, selected at t0 (stale)", "fresh": "SFI, selected at t (fresh)",
+              "streaming": "StreamingLLM"}
+
+
+def memory_labels(results: dict) -> dict[str, str]:
+    """Name -> label of every memory the run compared, the budget reference's first; every memory but the
+    reference's reads as many tokens per (layer, KV head) as its stale memory."""
+    return {name: entry.get("label") or UNLABELLED.get(name, name) for name, entry in results["recall"].items()}
 
 
 def _array(values) -> np.ndarray:
@@ -72,10 +79,12 @@ def _offset_plot(results: dict):
     counts.set_ylabel("sentences reaching the offset (count)", fontsize=8)
     left.set_zorder(counts.get_zorder() + 1)
     left.patch.set_visible(False)
-    for name, label in MEMORY_LABELS.items():
+    for name, label in memory_labels(results).items():
         recall = results["recall"][name]
-        _curve(right, offsets, recall["by_offset"], recall.get("by_offset_ci95"), sparse, label=label)
+        if np.isfinite(_array(recall["by_offset"])).any():  # a memory with nothing compared has no curve
+            _curve(right, offsets, recall["by_offset"], recall.get("by_offset_ci95"), sparse, label=label)
     right.set(xlabel="offset t - t0 (decode steps)", ylabel="share of dense attention mass read")
+    right.set_title("the other methods read as many tokens as SFI's stale memory", fontsize=8)
     legend_below(fig, [left, counts, right], columns=3)
     left.set_title(f"{drift['samples'][0]} sentences; offsets seen in fewer than {MIN_SAMPLES} are not drawn",
                    fontsize=8)
@@ -112,14 +121,15 @@ def _split_plot(results: dict):
 
 
 def _heatmap(results: dict):
-    recall = results["recall"]
-    fig, axes = plt.subplots(2, 3, figsize=(10, 9.5), sharey=True, layout="constrained")
+    recall, labels = results["recall"], memory_labels(results)
+    fig, axes = plt.subplots(2, len(labels), figsize=(3.4 * len(labels), 9.5), sharey=True, squeeze=False,
+                             layout="constrained")
     for row, (key, what) in enumerate((("per_layer_head", "total mass"), ("candidate_per_layer_head",
                                                                         "mass inside candidates"))):
-        grids = [np.array(recall[name][key], dtype=float) for name in MEMORY_LABELS]
+        grids = [np.array(recall[name][key], dtype=float) for name in labels]
         finite = [g[np.isfinite(g)] for g in grids]
         low = min((g.min() for g in finite if g.size), default=0.0)
-        for ax, grid, label in zip(axes[row], grids, MEMORY_LABELS.values()):
+        for ax, grid, label in zip(axes[row], grids, labels.values()):
             image = ax.imshow(grid, aspect="auto", vmin=low, vmax=1.0, cmap="viridis", interpolation="nearest")
             ax.set(title=f"{label}\n{what}", xlabel="KV head", xticks=range(grid.shape[1]))
         axes[row][0].set_ylabel("layer")

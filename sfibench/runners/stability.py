@@ -61,7 +61,8 @@ class StabilityRun:
 
 
 class DenseProbe(AttentionMethod):
-    """Full-KV attention that also keeps this step's query logits `[layers, H_kv, G, L]` for the analysis.
+    """Full-KV attention that also keeps this step's query logits `[layers, H_kv, G, L]` and its post-RoPE
+    queries `[layers, H_q, D]` for the analysis (the keys are the cache's own).
 
     Not registered as a method: it measures, it is not something to benchmark. Batch size 1.
     """
@@ -73,6 +74,8 @@ class DenseProbe(AttentionMethod):
         mc = self.model_config
         self.logits = torch.zeros(mc.num_layers, mc.num_kv_heads, mc.group_size, cache.max_seq,
                                   device=cache.k.device, dtype=torch.float32)
+        self.queries = torch.zeros(mc.num_layers, mc.num_heads, mc.head_dim, device=cache.k.device,
+                                   dtype=torch.float32)
 
     def plan(self, ctx: StepContext) -> ProbePlan:
         return ProbePlan(capacity=int(ctx.kv_lengths_host[0]), graphable=False)
@@ -81,7 +84,8 @@ class DenseProbe(AttentionMethod):
         layer, length = ctx.layer, plan.capacity
         ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
         keys = cache.k[layer, 0, :, :length].float()  # [H_kv, L, D]
-        grouped = q[0, :, 0].float().reshape(keys.shape[0], -1, keys.shape[-1])  # [H_kv, G, D]
+        self.queries[layer] = q[0, :, 0]
+        grouped = self.queries[layer].view(keys.shape[0], -1, keys.shape[-1])  # [H_kv, G, D]
         # q.k / sqrt(d), as SFI's slow step computes its evidence (a batched matmul: einsum is slower here)
         self.logits[layer, :, :, :length] = torch.matmul(grouped, keys.transpose(1, 2)) * keys.shape[-1] ** -0.5
         return dense_attention(q, cache.k[layer], cache.v[layer], ctx.kv_lengths, capacity=length, masked=False)
@@ -153,7 +157,7 @@ def _analyse(cfg: StabilityConfig, text: str, source: str, run_dir: Path, show_p
     prefilled = session.prefill([ids[:cfg.prefix]], cfg.steps)
     prefill_s = time.perf_counter() - began
     probe = DenseProbe(None, mc, loaded.tokenizer)
-    reducer = StabilityReducer(cfg, mc.num_layers, mc.num_kv_heads)
+    reducer = StabilityReducer(cfg, mc.num_layers, mc.num_kv_heads, mc)
     stream, nll, decode_s = _decode(session, probe, reducer, cfg, ids, prefilled, show_progress)
 
     emitted = stream[cfg.prefix:]
@@ -203,6 +207,6 @@ def _decode(session: Session, probe: DenseProbe, reducer: StabilityReducer, cfg:
             logits = driver.step(torch.tensor([token], device=session.device)).logits
             length = position + 1
             reducer.update(probe.logits[..., :length], cache.key_norms[:, 0, :, :length],
-                           bool(boundaries.sentence_start[0]))
+                           bool(boundaries.sentence_start[0]), probe.queries, cache.k[:, 0, :, :length])
             progress.advance(task)
     return stream, nll, time.perf_counter() - began

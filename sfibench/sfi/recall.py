@@ -36,6 +36,7 @@ def _grow(mask: torch.Tensor, length: int) -> torch.Tensor:
 
 class SFIRecall(RecallMemory):
     names = ("stale", "fresh")
+    labels = {"stale": "SFI, selected at t0 (stale)", "fresh": "SFI, selected at t (fresh)"}
 
     def __init__(self, cfg, selection_budget):
         self.cfg, self.selection_budget = cfg, selection_budget
