@@ -5,7 +5,9 @@ is cited, that the generated results blocks are current, and that no page tells 
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -131,12 +133,19 @@ def test_every_results_run_shows_its_conditions_and_in_the_full_view_its_plot():
     assert runs >= 8
 
 
-def test_views_of_a_throughput_run():
+def test_views_of_a_throughput_run(tmp_path):
     from sfibench.reporting.readme_results import generate
 
+    # the committed run with a reference-path row added: the full view shows it, the compact one does not
+    run = tmp_path / "throughput-qwen3-0.6b-h200"
+    shutil.copytree(ROOT / "reports" / run.name, run)
+    doc = json.loads((run / "results.json").read_text())
+    rows = doc["results"]["rows"]
+    rows.append({**next(r for r in rows if r["method"] == "sfi"), "path": "reference", "publish": None})
+    (run / "results.json").write_text(json.dumps(doc))
+
     def block(view: str) -> str:
-        return generate(f"<!-- results:begin {view} throughput-qwen3-0.6b-h200 -->\n<!-- results:end -->\n",
-                        ROOT / "reports")
+        return generate(f"<!-- results:begin {view} {run.name} -->\n<!-- results:end -->\n", tmp_path)
 
     full, compact, floors = block("full"), block("compact"), block("floors")
     assert "| sfi | reference |" in full and "![throughput]" in full
