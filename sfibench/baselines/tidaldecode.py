@@ -21,7 +21,7 @@ from sfibench.core.budget import BudgetError
 from sfibench.engine.method import AttentionMethod, AttentionView, MethodConfig, MethodDef, RecallMemory, StepPlan
 from sfibench.optimized.decode_attention import dense_decode, sparse_decode
 from sfibench.optimized.retrieval_kernels import expand_positions, token_scores
-from sfibench.optimized.top_k_kernels import radix_top_k
+from sfibench.optimized.top_k_kernels import top_k
 from sfibench.optimized.triton_device import require_triton_device
 from sfibench.reference.attention import dense_attention
 from sfibench.reference.sparse_memory import attend_fixed_plus_tail
@@ -154,9 +154,9 @@ class TidalDecode(AttentionMethod):
 
 class OptimizedTidalDecode(TidalDecode):
     """A selection layer: one launch scores every older slot (the group's q summed, then one dot per key),
-    the radix top-k ranks them, one launch lists them and the current slot, and the layer itself reads
-    densely with the split-K kernel. Every other sparse layer reads the listed slots in place. Nothing is
-    sized on the host, so one CUDA graph serves every step."""
+    the top-k ranks them (one launch up to 16K slots, the radix select beyond), one launch lists them and
+    the current slot, and the layer itself reads densely with the split-K kernel. Every other sparse layer
+    reads the listed slots in place. Nothing is sized on the host, so one CUDA graph serves every step."""
 
     def start(self, cache, prefilled) -> None:
         require_triton_device(cache.k.device)
@@ -175,7 +175,7 @@ class OptimizedTidalDecode(TidalDecode):
         if layer in self.reads_densely:
             if layer in self.selecting:
                 token_scores(q[:, :, 0], k, ctx.kv_lengths, out=self.scores)
-                chosen = radix_top_k(self.scores, self.chosen_tokens, 0)  # ascending: the older slots first
+                chosen = top_k(self.scores, self.chosen_tokens, 0)  # ascending: the older slots first
                 expand_positions(chosen, ctx.kv_lengths, 1, self.positions, self.counts)
             ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
             return dense_decode(q[:, :, 0], k, v, ctx.kv_lengths, index_before_wait=True)[:, :, None]

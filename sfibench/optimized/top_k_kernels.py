@@ -158,3 +158,50 @@ def radix_top_k(scores: torch.Tensor, k: int, lo: int) -> torch.Tensor:
     _write_kept_kernel[(rows, parts)](flat, hist, kept, out, n, rows, k, chunk, lo, TILE=TILE,
                                       BLOCK_CHUNKS=max(2, triton.next_power_of_2(parts)), num_warps=4)
     return out.view(*scores.shape[:-1], k)
+
+
+# Rows short enough to sit in one program's registers (Quest's pages: 8,184 per KV head at 128K) are
+# ranked in a single launch: the radix select above spends seven launches on them, each too small to
+# fill the GPU, once per layer per step.
+ROW_BLOCK_MAX = 16384
+
+
+@triton.jit
+def _row_top_k_kernel(score_ptr, out_ptr, n, k, lo, BLOCK: tl.constexpr):
+    """One program per row: a binary search over the int32 keys for the K-th best (32 counts of the keys
+    at or above a guess, all in registers), then the kept positions written in order by a prefix sum."""
+    row = tl.program_id(0).to(tl.int64)
+    idx = tl.arange(0, BLOCK)
+    valid = idx < n
+    key = _order_key(tl.load(score_ptr + row * n + idx, mask=valid, other=0.0))
+    low = tl.full([], -2147483648, tl.int64)  # invariant: at least k keys are >= low (k <= n)
+    high = tl.full([], 2147483647, tl.int64)
+    for _ in range(32):
+        guess = low + (high - low + 1) // 2
+        count = tl.sum((valid & (key >= guess.to(tl.int32))).to(tl.int32), 0)
+        low = tl.where(count >= k, guess, low)
+        high = tl.where(count >= k, high, guess - 1)
+    threshold = low.to(tl.int32)  # the K-th best key
+    above = valid & (key > threshold)
+    tied = valid & (key == threshold)
+    room = k - tl.sum(above.to(tl.int32), 0)
+    keep = above | (tied & (tl.cumsum(tied.to(tl.int32), 0) <= room))  # ties to the lowest positions
+    rank = tl.cumsum(keep.to(tl.int32), 0) - 1
+    tl.store(out_ptr + row * k + rank, (idx + lo).to(tl.int64), mask=keep)
+
+
+def top_k(scores: torch.Tensor, k: int, lo: int) -> torch.Tensor:
+    """radix_top_k's answer, in one launch where a row fits one program (n <= ROW_BLOCK_MAX)."""
+    n = scores.shape[-1]
+    if n > ROW_BLOCK_MAX:
+        return radix_top_k(scores, k, lo)
+    k = min(k, n)
+    flat = scores.reshape(-1, n).contiguous()
+    out = torch.empty(flat.shape[0], k, dtype=torch.long, device=scores.device)
+    if k == 0 or flat.shape[0] == 0:
+        return out.view(*scores.shape[:-1], k)
+    if flat.dtype != torch.float32:
+        raise ValueError(f"top_k ranks float32 scores, got {flat.dtype}")
+    block = max(triton.next_power_of_2(n), 128)
+    _row_top_k_kernel[(flat.shape[0],)](flat, out, n, k, lo, BLOCK=block, num_warps=min(16, max(4, block // 1024)))
+    return out.view(*scores.shape[:-1], k)
