@@ -42,7 +42,8 @@ ENV = {"OMP_NUM_THREADS": "2"}  # fixed, so the reduction order is the same wher
 SAMPLES = 4
 RUNS = {
     "quality": ["quality", *COMMON, "--tasks", "niah_single,ppl", "--ctx", "1k", "--retention", "0.15",
-                "--samples", str(SAMPLES), "--batch", "4", "--seed", "0", "--methods", "full_kv,sfi,streaming_llm,snapkv"],
+                "--samples", str(SAMPLES), "--batch", "4", "--seed", "0",
+                "--methods", "full_kv,sfi,streaming_llm,snapkv"],
     "stability": ["stability", *COMMON, "--steps", "256", "--prefix", "768", "--k-head", "10%"],
     "throughput": ["throughput", *COMMON, "--ctx", "1k,2k", "--steps", "32", "--repeats", "3", "--k-head", "128",
                    "--methods", "full_kv,sfi,streaming_llm,snapkv", "--paths", "reference"],
