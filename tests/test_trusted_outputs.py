@@ -13,7 +13,7 @@ import matplotlib.figure
 import pytest
 from plot_bounds import problems
 
-from sfibench.reporting import throughput_plots, throughput_report
+from sfibench.reporting import compare, throughput_plots, throughput_report
 from sfibench.reporting.report_run import render
 from sfibench.reporting.speedup_claims import speedup_claim
 
@@ -42,15 +42,15 @@ def cpu_run(spreads: float = 0.02) -> dict:
     return document
 
 
-def drawn(draw, *args) -> matplotlib.figure.Figure:
-    """The figure a plot function saves, kept open for inspection."""
+def drawn(draw, *args, module=throughput_plots) -> matplotlib.figure.Figure:
+    """The figure a plot function of `module` saves, kept open for inspection."""
     figures = []
-    original = throughput_plots.save
-    throughput_plots.save = lambda fig, path: figures.append(fig)
+    original = module.save
+    module.save = lambda fig, path: figures.append(fig)
     try:
         draw(*args)
     finally:
-        throughput_plots.save = original
+        module.save = original
     return figures[0]
 
 
@@ -82,7 +82,35 @@ def test_only_separated_spreads_support_a_ratio_on_the_plot(tmp_path):
     figure = drawn(throughput_plots.throughput_figure, rows, tmp_path / "throughput.png")
     filled = [line for line in figure.axes[1].lines if line.get_markerfacecolor() != "none"]
     assert not any(2048 in line.get_xdata() and line.get_marker() not in ("", "None", None) for line in filled)
-    assert "its tok/s range over the timed passes overlaps" in " ".join(figure.axes[1].get_xlabel().split())
+    assert "has a tok/s range over the timed passes that overlaps" in " ".join(figure.axes[1].get_xlabel().split())
+
+
+def test_runs_side_by_side_draw_only_the_ratios_each_run_supports(tmp_path):
+    """`sfibench report A B`: a speedup a run does not support is '= same tokens' in report.md, hollow at 1x
+    on the comparison plot with no change drawn under it, and the caption says why."""
+    refused, steady = cpu_run(), cpu_run()
+    rows = compare.side_by_side([refused, steady])
+    speedups = [r for r in rows if r["name"] == "speedup_vs_full_kv"]
+    fast = next(r for r in speedups if r["series"].startswith("streaming_llm") and r["context"] == 1024)
+    assert [p.get("verdict") for p in fast["values"]] == ["same tokens", "same tokens"]
+    runs = [{"dir": name, "commit": name, "device": "cpu", "model": "m", "date": "-"} for name in "ab"]
+    report = compare.markdown({"config": {"compared_command": "throughput"},
+                               "results": {"runs": runs, "rows": rows}}, [])
+    line = next(text for text in report.splitlines() if text.startswith(f"| {fast['key']} |"))
+    assert line.endswith("| = same tokens | = same tokens |") and "2.2" not in line
+    assert "= same tokens: no difference measured, as the row reads as many tokens" in report
+    figure = drawn(compare._plot_metric, "speedup_vs_full_kv", speedups, runs, tmp_path, module=compare)
+    panel = next(i for i, ax in enumerate(figure.axes) if ax.get_title() == fast["series"])
+    top, change = figure.axes[panel], figure.axes[panel + len({r["series"] for r in speedups})]
+    points = [(x, y, line.get_markerfacecolor()) for line in top.lines
+              for x, y in zip(line.get_xdata(), line.get_ydata()) if y == y]
+    near = [(y, face) for x, y, face in points if abs(x / 1024 - 1) < 0.1]
+    assert near and all(y == 1.0 and face == "none" for y, face in near), near
+    assert not [y for line in change.lines for x, y in zip(line.get_xdata(), line.get_ydata())
+                if abs(x / 1024 - 1) < 0.1 and y == y and line.get_marker() == "s"]
+    caption = " ".join(figure.legends[0].get_title().get_text().split())
+    assert "no difference measured where the row reads as many tokens" in caption
+    assert "run 1 streaming_llm/reference B=1 @ 1K" in caption and not problems(figure)
 
 
 @pytest.mark.parametrize("spreads, noisy", [(1.8, True), (0.04, False)])

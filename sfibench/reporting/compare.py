@@ -22,8 +22,16 @@ from sfibench.reporting.plot_style import context_axis, context_label, legend_be
 from sfibench.reporting.results import read_results, write_results, write_text_atomically
 from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.reporting.run_metrics import device_identity, extract
+from sfibench.reporting.speedup_claims import (
+    REFERENCE,
+    noise_note,
+    unsupported_notes,
+    verdict_cell,
+    verdict_legend,
+)
 
 PANELS_PER_ROW = 4
+CAPTION_CHARACTERS_PER_INCH = 13  # of a caption line at 8 points, so it wraps inside the figure
 
 
 def compare_runs(run_dirs: list[Path], out: Path | None, overwrite: bool) -> Path:
@@ -34,18 +42,23 @@ def compare_runs(run_dirs: list[Path], out: Path | None, overwrite: bool) -> Pat
                             "compares runs of one command")
     runs = [_describe(Path(d), doc) for d, doc in zip(run_dirs, documents)]
     settings = differing_settings(documents)
-    metrics = [{m.key: m for m in extract(doc)} for doc in documents]
-    keys = list(dict.fromkeys(key for run in metrics for key in run))
-    rows = []
-    for key in keys:
-        present = next(run[key] for run in metrics if key in run)
-        rows.append({"key": key, "series": present.series, "context": present.context, "name": present.name,
-                     "unit": present.unit, "values": [_point(run.get(key)) for run in metrics]})
+    rows = side_by_side(documents)
     with claimed_run_dir(out, "report", overwrite=overwrite) as run_dir:
         write_results(run_dir, "report", {"runs": [str(d) for d in run_dirs], "compared_command": commands[0]},
                       {"runs": runs, "rows": rows, "differing_settings": settings})
         render_comparison(run_dir)
     return run_dir
+
+
+def side_by_side(documents: list[dict]) -> list[dict]:
+    """One row per metric any run has: its series, context, name and unit, and each run's point."""
+    metrics = [{m.key: m for m in extract(doc)} for doc in documents]
+    rows = []
+    for key in dict.fromkeys(key for run in metrics for key in run):
+        present = next(run[key] for run in metrics if key in run)
+        rows.append({"key": key, "series": present.series, "context": present.context, "name": present.name,
+                     "unit": present.unit, "values": [_point(run.get(key)) for run in metrics]})
+    return rows
 
 
 # provenance that is a setting of the run (what it ran on and with), not a fact about when or where it was saved
@@ -95,14 +108,17 @@ def markdown(document: dict, plots: list[str]) -> str:
              "|---|---|---|---|---|---|"]
     lines += [f"| {i + 1} | {r['dir']} | {r['model']} | {r['commit']} | {r['device']} | {r['date']} |"
               for i, r in enumerate(runs)]
+    noisy = [f"Run {i + 1}: {r['noise']}" for i, r in enumerate(runs) if r.get("noise")]
+    lines += ([""] + noisy) if noisy else []
     lines += [""] + settings_lines(document["results"].get("differing_settings"), len(runs))
     lines += ["", "| metric | unit | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " |",
               "|---|---|" + "---|" * len(runs)]
     for row in rows:
-        first = row["values"][0]["value"]
-        cells = [_cell(point, first if i else None) for i, point in enumerate(row["values"])]
+        cells = [_cell(point, row["values"][0] if i else None) for i, point in enumerate(row["values"])]
         lines.append(f"| {row['key']} | {row['unit']} | " + " | ".join(cells) + " |")
-    lines += [""] + [f"![{p}]({p})" for p in plots]
+    verdicts = [point["verdict"] for row in rows for point in row["values"] if point.get("verdict")]
+    lines += [""] + [f"- {line}" for line in verdict_legend(verdicts)] + ([""] if verdicts else [])
+    lines += [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 
 
@@ -126,31 +142,41 @@ def settings_lines(settings: list[dict] | None, runs: int) -> list[str]:
 
 def _describe(run_dir: Path, document: dict) -> dict:
     prov = document["provenance"]
-    return {"dir": str(run_dir), "model": document["config"].get("model"), "commit": commit_label(prov),
-            "device": device_identity(prov), "date": prov.get("timestamp_utc")}
+    described = {"dir": str(run_dir), "model": document["config"].get("model"), "commit": commit_label(prov),
+                 "device": device_identity(prov), "date": prov.get("timestamp_utc")}
+    if document["command"] == "throughput":  # passes that disagree more than the deltas: said once per run
+        described["noise"] = noise_note(document["results"]["rows"])
+    return described
 
 
 def _point(metric) -> dict:
     if metric is None:
         return {"value": None, "low": None, "high": None}
-    return {"value": metric.value, "low": metric.low, "high": metric.high}
+    return {"value": metric.value, "low": metric.low, "high": metric.high,
+            **({"verdict": metric.verdict} if metric.verdict else {})}
 
 
-def _cell(point: dict, first: float | None) -> str:
+def _cell(point: dict, first: dict | None) -> str:
+    """The value with its interval, and the change against run 1's point where both stand."""
     if point["value"] is None:
         return "-"
+    if point.get("verdict"):
+        return verdict_cell(point["verdict"])
     text = f"{point['value']:.4g}"
     if point["low"] is not None:
         text += f" [{point['low']:.3g}, {point['high']:.3g}]"
-    if first is not None:
-        text += f" ({point['value'] - first:+.3g}" + (f", {100 * (point['value'] / first - 1):+.1f}%)" if first else ")")
+    change = None if first is None else _change(first, point)
+    if change is not None:
+        base = first["value"]
+        text += f" ({change[0]:+.3g}" + (f", {100 * (point['value'] / base - 1):+.1f}%)" if base else ")")
     return text
 
 
 def _change(first: dict, point: dict) -> tuple[float, float | None, float | None] | None:
     """point - first with an interval combined from both (MOVER: each side's distance to its bound, added in
-    quadrature); no interval unless both points have one; None unless both were measured."""
-    if first["value"] is None or point["value"] is None:
+    quadrature); no interval unless both points have one; None unless both were measured and both stand (a
+    ratio a run does not support has no change to show)."""
+    if first["value"] is None or point["value"] is None or first.get("verdict") or point.get("verdict"):
         return None
     delta = point["value"] - first["value"]
     if None in (first["low"], first["high"], point["low"], point["high"]):
@@ -164,7 +190,8 @@ def _plot_metric(name: str, rows: list[dict], runs: list[dict], run_dir: Path) -
     """Values with their intervals per run, and under each panel the change against run 1 with its interval.
 
     Series measured at several contexts get a panel each with a context axis (four panels a row);
-    otherwise all series sit side by side in one panel.
+    otherwise all series sit side by side in one panel. A ratio a run does not support (speedup_claims.py)
+    is drawn hollow at 1x, no difference measured, with no change under it, and the caption says why.
     """
     series = list(dict.fromkeys(r["series"] for r in rows))
     by_context = all(r["context"] is not None for r in rows) and len({r["context"] for r in rows}) > 1
@@ -187,11 +214,15 @@ def _plot_metric(name: str, rows: list[dict], runs: list[dict], run_dir: Path) -
             offset = i - (len(runs) - 1) / 2  # runs side by side, so their bars do not hide each other
             shifted = [x * 2 ** (0.04 * offset) if by_context else x + 0.12 * offset for x in xs]
             points = [r["values"][i] for r in panel_rows]
-            values = [p["value"] for p in points]
+            standing = [_standing(p) for p in points]
+            values = [p["value"] for p in standing]
             top.errorbar(shifted, [float("nan") if v is None else v for v in values],
-                         yerr=yerr(values, [p["low"] for p in points], [p["high"] for p in points]),
+                         yerr=yerr(values, [p["low"] for p in standing], [p["high"] for p in standing]),
                          marker="o", ms=4, capsize=3, ls="none", color=f"C{i}",
                          label=f"run {i + 1}: {run['commit']}, {run['device']}, {run['model']}")
+            hollow = [x for x, p in zip(shifted, points) if p.get("verdict") not in (None, REFERENCE)]
+            if hollow:
+                top.plot(hollow, [1.0] * len(hollow), ls="none", marker="o", mfc="none", ms=7, color=f"C{i}")
             if i:
                 changes = [_change(r["values"][0], point) for r, point in zip(panel_rows, points)]
                 delta = [float("nan") if c is None else c[0] for c in changes]
@@ -209,13 +240,30 @@ def _plot_metric(name: str, rows: list[dict], runs: list[dict], run_dir: Path) -
             context_axis(top, xs, label="")
             context_axis(bottom, xs)
         else:
-            labels = [r["series"] + ("" if r["context"] is None else f" @ {context_label(r['context'])}")
-                      for r in panel_rows]
+            labels = [_point_name(r) for r in panel_rows]
             top.set_xticks(xs, [])
             top.set_xlim(-0.6, len(xs) - 0.4)
             bottom.set_xlim(-0.6, len(xs) - 0.4)
             bottom.set_xticks(xs, labels, rotation=30, ha="right", fontsize=7)
-    legend_below(fig, [axes[0][0]], columns=2)
+    notes = unsupported_notes((p.get("verdict"), f"run {i + 1} {_point_name(r)}")
+                              for r in rows for i, p in enumerate(r["values"]))
+    if notes:
+        axes[0][0].plot([], [], ls="none", marker="o", mfc="none", color="grey",
+                        label="hollow at 1x: no difference measured")
+    width = max(40, int(CAPTION_CHARACTERS_PER_INCH * fig.get_figwidth()))
+    legend_below(fig, [axes[0][0]], columns=2, caption="\n".join(wrapped(note, width) for note in notes))
     path = f"compare_{name.replace(' ', '_').replace('/', '_').replace('.', '_')}.png"
     save(fig, run_dir / path)
     return path
+
+
+def _standing(point: dict) -> dict:
+    """A point as drawn: with its interval where the run supports it; a Full-KV reference exactly at its
+    1x and no interval; a ratio the run does not support not at all (it is drawn hollow at 1x instead)."""
+    if point.get("verdict") == REFERENCE:
+        return {**point, "low": None, "high": None}
+    return {"value": None, "low": None, "high": None} if point.get("verdict") else point
+
+
+def _point_name(row: dict) -> str:
+    return row["series"] + ("" if row["context"] is None else f" @ {context_label(row['context'])}")

@@ -70,10 +70,11 @@ def log_axis(ax, axis: str = "y") -> None:
     which.set_minor_formatter(NullFormatter())
 
 
-def legend_below(fig, axes, columns: int = 4) -> None:
+def legend_below(fig, axes, columns: int = 4, caption: str = "") -> None:
     """One legend for the whole figure, outside and under its panels (the figure must use
     layout="constrained", which makes room for it); a label used in several panels appears once. Columns
-    are dropped until the legend fits the figure's width, so no entry is cut at an edge."""
+    are dropped until the legend fits the figure's width, so no entry is cut at an edge. A `caption` (lines
+    no wider than the figure) heads the legend, where the layout makes room for it too."""
     handles = {}
     for ax in axes:
         for handle, text in zip(*ax.get_legend_handles_labels()):
@@ -83,7 +84,7 @@ def legend_below(fig, axes, columns: int = 4) -> None:
     renderer = fig.canvas.get_renderer()
     for ncol in range(max(1, min(columns, len(handles))), 0, -1):
         legend = fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=ncol, fontsize=8,
-                            frameon=False)
+                            frameon=False, title=caption or None, title_fontsize=8)
         if ncol == 1 or legend.get_window_extent(renderer).width <= 0.98 * fig.bbox.width:
             return
         legend.remove()

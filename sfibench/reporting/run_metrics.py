@@ -33,6 +33,9 @@ class Metric:
     low: float | None = None  # 95% interval, when the run measured one
     high: float | None = None
     device_bound: bool = False  # a speed figure: comparable only between runs on the same device
+    # a ratio the run does not support: speedup_claims' short verdict ("same tokens", ...), so a comparison
+    # shows "no difference measured" with why rather than the number; "" where the figure stands
+    verdict: str = ""
 
     @property
     def key(self) -> str:
@@ -161,7 +164,7 @@ def _throughput(document: dict) -> list[Metric]:
             claim = speedup_claim(row, document["results"]["rows"])
             low, high = (claim.low, claim.high) if claim else (None, None)
             metrics.append(metric("speedup_vs_full_kv", row["speedup_vs_full_kv"], HIGHER, "x Full-KV", low, high,
-                                  device_bound=True))
+                                  device_bound=True, verdict=claim.verdict if claim else ""))
     return metrics
 
 

@@ -26,7 +26,7 @@ REFERENCE = "ref"
 MEANINGS = {
     SAME_TOKENS: "reads as many tokens per step as Full-KV (less than 5% fewer), so a faster figure shows no "
                  "saving from reading less",
-    IN_NOISE: "its tok/s range over the timed passes overlaps Full-KV's",
+    IN_NOISE: "has a tok/s range over the timed passes that overlaps Full-KV's",
     REFERENCE: "the Full-KV row every speedup at this shape is measured against",
 }
 
@@ -46,7 +46,19 @@ class SpeedupClaim:
 
     def cell(self) -> str:
         """How a table spells it: '2.10x', or the short verdict."""
-        return f"{self.ratio:.2f}x" if self.supported else f"= {self.verdict}" if self.verdict != REFERENCE else "ref"
+        return f"{self.ratio:.2f}x" if self.supported else verdict_cell(self.verdict)
+
+
+def verdict_cell(verdict: str) -> str:
+    """A verdict as a table cell: 'ref' or '= same tokens'."""
+    return "ref" if verdict == REFERENCE else f"= {verdict}"
+
+
+def verdict_legend(verdicts) -> list[str]:
+    """What each verdict among `verdicts` means, one line each, for the notes under a table."""
+    present = set(verdicts)
+    return [f"{verdict_cell(verdict)}: " + ("" if verdict == REFERENCE else "no difference measured, as the row ")
+            + MEANINGS[verdict] for verdict in (REFERENCE, SAME_TOKENS, IN_NOISE) if verdict in present]
 
 
 def full_kv_reference(row: dict, rows: list[dict]) -> dict | None:
@@ -93,11 +105,19 @@ def noise_note(rows: list[dict]) -> str:
 
 
 def verdict_notes(rows: list[dict], label) -> list[str]:
-    """'= same tokens: streaming_llm/reference at 1,024 tokens, ... (why)' per verdict the rows have."""
+    """'no difference measured where the row ... (why): streaming_llm/reference at 1,024, ...' per verdict
+    the rows have."""
+    claims = [(speedup_claim(row, rows), row) for row in rows]
+    return unsupported_notes((claim.verdict, f"{label(row)}/{row['path']} at {row['context']:,}")
+                             for claim, row in claims if claim is not None)
+
+
+def unsupported_notes(named) -> list[str]:
+    """(verdict, name) pairs as one line per verdict naming every figure it applies to (the reference rows
+    are the 1x line, not a missing figure, and are left out)."""
     by_verdict: dict[str, list[str]] = {}
-    for row in rows:
-        claim = speedup_claim(row, rows)
-        if claim is not None and claim.verdict and claim.verdict != REFERENCE:
-            by_verdict.setdefault(claim.verdict, []).append(f"{label(row)}/{row['path']} at {row['context']:,}")
+    for verdict, name in named:
+        if verdict and verdict != REFERENCE:
+            by_verdict.setdefault(verdict, []).append(name)
     return [f"no difference measured where the row {MEANINGS[verdict]}: {', '.join(names)}"
             for verdict, names in by_verdict.items()]

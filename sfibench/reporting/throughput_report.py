@@ -7,13 +7,10 @@ from rich.table import Table
 from sfibench.metrics.nvml import best_energy
 from sfibench.reporting.formatting import commit_label, styled_table
 from sfibench.reporting.speedup_claims import (
-    IN_NOISE,
-    MEANINGS,
-    REFERENCE,
-    SAME_TOKENS,
     half_spread,
     noise_note,
     speedup_claim,
+    verdict_legend,
     verdict_notes,
 )
 
@@ -116,10 +113,7 @@ def terminal_table(document: dict, wide: bool = False) -> Table:
 
 def table_notes(rows: list[dict]) -> list[str]:
     """What the speedup cells that are not ratios mean, then the noise warning, if any."""
-    cells = {claim.verdict for claim in (speedup_claim(r, rows) for r in rows) if claim and claim.verdict}
-    lines = [f"{'ref' if verdict == REFERENCE else '= ' + verdict}: "
-             + ("" if verdict == REFERENCE else "no difference measured, as the row ") + MEANINGS[verdict]
-             for verdict in (REFERENCE, SAME_TOKENS, IN_NOISE) if verdict in cells]
+    lines = verdict_legend(claim.verdict for claim in (speedup_claim(r, rows) for r in rows) if claim)
     note = noise_note(rows)
     return lines + ([note] if note else [])
 
