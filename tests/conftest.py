@@ -42,11 +42,15 @@ DEFAULT_CASES = {
         lambda p: p["path"] == "reference",
 }
 
-# The regression gate's whole-command reruns (three `sfibench stability` runs, minutes on 2 cores); by default
-# the gate is tested on fabricated runs, and .ci/run reruns the committed baseline besides.
+# Whole-command reruns and real-model runs of minutes on 2 cores. The regression gate's reruns (three
+# `sfibench stability` runs): by default the gate is tested on fabricated runs, and .ci/run reruns the
+# committed baseline besides.
 FULL_TESTS = {
     "test_check.py::test_a_rerun_of_the_unchanged_tree_passes",
     "test_check.py::test_a_rerun_with_a_random_selector_fails",
+    # the optimized path on the real 30-layer model runs in Triton's interpreter: minutes on 2 cores; the
+    # tiny models' paths-agree cases cover the same kernels by default
+    "test_paths_agree.py::test_paths_agree_on_smollm2",
 }
 
 
