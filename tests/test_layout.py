@@ -25,6 +25,7 @@ LAYERS = (
     ("engine",),
     ("reference", "sfi", "optimized.sfi", "baselines"),  # the methods and their paths
     ("registry",),
+    ("hf",),  # the methods inside a transformers model: the engine's pieces driven by transformers' forwards
     ("metrics",),
     ("workloads",),
     ("reporting",),

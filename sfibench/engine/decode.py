@@ -66,7 +66,7 @@ def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled:
         if index > 0:
             result = driver.step(tokens)
             logits = result.logits
-            record = _record(method, result.ctx)
+            record = step_record(method, result.ctx)
             steps.append(record)
         sampled = sampler(logits)
         tokens = forced[:, index] if forced is not None else sampled
@@ -100,7 +100,8 @@ def batch_step_kind(method: AttentionMethod, ctx: StepContext) -> str:
     return next((kind for kind in ("slow", "bridge") if kind in kinds), kinds[0])
 
 
-def _record(method: AttentionMethod, ctx: StepContext) -> StepRecord:
+def step_record(method: AttentionMethod, ctx: StepContext) -> StepRecord:
+    """What a step did, per sequence: its kind and the tokens each (layer, KV head) read."""
     # copies: the driver reuses these buffers every step (and .cpu() of a CPU tensor is no copy)
     return StepRecord(step_kinds(method, ctx), ctx.tokens_read.to("cpu", copy=True),
                       ctx.kv_lengths.to("cpu", copy=True))

@@ -11,6 +11,10 @@ a GPU the model call is replayed from a CUDA graph, one per distinct plan (the p
 hashable: it is the graph key). A graph reads every tensor at the address it saw at capture, so the
 step's inputs live in static buffers owned here (token ids, KV lengths, tokens read) and are filled
 in place; nothing is allocated on a replay.
+
+A caller whose own model runs the layers (sfibench.hf, inside a transformers forward) makes a driver
+without a model and calls the step's phases itself (open_step, begin_layers, attend per layer,
+close_step): the same step, with the model's layers instead of the engine's.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ class _Captured:
 
 
 class StepDriver:
-    def __init__(self, model: Decoder, cache: KVCache, method: AttentionMethod, use_graphs: bool = False,
+    def __init__(self, model: Decoder | None, cache: KVCache, method: AttentionMethod, use_graphs: bool = False,
                  length_bucket: int = 256):
         device = cache.k.device
         if use_graphs and device.type != "cuda":
@@ -52,7 +56,7 @@ class StepDriver:
         self.model, self.cache, self.method = model, cache, method
         self.use_graphs = use_graphs
         self.length_bucket = length_bucket if use_graphs else 1
-        cfg = model.config
+        cfg = cache.config
         self.tokens = torch.zeros(cache.batch, dtype=torch.long, device=device)
         self.kv_lengths = torch.zeros(cache.batch, dtype=torch.long, device=device)
         self.tokens_read = torch.zeros(cfg.num_layers, cache.batch, cfg.num_kv_heads, dtype=torch.long,
@@ -77,13 +81,7 @@ class StepDriver:
             return self._step(tokens)
 
     def _step(self, tokens: torch.Tensor) -> StepResult:
-        self.step_index += 1
-        ctx = StepContext(step=self.step_index, positions=self.cache.lengths, kv_lengths=self.kv_lengths,
-                          kv_lengths_host=self.cache.lengths_host + 1,
-                          slow=torch.zeros(self.cache.batch, dtype=torch.bool), tokens_read=self.tokens_read,
-                          length_bucket=self.length_bucket)
-        plan = self.method.plan(ctx)
-        self.tokens.copy_(tokens, non_blocking=True)
+        ctx, plan = self.open_step(tokens)
         replayed = self.use_graphs and plan.graphable
         if replayed:
             captured = self.graphs.get(plan) or self._capture(plan, ctx)
@@ -91,25 +89,54 @@ class StepDriver:
             logits = captured.logits
         else:
             logits = self._forward(ctx, plan)
-        self.method.after_step(ctx, plan)
-        self.cache.advance()
+        self.close_step(ctx, plan)
         return StepResult(logits, ctx, replayed)
 
-    def _forward(self, ctx: StepContext, plan: StepPlan) -> torch.Tensor:
+    # A step in phases, so that a caller whose own model runs the layers (sfibench.hf, inside a transformers
+    # forward) drives the same step: open_step, begin_layers, attend for each layer, close_step.
+    def open_step(self, tokens: torch.Tensor) -> tuple[StepContext, StepPlan]:
+        """Host side, before the model runs: the step's context and the method's plan for input `tokens [B]`."""
+        self.step_index += 1
+        ctx = StepContext(step=self.step_index, positions=self.cache.lengths, kv_lengths=self.kv_lengths,
+                          kv_lengths_host=self.cache.lengths_host + 1,
+                          slow=torch.zeros(self.cache.batch, dtype=torch.bool), tokens_read=self.tokens_read,
+                          length_bucket=self.length_bucket)
+        plan = self.method.plan(ctx)
+        self.tokens.copy_(tokens, non_blocking=True)
+        return ctx, plan
+
+    def begin_layers(self, ctx: StepContext, plan: StepPlan) -> None:
+        """Device side, before the first layer (captured with the step)."""
         torch.add(self.cache.lengths, 1, out=self.kv_lengths)
         self.method.begin_step(ctx, plan)
-        cfg = self.model.config
+
+    def attend(self, ctx: StepContext, plan: StepPlan, layer: int, q: torch.Tensor, k: torch.Tensor | None,
+               v: torch.Tensor | None) -> torch.Tensor:
+        """Layer `layer`'s decode attention: append its k/v `[B, H_kv, 1, D]` (None: the layer appended them
+        itself), then a sliding layer attends its window, whatever the method, and every other layer the method's
+        positions."""
+        cfg = self.cache.config
+        ctx.layer = layer
+        if k is not None:
+            self.cache.write_step(layer, ctx.positions, k[:, :, 0], v[:, :, 0])
+        with label("sfibench.attend"):  # a label for `sfibench profile`
+            if not cfg.is_global(layer):
+                ctx.tokens_read[layer] = window_tokens_read(ctx.kv_lengths, cfg.sliding_window)[:, None]
+                return window_decode_attention(q, self.cache.k[layer], self.cache.v[layer], ctx.kv_lengths,
+                                               cfg.sliding_window)
+            return self.method.attend(q, self.cache, ctx, plan)
+
+    def close_step(self, ctx: StepContext, plan: StepPlan) -> None:
+        """Host side, after the step was launched: the method's after_step (an SFI refresh), then the cache
+        advances."""
+        self.method.after_step(ctx, plan)
+        self.cache.advance()
+
+    def _forward(self, ctx: StepContext, plan: StepPlan) -> torch.Tensor:
+        self.begin_layers(ctx, plan)
 
         def attend(layer, q, k, v):
-            ctx.layer = layer
-            if k is not None:  # None: the layer already appended them (append_target below)
-                self.cache.write_step(layer, ctx.positions, k[:, :, 0], v[:, :, 0])
-            with label("sfibench.attend"):  # a label for `sfibench profile`
-                if not cfg.is_global(layer):  # a sliding layer attends its window, whatever the method
-                    ctx.tokens_read[layer] = window_tokens_read(ctx.kv_lengths, cfg.sliding_window)[:, None]
-                    return window_decode_attention(q, self.cache.k[layer], self.cache.v[layer], ctx.kv_lengths,
-                                                   cfg.sliding_window)
-                return self.method.attend(q, self.cache, ctx, plan)
+            return self.attend(ctx, plan, layer, q, k, v)
 
         # Where each layer's new k/v go: the decoder appends them in the kernel that rotates k (one
         # launch fewer per layer than rotating, then appending).

@@ -65,31 +65,48 @@ def prefill(model: Decoder, cache: KVCache, prompts: list[list[int]], chunk: int
         return _prefill(model, cache, prompts, chunk, evidence_rows)
 
 
-def _prefill(model: Decoder, cache: KVCache, prompts: list[list[int]], chunk: int, evidence_rows: int) -> Prefilled:
-    cfg = model.config
-    device = cache.k.device
-    batch = len(prompts)
-    queries = torch.zeros(cfg.num_layers, batch, cfg.num_heads, evidence_rows, cfg.head_dim,
+def evidence_buffers(cache: KVCache, lengths: list[int], evidence_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Room for the last `evidence_rows` prompt queries of every layer and sequence (Prefilled.queries), and how
+    many of them each sequence has (Prefilled.query_counts)."""
+    cfg, device = cache.config, cache.k.device
+    queries = torch.zeros(cfg.num_layers, cache.batch, cfg.num_heads, evidence_rows, cfg.head_dim,
                           device=device, dtype=cache.k.dtype)
-    counts = torch.tensor([min(len(p), evidence_rows) for p in prompts], device=device)
+    return queries, torch.tensor([min(length, evidence_rows) for length in lengths], device=device)
+
+
+def prefill_layer(cache: KVCache, queries: torch.Tensor, counts: torch.Tensor, length: int, layer: int, row: int,
+                  start: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One layer of a prefill chunk of sequence `row` (a prompt of `length` tokens): positions
+    [start, start + T) with q `[1, H_q, T, D]` and k, v `[1, H_kv, T, D]`.
+
+    Appends k/v to the cache, keeps the queries among the prompt's last `counts[row]`, and attends causally
+    over the cache (over the window only, on a sliding-window layer)."""
+    cfg = cache.config
+    end = start + k.shape[2]
+    cache.write_chunk(layer, row, start, k[0], v[0])
+    first_kept = length - int(counts[row])  # first prompt position whose query is kept
+    keep_from = max(first_kept, start)
+    if keep_from < end:
+        queries[layer, row, :, keep_from - first_kept:end - first_kept] = q[0, :, keep_from - start:]
+    k_all = cache.k[layer, row:row + 1, :, :end]
+    v_all = cache.v[layer, row:row + 1, :, :end]
+    if not cfg.is_global(layer):
+        return window_prefill_attention(q, k_all, v_all, start, cfg.sliding_window)
+    return causal_prefill_attention(q, k_all, v_all, start)
+
+
+def _prefill(model: Decoder, cache: KVCache, prompts: list[list[int]], chunk: int, evidence_rows: int) -> Prefilled:
+    device = cache.k.device
+    queries, counts = evidence_buffers(cache, [len(p) for p in prompts], evidence_rows)
     last_logits = []
     for row, prompt in enumerate(prompts):
         length = len(prompt)
-        first_kept = length - int(counts[row])  # first prompt position whose query is kept
         tokens = torch.tensor(prompt, device=device)
         for start in range(0, length, chunk):
             end = min(start + chunk, length)
 
-            def attend(layer, q, k, v, start=start, end=end, row=row, first_kept=first_kept):
-                cache.write_chunk(layer, row, start, k[0], v[0])
-                keep_from = max(first_kept, start)
-                if keep_from < end:
-                    queries[layer, row, :, keep_from - first_kept:end - first_kept] = q[0, :, keep_from - start:]
-                k_all = cache.k[layer, row:row + 1, :, :end]
-                v_all = cache.v[layer, row:row + 1, :, :end]
-                if not cfg.is_global(layer):
-                    return window_prefill_attention(q, k_all, v_all, start, cfg.sliding_window)
-                return causal_prefill_attention(q, k_all, v_all, start)
+            def attend(layer, q, k, v, start=start, row=row, length=length):
+                return prefill_layer(cache, queries, counts, length, layer, row, start, q, k, v)
 
             logits = model(tokens[None, start:end], torch.arange(start, end, device=device)[None], attend,
                            last_only=True)

@@ -1,0 +1,151 @@
+"""`apply`: run a registered method inside a loaded transformers causal LM, for the length of a `with` block.
+
+    with sfibench.hf.apply(model, tokenizer, method="sfi", budget="15%"):
+        output = model.generate(**inputs, max_new_tokens=64)
+
+Entering switches the model's attention implementation to sfibench's (attention.py), reads the model's
+attention shape (model.py: what cannot run is refused here), and hooks the model's forward: before it,
+the forward's route is chosen from the cache it is given (a `MethodCache`: the method's prefill or
+decode step; none, or an empty one: the model's own dense attention, as every method prefills; any
+other cache holding tokens: refused, its decode would bypass the method); after it, the cache finishes
+the step. `model.generate` gets a fresh `MethodCache` per call unless one is passed, sized for the
+call's new tokens. Leaving removes the hooks and the `generate` wrapper and switches the attention
+implementation back, so the model is exactly as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Self
+
+from sfibench import registry
+from sfibench.core.budget import Budget
+from sfibench.engine.method import AttentionMethod, MethodConfig
+from sfibench.hf.attention import DenseRoute, enter, leave
+from sfibench.hf.cache import MethodCache, UnsupportedGenerationError
+from sfibench.hf.model import Described, describe, switch_attention
+from sfibench.models.tokenizer import Tokenizer
+
+PATH = "reference"  # the path sfibench.hf runs: plain PyTorch, any device (for speed, the engine)
+
+
+class Applied:
+    """A method applied to a model while the `with` block lasts; `last_cache` is the latest generate's cache
+    (its `steps` say what each decode step read, `summary()` the method's own facts)."""
+
+    def __init__(self, model, tokenizer, method: str, budget: int | str | None = None,
+                 config: MethodConfig | None = None, evidence_rows: int = 64):
+        registry.check_method(method, PATH)
+        self.model = model
+        self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
+        self.method_name, self.config = method, config if config is not None else registry.default_config(method)
+        self.budget = None if budget is None else Budget.parse(str(budget), "budget")
+        self.evidence_rows = evidence_rows
+        self.described: Described | None = None
+        self.last_cache: MethodCache | None = None
+        self._undo: list = []
+        self._routes: list = []
+
+    # --- the block -----------------------------------------------------------------------------------
+    def __enter__(self) -> Self:
+        model = self.model
+        previous = switch_attention(model)
+        self._undo.append(lambda: model.set_attn_implementation(previous))
+        try:
+            self.described = describe(model)
+            self._hook()
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def _hook(self) -> None:
+        model = self.model
+        handles = [model.register_forward_pre_hook(self._before, with_kwargs=True),
+                   model.register_forward_hook(self._after, with_kwargs=True, always_call=True)]
+        self._undo.append(lambda: [handle.remove() for handle in handles])
+        own = "generate" in model.__dict__  # an instance attribute someone set before: put it back as it was
+        earlier, generate = model.__dict__.get("generate"), model.generate
+
+        def with_cache(*args, **kwargs):
+            if kwargs.get("past_key_values") is None:
+                kwargs["past_key_values"] = self.cache(self._new_tokens(args, kwargs))
+            self.last_cache = kwargs["past_key_values"]
+            return generate(*args, **kwargs)
+
+        model.generate = with_cache
+        self._undo.append(lambda: setattr(model, "generate", earlier) if own else delattr(model, "generate"))
+
+    # --- caches and methods --------------------------------------------------------------------------
+    def cache(self, max_new_tokens: int) -> MethodCache:
+        """A new cache (one per generation) with room for `max_new_tokens` tokens after the longest prompt."""
+        if self.described is None:
+            raise UnsupportedGenerationError("make a cache inside the `with sfibench.hf.apply(...)` block")
+        return MethodCache(self.described, self.new_method, max_new_tokens, self.evidence_rows)
+
+    def new_method(self, context: int) -> AttentionMethod:
+        """The method for a batch whose longest prompt has `context` tokens (a percentage budget's context)."""
+        config = self.config
+        if self.budget is not None:
+            config = registry.at_budget(self.method_name, PATH, self.budget.resolve(context, "budget"),
+                                        config).config
+        spec = registry.spec(self.method_name, PATH, config)
+        return registry.create_method(spec, self.described.config, self.tokenizer)
+
+    def _new_tokens(self, args, kwargs) -> int:
+        """The new tokens `generate` will make, as it reads its arguments and generation config."""
+        config = kwargs.get("generation_config") or self.model.generation_config
+        new = kwargs.get("max_new_tokens", config.max_new_tokens)
+        if new is None:
+            prompt = kwargs.get("input_ids", args[0] if args else kwargs.get("inputs_embeds"))
+            new = kwargs.get("max_length", config.max_length) - prompt.shape[1]
+        return new
+
+    # --- the forward hooks ---------------------------------------------------------------------------
+    def _before(self, module, args, kwargs):
+        try:
+            route, cache = self._route(args, kwargs)
+        except BaseException:
+            self._routes.append((None, None))  # the forward hook still runs (always_call), and pops this
+            raise
+        self._routes.append((enter(route), cache))
+
+    def _route(self, args, kwargs):
+        cache = kwargs.get("past_key_values")
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        reference = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
+        if isinstance(cache, MethodCache):
+            return cache.open_forward(input_ids, kwargs.get("attention_mask"), reference.shape[1], reference), cache
+        if cache is not None and cache.get_seq_length() > 0:
+            raise UnsupportedGenerationError(
+                f"this forward continues a {type(cache).__name__} holding {cache.get_seq_length()} tokens, which "
+                "sfibench.hf did not make: its decode would bypass the method. Inside sfibench.hf.apply call "
+                "model.generate, or pass the block's .cache(max_new_tokens) as past_key_values")
+        return DenseRoute(), None
+
+    def _after(self, module, args, kwargs, output):
+        token, cache = self._routes.pop()
+        if token is not None:
+            leave(token)
+        if cache is not None and output is not None:
+            cache.close_forward(output.logits)
+
+
+def apply(model, tokenizer, method: str, budget: int | str | None = None, config: MethodConfig | None = None,
+          evidence_rows: int = 64) -> Applied:
+    """Method `method` (a registered name, e.g. "sfi") on its reference path, applied to `model` inside a `with`
+    block. `budget`: tokens read per (layer, KV head), as a count (300) or a share of the longest prompt
+    ("15%"), turned into the method's settings by its own budget rule; None keeps `config` (default: the
+    method's defaults). `evidence_rows`: the last prompt queries kept for the methods that score the prompt
+    with them (SnapKV's window, SFI's bootstrap), as the engine keeps them."""
+    if config is not None and not dataclasses.is_dataclass(config):
+        raise TypeError(f"config must be the method's settings (a MethodConfig), got {type(config).__name__}")
+    return Applied(model, tokenizer, method, budget, config, evidence_rows)
+
