@@ -7,10 +7,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
-from matplotlib.container import ErrorbarContainer
+from matplotlib.container import BarContainer, ErrorbarContainer
 
 from sfibench.core.budget import Budget
-from sfibench.metrics.stability import Mean, StabilityConfig, StabilityReducer
+from sfibench.metrics.stability import Mean, StabilityConfig
+from sfibench.metrics.stability_reducer import StabilityReducer
 from sfibench.reporting import stability_plots
 from sfibench.sfi.config import SFIConfig
 
@@ -33,7 +34,7 @@ def results() -> dict:
     generator = torch.Generator().manual_seed(0)
     cfg = StabilityConfig(topk_frac=0.05, k_head=Budget(tokens=20), max_offset=8,
                           sfi=SFIConfig(n_sink=2, n_recent=16, page=4))
-    reducer = StabilityReducer(cfg, num_layers=3, num_kv_heads=2)
+    reducer = StabilityReducer(cfg, 3, num_kv_heads=2)
     for step in range(60):
         length = 80 + step
         reducer.update(torch.randn(3, 2, 2, length, generator=generator) * 2,
@@ -48,8 +49,12 @@ def test_every_stability_curve_has_error_bars(results, draw):
     caps = {id(cap) for container in with_bars for cap in container.lines[1]}
     curves = [line for ax in figure.axes for line in ax.lines  # lines with markers are measured points
               if line.get_marker() not in (None, "None", "") and id(line) not in caps]
+    bars = [c for ax in figure.axes for c in ax.containers if isinstance(c, BarContainer)]
+    measured_bars = [bar for bar in bars if bar.errorbar is not None]  # the others count sentences
     plt.close(figure)
-    assert curves and len(with_bars) == len(curves)
+    assert curves and len(with_bars) == len(curves) + len(measured_bars)
+    if draw is stability_plots._split_plot:
+        assert bars and measured_bars == bars
     for container in with_bars:  # bars of real length, not zeros standing in for a missing interval
         segments = [s for collection in container.lines[2] for s in collection.get_segments()]
         assert any(abs(s[1][1] - s[0][1]) > 0 for s in segments)

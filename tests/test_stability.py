@@ -26,12 +26,12 @@ from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.metrics.stability import (
     StabilityConfig,
     StabilityInputError,
-    StabilityReducer,
     check_config,
     pooled_attention,
     set_overlap,
     supports,
 )
+from sfibench.metrics.stability_reducer import StabilityReducer
 from sfibench.registry import create_method
 from sfibench.runners.stability import DenseProbe, StabilityRun, run_stability
 from sfibench.sfi.config import SelectorConfig, SFIConfig
@@ -161,7 +161,7 @@ def test_end_to_end_on_tiny_llama(tmp_path):
     cfg = small_config(model="tiny-llama", text_file=str(tmp_path / "text.txt"), steps=60, prefix=48, max_offset=8)
     run_dir = run_stability(StabilityRun(cfg, out=tmp_path / "run"), show_progress=False)
     document = json.loads((run_dir / "results.json").read_text())
-    results = document["results"]
+    (results,) = document["results"]["segments"]
     assert document["command"] == "stability" and results["steps"] == 60
     starts = [m.end() for m in re.finditer(r"[.?!]+\s*", text) if 48 <= m.end() < 48 + 60]
     assert results["sentences"]["starts"] == len(starts) > 0
@@ -195,6 +195,6 @@ def test_cli_reports_bad_input_without_traceback():
 def test_generate_mode_analyses_the_models_own_tokens(tmp_path):
     cfg = small_config(model="tiny-llama", generate=True, steps=20, prefix=48)
     run_dir = run_stability(StabilityRun(cfg, out=tmp_path / "gen"), show_progress=False)
-    results = json.loads((run_dir / "results.json").read_text())
-    assert results["results"]["mode"] == "generated" and results["results"]["perplexity"] is None
-    assert 1 <= results["results"]["steps"] <= 20  # a sampled end-of-sequence token ends the run early
+    (results,) = json.loads((run_dir / "results.json").read_text())["results"]["segments"]
+    assert results["mode"] == "generated" and results["perplexity"] is None
+    assert 1 <= results["steps"] <= 20  # a sampled end-of-sequence token ends the run early

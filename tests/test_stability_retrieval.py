@@ -116,7 +116,7 @@ def test_stability_run_compares_quest_and_tidaldecode(tmp_path, model):
         "--prefix", "200", "--n-sink", "2", "--n-recent", "32", "--page", "4", "--k-head", "24", "--device", "cpu",
         "--dtype", "float32", "--out", str(run_dir)])
     assert result.exit_code == 0, result.output
-    recall = json.loads((run_dir / "results.json").read_text())["results"]["recall"]
+    recall = json.loads((run_dir / "results.json").read_text())["results"]["segments"][0]["recall"]
     stale_reads = recall["stale"]["tokens_read_mean"]
     for name in ("quest", "tidaldecode"):
         entry = recall[name]

@@ -117,14 +117,23 @@ STABILITY = committed("stability")
 @pytest.mark.parametrize("wide", [False, True])
 def test_stability_table_fits(path, wide):
     document = json.loads(path.read_text())
-    results = document["results"]
-    topk = results["consecutive"]["topk"]
+    segments = document["results"].get("segments") or [document["results"]]
     text = render(stability_markdown.terminal_table(document, wide))
     rows = body(text)
     assert "…" not in text and max(map(len, text.splitlines())) <= WIDTH, text
-    assert len(rows) == (8 if wide else 5), text
+    if len(segments) > 1:  # a row per segment: its overlaps within and across, SFI's recall
+        assert len(rows) == len(segments), text
+        for row, segment in zip(rows, segments):
+            topk = segment["consecutive"]["topk"]
+            assert row.startswith(segment["label"]) and f"{segment['recall']['stale']['mean']:.3f}" in row
+            assert f"{topk['within']['overlap_mean']:.3f}" in row and f"{topk['across']['overlap_mean']:.3f}" in row
+        return
+    (results,) = segments
+    topk = results["consecutive"]["topk"]
+    memories = len(results["recall"])
+    assert len(rows) == (5 if wide else 2) + memories, text
     assert f"{topk['within']['overlap_mean']:.3f}" in rows[0] and f"{topk['across']['overlap_mean']:.3f}" in rows[0]
-    assert f"{results['recall']['stale']['mean']:.3f}" in rows[-3]
+    assert f"{results['recall']['stale']['mean']:.3f}" in rows[-memories]
 
 
 PROFILE = committed("profile")

@@ -142,7 +142,8 @@ class QuestRecall(RecallMemory):
         chosen = (rank < pages) & scores.isfinite()
         positions = torch.arange(length, device=keys.device)
         mask = chosen.repeat_interleave(cfg.page, dim=-1)[..., :length] | (positions >= current * cfg.page)
-        mask[:cfg.dense_layers] = True
+        dense = [row for row, layer in enumerate(view.layer_ids()) if layer < cfg.dense_layers]
+        mask[dense] = True
         return {"quest": mask}
 
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from sfibench.baselines.tail_segment import TwoSegmentPath
 from sfibench.core.budget import BudgetError
-from sfibench.engine.method import AttentionMethod, MethodConfig, MethodDef
+from sfibench.engine.method import AttentionMethod, AttentionView, MethodConfig, MethodDef, RecallMemory
 from sfibench.optimized.decode_attention import tile_rows
 from sfibench.optimized.triton_device import require_triton_device
 from sfibench.reference.sparse_memory import TailPlan, attend_fixed_plus_tail
@@ -46,6 +46,9 @@ class SnapKVConfig(MethodConfig):
     def tokens_read(self, context: int) -> int:
         return min(self.budget, context)
 
+    def recall_memory(self, selection_budget) -> RecallMemory:
+        return SnapKVRecall(self)
+
     def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
         """The bootstrap's votes of one (layer, sequence) (SnapKV._votes, float32): the keys widened to
         every query head beside their float32 copy, then beside the window's logits, their masked copy,
@@ -63,6 +66,50 @@ class SnapKVConfig(MethodConfig):
             return 0, positions
         rows = keep + min(-keep % tile_rows, self.window)  # OptimizedSnapKV.start's compact buffer
         return 0, positions + 2 * mc.num_layers * mc.num_kv_heads * rows * mc.head_dim * dtype_bytes
+
+
+def window_votes(queries: torch.Tensor, keys: torch.Tensor, cfg: SnapKVConfig) -> torch.Tensor:
+    """Pooled attention mass of the last `cfg.window` prompt queries `[H_q, W, D]` on each position before
+    them, per KV head: keys `[H_kv, P, D]` of the whole P-token prompt -> `[H_kv, P - W]`."""
+    window, (kv_heads, length, dim) = cfg.window, keys.shape
+    group, prefix = queries.shape[0] // kv_heads, length - window
+    keys = keys.float().repeat_interleave(group, dim=0)
+    logits = torch.einsum("hwd,hnd->hwn", queries.float(), keys) * dim ** -0.5
+    positions = torch.arange(length, device=keys.device)
+    causal = positions[None, :] <= positions[prefix:, None]
+    weights = logits.masked_fill(~causal, float("-inf")).softmax(dim=-1)[..., :prefix]
+    votes = weights.mean(dim=1).view(kv_heads, group, prefix).mean(dim=1)
+    pool = F.max_pool1d if cfg.pooling == "max" else F.avg_pool1d
+    return pool(votes[:, None], cfg.kernel, stride=1, padding=cfg.kernel // 2)[:, 0]
+
+
+class SnapKVRecall(RecallMemory):
+    """The prompt positions SnapKV keeps and everything after them, at as many tokens per (layer, KV head)
+    as the budget reference reads at the step: the observation window and every generated token, and of
+    the older prompt positions the best by the window's votes (chosen once, from the prompt) to fill the
+    rest."""
+
+    names = ("snapkv",)
+    labels = {"snapkv": "SnapKV"}
+
+    def __init__(self, cfg: SnapKVConfig):
+        self.cfg = cfg
+        self.rank: torch.Tensor | None = None  # [layers, H_kv, P - W]: each older prompt position's rank
+
+    def masks(self, view: AttentionView) -> dict[str, torch.Tensor] | None:
+        if view.budget is None or view.prompt_queries is None or view.keys is None:
+            return None
+        prompt, window, length = view.prompt_length, self.cfg.window, view.logits.shape[-1]
+        if view.prompt_queries.shape[2] < window or prompt <= window:  # nothing older than the window
+            return {"snapkv": torch.ones(view.key_norms.shape, dtype=torch.bool, device=view.logits.device)}
+        if self.rank is None:
+            votes = torch.stack([window_votes(view.prompt_queries[row, :, -window:], view.keys[row, :, :prompt],
+                                              self.cfg) for row in range(view.keys.shape[0])])
+            self.rank = votes.argsort(dim=-1, descending=True).argsort(dim=-1)
+        prefix = prompt - window
+        kept = self.rank < (view.budget - (length - prefix)).clamp_min(0)
+        tail = torch.ones(kept.shape[:-1] + (length - prefix,), dtype=torch.bool, device=kept.device)
+        return {"snapkv": torch.cat([kept, tail], dim=-1)}
 
 
 class SnapKV(AttentionMethod):
@@ -102,18 +149,9 @@ class SnapKV(AttentionMethod):
         self.tail_start_host = self.tail_start.cpu()
 
     def _votes(self, cache, prefilled, layer: int, row: int, prefix: int) -> torch.Tensor:
-        """Pooled attention mass of the window queries on each prefix position, per KV head."""
-        mc, window = self.model_config, self.cfg.window
         count = int(prefilled.query_counts[row])
-        q = prefilled.queries[layer, row, :, count - window:count].float()  # [H_q, W, D]
-        length = prefix + window
-        keys = cache.k[layer, row, :, :length].float().repeat_interleave(mc.group_size, dim=0)
-        logits = torch.einsum("hwd,hnd->hwn", q, keys) * mc.head_dim ** -0.5
-        causal = torch.arange(length, device=q.device)[None, :] <= torch.arange(prefix, length, device=q.device)[:, None]
-        weights = logits.masked_fill(~causal, float("-inf")).softmax(dim=-1)[..., :prefix]
-        votes = weights.mean(dim=1).view(mc.num_kv_heads, mc.group_size, prefix).mean(dim=1)
-        pool = F.max_pool1d if self.cfg.pooling == "max" else F.avg_pool1d
-        return pool(votes[:, None], self.cfg.kernel, stride=1, padding=self.cfg.kernel // 2)[:, 0]
+        q = prefilled.queries[layer, row, :, count - self.cfg.window:count]  # [H_q, W, D]
+        return window_votes(q, cache.k[layer, row, :, :prefix + self.cfg.window], self.cfg)
 
     def plan(self, ctx) -> TailPlan:
         return TailPlan(tail_width=ctx.bucketed(int((ctx.kv_lengths_host - self.tail_start_host).max())))

@@ -82,17 +82,21 @@ class TidalDecodeRecall(RecallMemory):
     def masks(self, view: AttentionView) -> dict[str, torch.Tensor] | None:
         if view.budget is None or view.model_config is None:
             return None
-        logits = view.logits
-        layers, length = logits.shape[0], logits.shape[-1]
+        logits, layers = view.logits, view.layer_ids()
+        length = logits.shape[-1]
         selecting = self.cfg.selection_layers(view.model_config)
-        mask = torch.ones(layers, logits.shape[1], length, dtype=torch.bool, device=logits.device)
-        rank = None  # of the older positions, by the last selection layer's summed logits
-        for layer in range(selecting[0] if selecting else layers, layers):
+        mask = torch.ones(len(layers), logits.shape[1], length, dtype=torch.bool, device=logits.device)
+        rank, ranked_by = None, None  # the older positions ranked by a selection layer's summed logits
+        for row, layer in enumerate(layers):
+            if not selecting or layer < selecting[0]:
+                continue  # read densely
             if layer in selecting:
-                older = logits[layer, ..., :length - 1].sum(dim=1)  # [H_kv, L - 1]
-                rank = older.argsort(dim=-1, descending=True).argsort(dim=-1)
+                older = logits[row, ..., :length - 1].sum(dim=1)  # [H_kv, L - 1]
+                rank, ranked_by = older.argsort(dim=-1, descending=True).argsort(dim=-1), layer
+            elif ranked_by != max(s for s in selecting if s < layer):
+                return None  # the view leaves out the selection layer this one reuses
             else:
-                mask[layer, :, :length - 1] = rank < view.budget[layer] - 1
+                mask[row, :, :length - 1] = rank < view.budget[row] - 1
         return {"tidaldecode": mask}
 
 

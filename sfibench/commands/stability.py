@@ -6,8 +6,18 @@ from pathlib import Path
 
 import typer
 
-from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATH_HELP, console, user_errors
-from sfibench.options import check_device_needs, check_session_options, check_top_p, parse_k_head
+from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, KEEP_NEIGHBOURS_HELP, PATH_HELP, console, user_errors
+from sfibench.core.errors import UsageError
+from sfibench.options import (
+    check_device_needs,
+    check_session_options,
+    check_sfi_settings,
+    check_top_p,
+    ordered_contexts,
+    parse_k_head,
+    parse_token_list,
+    split_list,
+)
 from sfibench.sfi.config import SFIConfig
 
 
@@ -16,16 +26,29 @@ def stability(
     text_file: Path = typer.Option(None, help="natural text to teacher-force (default: the shipped English essays)"),
     generate: bool = typer.Option(False, "--generate", help="analyse the model's own sampled continuation of "
                                                            "the text's prefix instead of the text itself"),
-    steps: int = typer.Option(2000, min=2, help="decode steps analysed"),
-    prefix: int = typer.Option(512, min=1, help="prompt tokens prefilled before the first analysed step"),
+    steps: int = typer.Option(2000, min=2, help="decode steps analysed (per context and prompt)"),
+    prefix: int = typer.Option(None, min=1, help="without --ctx: prompt tokens prefilled before the first "
+                                                  "analysed step (default 512)"),
+    ctx: str = typer.Option(None, help="contexts to analyse, e.g. 8k,16k,32k: each prompt is CTX - STEPS tokens, "
+                                       "so the last step sees CTX"),
+    prompts: str = typer.Option("prose", help="with --ctx: prompt sources, the text (prose) and/or quality tasks "
+                                              "such as niah_single (their prompts are always continued by the model)"),
+    samples: int = typer.Option(1, min=1, help="prompts of each task per context"),
+    trigger: str = typer.Option("sentence", help="fixed: also compare refreshing every --interval steps against "
+                                                 "refreshing at sentence starts"),
+    interval: int = typer.Option(None, min=1, help="--trigger fixed: steps between refreshes (default: the "
+                                                   "sentence trigger's rate)"),
+    no_nms: bool = typer.Option(False, "--no-nms", help="also compare SFI with this Selector ablation: no Soft-NMS"),
+    keep_neighbours: int = typer.Option(None, min=1, help="also compare SFI with this Selector ablation: "
+                                                          + KEEP_NEIGHBOURS_HELP),
     topk_frac: float = typer.Option(0.02, help="support size k as a fraction of the context, in (0, 1)"),
     mass: float = typer.Option(0.9, help="second support: smallest candidate set holding this share of their mass"),
     k_head: str = typer.Option("10%", help="SFI picks per KV head: whole tokens (300) or a percentage of the "
                                            "context at the sentence start (10%)"),
     max_offset: int = typer.Option(64, min=1, help="drift is binned by offset from the sentence start up to this"),
     n_sink: int = typer.Option(4, min=0), n_recent: int = typer.Option(256, min=0), page: int = typer.Option(16, min=1),
-    temperature: float = typer.Option(0.7, min=0.0, help="--generate only"),
-    top_p: float = typer.Option(0.95, min=0.0, max=1.0, help="--generate only"),
+    temperature: float = typer.Option(0.7, min=0.0, help="generated text only"),
+    top_p: float = typer.Option(0.95, min=0.0, max=1.0, help="generated text only"),
     seed: int = typer.Option(0),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
@@ -47,9 +70,18 @@ def stability(
         check_method(registry.dense().name, path)
         check_device_needs(device, "--path", [path])
         check_top_p(top_p)
+        check_sfi_settings(None, keep_neighbours, None, path)
+        contexts = () if ctx is None else tuple(ordered_contexts(parse_token_list(ctx, "--ctx", allow_max=False))[0])
+        if contexts and prefix is not None:
+            raise UsageError("--prefix and --ctx both set the prompt's length (with --ctx it is CTX - STEPS); "
+                             "give one of them")
+        variant = {**({"use_nms": False} if no_nms else {}),
+                   **({"keep_neighbours": keep_neighbours} if keep_neighbours is not None else {})}
         analysis = StabilityConfig(
             model=model, text_file=None if text_file is None else str(text_file), generate=generate, steps=steps,
-            prefix=prefix, topk_frac=topk_frac, mass=mass, k_head=parse_k_head(k_head), max_offset=max_offset,
+            prefix=StabilityConfig.prefix if prefix is None else prefix, contexts=contexts,
+            prompts=tuple(split_list(prompts, "--prompts")), samples=samples, topk_frac=topk_frac, mass=mass,
+            k_head=parse_k_head(k_head), max_offset=max_offset, trigger=trigger, interval=interval, variant=variant,
             temperature=temperature, top_p=top_p, seed=seed, device=device, dtype=dtype, path=path,
             sfi=SFIConfig(n_sink=n_sink, n_recent=n_recent, page=page))
         run_dir = run_stability(StabilityRun(analysis, out=out, overwrite=overwrite))

@@ -103,8 +103,12 @@ class AttentionView:
     `budget [layers, H_kv, 1]` the tokens the budget reference's memory reads at this step, which every
     other method is matched to (None while the reference has nothing to compare). A method that ranks
     by something other than the logits finds the step's post-RoPE `queries [layers, H_q, D]` and the
-    cached `keys [layers, H_kv, L, D]`, and one that treats layers differently the `model_config`; each
-    is None where the caller has none to give (a memory that needs it then has nothing to compare).
+    cached `keys [layers, H_kv, L, D]`, and one that treats layers differently the `model_config` and
+    `layers`, the model layer each row is (None: row i is layer i; a model with sliding-window layers
+    is analysed on its global layers only). A method that chooses once from the prompt finds the last
+    prompt queries `prompt_queries [layers, H_q, W, D]` (post-RoPE, W of them) and the prompt's length
+    `prompt_length`. Each is None where the caller has none to give (a memory that needs it then has
+    nothing to compare).
     """
 
     logits: torch.Tensor
@@ -114,6 +118,13 @@ class AttentionView:
     queries: torch.Tensor | None = None
     keys: torch.Tensor | None = None
     model_config: Any = None
+    layers: tuple[int, ...] | None = None
+    prompt_queries: torch.Tensor | None = None
+    prompt_length: int | None = None
+
+    def layer_ids(self) -> list[int]:
+        """The model layer of each row."""
+        return list(self.layers) if self.layers is not None else list(range(self.logits.shape[0]))
 
 
 class RecallMemory:
@@ -121,6 +132,7 @@ class RecallMemory:
 
     names: tuple[str, ...] = ()
     labels: dict[str, str] = {}  # name -> what reports call the memory (results.json records it)
+    wanted: frozenset[str] | None = None  # the names the caller uses (None: all); a memory may skip the others
 
     def masks(self, view: AttentionView) -> dict[str, torch.Tensor] | None:
         """This step's memories by name, or None when the step has nothing to compare."""

@@ -1,26 +1,18 @@
-"""Attention-support stability (SPEC section 8), reduced on the fly one decode step at a time.
+"""Attention-support stability (SPEC section 8): the analysis's settings, their checks, and the set
+arithmetic the reducer (metrics/stability_reducer.py) applies one decode step at a time.
 
 SFI's premise is that the positions dominating attention (the *support*) stay put within a sentence
-and move at sentence boundaries. At every step this module takes the dense attention of the G query
-heads of each (layer, KV head), pools them (mean of their softmax probabilities, i.e. the share of
-the group's attention each position gets), and reduces it to running sums:
+and move at sentence boundaries. At every step the dense attention of the G query heads of each
+(layer, KV head) is pooled (mean of their softmax probabilities, i.e. the share of the group's
+attention each position gets) and reduced to supports over the candidate range C = [n_sink,
+recent_start): the top-k (k = topk_frac * L) and the smallest set holding `mass` of the candidates'
+(renormalised) attention. A model with sliding-window layers is analysed on its global layers, the
+only ones any method selects on.
 
-- supports over the candidate range C = [n_sink, recent_start): the top-k (k = topk_frac * L) and the
-  smallest set holding `mass` of the candidates' (renormalised) attention;
-- consecutive overlap |S_t ∩ S_t-1| / min(|S_t|, |S_t-1|) and Jaccard, split by whether step t opens
-  a new sentence (a boundary lies between the two steps) or not. The min denominator is |S|/k of SPEC
-  when k is unchanged, and keeps a constant ranking at overlap 1 while k = topk_frac * L grows by one;
-- drift: the same overlap against the support at the sentence's first step t0, by offset t - t0;
-- recall: the share of step t's attention mass that each method's memory reads (MethodConfig.recall_memory,
-  every registered method that has one): SFI's, selected by its real Selector at t0 (stale) and at t
-  (fresh), and the others' at as many tokens per (layer, KV head) as the stale memory reads there (each
-  method says how it spends them; a memory that ranks pages by key bounds is handed the step's queries
-  and the cached keys). Each memory's label is recorded beside its numbers, so reports list whatever
-  memories a run compared.
-
-Only the previous step's supports and the sentence start's supports and selection are kept (boolean
-masks per (layer, KV head)); everything else is sums, counts and fixed histograms, so memory does not
-grow with the number of steps.
+An analysis runs one *segment* per (context, prompt): without contexts, the text's first `prefix`
+tokens then `steps` more (teacher-forced, or the model's own when generating); with contexts, a prompt
+of `context - steps` tokens (prose from the text, or a quality task's prompt) then `steps` steps, so
+the last step sees `context` tokens.
 """
 
 from __future__ import annotations
@@ -29,14 +21,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sfibench import registry
 from sfibench.core.budget import Budget
-from sfibench.engine.method import AttentionView, RecallMemory
 from sfibench.sfi.config import SFIConfig
 from sfibench.sfi.geometry import recent_start
 
 HIST_BINS = 20  # overlap histograms over [0, 1]
 DEFAULT_K_HEAD = Budget(percent=10.0)
+PROSE = "prose"  # the prompt source that is the text itself (other sources are quality task names)
+TRIGGERS = ("sentence", "fixed")
 
 
 @dataclass(frozen=True)
@@ -45,20 +37,30 @@ class StabilityConfig:
 
     model: str = "smollm2-135m"
     text_file: str | None = None  # None: the English essays shipped in sfibench/workloads/data
-    generate: bool = False  # True: the model's own (sampled) continuation of the text's prefix
-    steps: int = 2000  # decode steps analysed
-    prefix: int = 512  # prompt tokens prefilled first, so candidates exist from the first step
+    generate: bool = False  # True: the model's own (sampled) continuation of the prose
+    steps: int = 2000  # decode steps analysed per segment
+    prefix: int = 512  # without contexts: prompt tokens prefilled first, so candidates exist from the first step
+    contexts: tuple[int, ...] = ()  # tokens at each segment's last step; empty: one segment of prefix + steps
+    prompts: tuple[str, ...] = (PROSE,)  # with contexts: the text, and/or quality tasks (always generated)
+    samples: int = 1  # prompts of each task per context
     topk_frac: float = 0.02  # support size as a fraction of the context
     mass: float = 0.9  # the second support: smallest candidate set holding this share of their mass
     k_head: Budget = DEFAULT_K_HEAD  # selected tokens per KV head: tokens (300) or a percentage of L at t0
     max_offset: int = 64  # drift is binned by t - t0 up to this; later offsets share the last bin
-    temperature: float = 0.7  # --generate only: greedy decoding of a 135M model loops
+    trigger: str = "sentence"  # fixed: also compare refreshing every `interval` steps at the same rate
+    interval: int | None = None  # the fixed trigger's steps between refreshes; None: the sentence trigger's rate
+    variant: dict = field(default_factory=dict)  # a Selector ablation compared beside SFI as specified
+    temperature: float = 0.7  # generated text: greedy decoding of a small model loops
     top_p: float = 0.95
     seed: int = 0
     device: str = "auto"
     dtype: str = "auto"
     path: str = "reference"  # the path of the Full-KV method the dense probe stands for
     sfi: SFIConfig = field(default_factory=SFIConfig)  # sinks, recent window, page and Selector
+
+    def prompt_lengths(self) -> list[int]:
+        """Tokens prefilled before the first analysed step, one per context (the prefix without contexts)."""
+        return [context - self.steps for context in self.contexts] or [self.prefix]
 
 
 class StabilityInputError(ValueError):
@@ -75,13 +77,47 @@ def check_config(cfg: StabilityConfig) -> None:
         raise StabilityInputError(f"--steps must be at least 2 (overlap compares consecutive steps), got {cfg.steps}")
     if cfg.max_offset < 1:
         raise StabilityInputError(f"--max-offset must be at least 1, got {cfg.max_offset}")
-    first_hi = recent_start(cfg.prefix + 1, cfg.sfi.n_recent, cfg.sfi.page)
-    if first_hi <= cfg.sfi.n_sink:
+    if cfg.trigger not in TRIGGERS:
+        raise StabilityInputError(f"--trigger {cfg.trigger!r} is not one of: {', '.join(TRIGGERS)}")
+    if cfg.interval is not None and cfg.trigger != "fixed":
+        raise StabilityInputError("--interval sets the fixed trigger's refresh interval; add --trigger fixed")
+    if not cfg.contexts and cfg.prompts != (PROSE,):
+        raise StabilityInputError("task prompts are sized to a context; give --ctx (e.g. --ctx 8k) with --prompts")
+    least = cfg.sfi.n_sink + cfg.sfi.n_recent + cfg.sfi.page
+    for context, prompt in zip(cfg.contexts or [None], cfg.prompt_lengths()):
+        if recent_start(prompt + 1, cfg.sfi.n_recent, cfg.sfi.page) > cfg.sfi.n_sink:
+            cfg.k_head.resolve(prompt, "--k-head", at_most_context=False)  # a percentage must give a token
+            continue
+        if context is None:
+            raise StabilityInputError(
+                f"a {prompt}-token prefix leaves no candidate positions between the {cfg.sfi.n_sink} sinks and the "
+                f"{cfg.sfi.n_recent}-token recent window; use --prefix {least} or more")
         raise StabilityInputError(
-            f"a {cfg.prefix}-token prefix leaves no candidate positions between the {cfg.sfi.n_sink} sinks and "
-            f"the {cfg.sfi.n_recent}-token recent window; use --prefix {cfg.sfi.n_sink + cfg.sfi.n_recent + cfg.sfi.page} "
-            "or more")
-    cfg.k_head.resolve(cfg.prefix, "--k-head", at_most_context=False)  # a percentage must give a token at the start
+            f"--ctx {context} leaves a {prompt}-token prompt before the {cfg.steps} steps, with no candidate "
+            f"positions beside the sinks and the recent window; give --ctx {cfg.steps + least} or more, or fewer --steps")
+
+
+def check_context(cfg: StabilityConfig, max_context: int, model: str) -> None:
+    """Every segment must fit the model: its prompt and its steps."""
+    for prompt in cfg.prompt_lengths():
+        if prompt + cfg.steps > max_context:
+            what = (f"--ctx {prompt + cfg.steps}" if cfg.contexts
+                    else f"a {prompt}-token prefix + {cfg.steps} steps ({prompt + cfg.steps} tokens)")
+            raise StabilityInputError(
+                f"{model} has a context of {max_context} tokens, but {what} is beyond it; ask for a context up to "
+                f"{max_context} (fewer --steps without --ctx) or use a model with a longer context")
+
+
+def analysed_layers(model_config) -> list[int]:
+    """The layers the analysis reads: every global layer (a sliding-window layer is already sparse, and no
+    method selects on it). A model made only of sliding-window layers has none to analyse."""
+    layers = model_config.global_layers
+    if not layers:
+        raise StabilityInputError(
+            f"{model_config.name} has no global layer: all {model_config.num_layers} layers attend a "
+            f"{model_config.sliding_window}-token sliding window, and every method selects on global layers "
+            "only; analyse a model with global layers")
+    return list(layers)
 
 
 def pooled_attention(logits: torch.Tensor) -> torch.Tensor:
@@ -94,6 +130,13 @@ def _place(mask_c: torch.Tensor, lo: int, width: int) -> torch.Tensor:
     full = torch.zeros(mask_c.shape[:-1] + (width,), dtype=torch.bool, device=mask_c.device)
     full[..., lo:lo + mask_c.shape[-1]] = mask_c
     return full
+
+
+def top_k_support(weights: torch.Tensor, lo: int, hi: int, k: int) -> torch.Tensor:
+    """The min(k, hi - lo) candidates of [lo, hi) with the most attention, as a bool mask `[..., L]`."""
+    cand = weights[..., lo:hi]
+    order = cand.topk(min(k, cand.shape[-1]), dim=-1).indices
+    return _place(torch.zeros_like(cand, dtype=torch.bool).scatter_(-1, order, True), lo, weights.shape[-1])
 
 
 def supports(pooled: torch.Tensor, lo: int, hi: int, k: int, mass: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,13 +167,10 @@ def set_overlap(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return inter / smaller.clamp_min(1), inter / union.clamp_min(1)
 
 
-def recall_memories(cfg: StabilityConfig) -> list[RecallMemory]:
-    """The memories compared, the budget reference's first (its settings are `cfg.sfi`): every registered
-    method that has one, each at the reference's tokens read."""
-    selection = cfg.k_head
-    others = [registry.default_config(name).recall_memory(selection) for name in registry.names()
-              if name != registry.BUDGET_REFERENCE]
-    return [cfg.sfi.recall_memory(selection), *(memory for memory in others if memory is not None)]
+def grow(mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Extend a mask from an earlier, shorter context with False for the positions added since."""
+    extra = length - mask.shape[-1]
+    return torch.cat([mask, mask.new_zeros(mask.shape[:-1] + (extra,))], dim=-1) if extra else mask
 
 
 class Mean:
@@ -157,139 +197,3 @@ class Mean:
         n = self.count
         variance = (self.squares - self.total * self.total / n.clamp_min(1)) / (n - 1).clamp_min(1)
         return torch.where(n > 1, 1.96 * (variance.clamp_min(0) / n.clamp_min(1)).sqrt(), float("nan"))
-
-
-def _grow(mask: torch.Tensor, length: int) -> torch.Tensor:
-    """Extend a mask from an earlier, shorter context with False for the positions added since."""
-    extra = length - mask.shape[-1]
-    return torch.cat([mask, mask.new_zeros(mask.shape[:-1] + (extra,))], dim=-1) if extra else mask
-
-
-KINDS = ("topk", "mass")  # the two support definitions
-SIDES = ("within", "across")  # step t continues the sentence of t-1, or opens a new one
-
-
-class StabilityReducer:
-    """Feed one decode step at a time with `update`; `summary()` gives JSON-ready results."""
-
-    def __init__(self, cfg: StabilityConfig, num_layers: int, num_kv_heads: int, model_config=None):
-        self.cfg = cfg
-        self.model_config = model_config  # handed to the memories (None: memories that need it compare nothing)
-        self.memories = recall_memories(cfg)
-        names = [name for memory in self.memories for name in memory.names]
-        self.labels = {name: memory.labels.get(name, name) for memory in self.memories for name in memory.names}
-        shape = (num_layers, num_kv_heads)
-        bins = cfg.max_offset + 1  # index = offset t - t0; 0 (the start itself) stays empty
-        self.step = 0
-        self.prev: dict | None = None  # supports of the previous step
-        self.start: dict | None = None  # the step and supports at the sentence start
-        self.sentence_starts: list[int] = []
-        self.consecutive = {(kind, side, metric): Mean(*shape)
-                            for kind in KINDS for side in SIDES for metric in ("overlap", "jaccard")}
-        self.hist = {key: torch.zeros(HIST_BINS, dtype=torch.float64) for key in self.consecutive}
-        self.drift = {kind: Mean(bins) for kind in KINDS}
-        self.layer_overlap = {side: Mean(num_layers) for side in SIDES}  # top-k, one sample per step pair
-        self.recall = {name: Mean(*shape) for name in names}
-        self.recall_by_offset = {name: Mean(bins) for name in names}
-        self.captured = {name: Mean(*shape) for name in names}  # mass read inside C
-        self.tokens_read = {name: Mean() for name in names}
-        self.candidate_mass = Mean(*shape)
-        self.chance_overlap = Mean()  # k / |C|: expected overlap of two unrelated top-k sets, for scale
-
-    def update(self, logits: torch.Tensor, key_norms: torch.Tensor, sentence_start: bool,
-               queries: torch.Tensor | None = None, keys: torch.Tensor | None = None) -> None:
-        """One step: dense logits `[layers, H, G, L]` of its query, key norms `[layers, H, L]`, and where the
-        caller has them the step's queries `[layers, H_q, D]` and the cached keys `[layers, H, L, D]`.
-
-        `sentence_start`: this step's input token opens a new sentence (SPEC 3), so a boundary lies
-        between this step and the previous one, and this step is t0 of the new sentence.
-        """
-        cfg, sfi = self.cfg, self.cfg.sfi  # the candidate range C is SFI's (SPEC 8)
-        self.step += 1
-        length = logits.shape[-1]
-        pooled = pooled_attention(logits)
-        lo = min(sfi.n_sink, length)
-        hi = recent_start(length, sfi.n_recent, sfi.page)
-        k = max(1, round(cfg.topk_frac * length))
-        top, held = supports(pooled, lo, hi, k, cfg.mass)
-        self.chance_overlap.add(torch.tensor(min(k, hi - lo) / (hi - lo)))
-        current = {"topk": top, "mass": held}
-        if self.prev is not None:
-            side = "across" if sentence_start else "within"
-            for kind, support in current.items():
-                overlap, jaccard = set_overlap(support, _grow(self.prev[kind], length))
-                for metric, values in (("overlap", overlap), ("jaccard", jaccard)):
-                    self.consecutive[kind, side, metric].add(values)
-                    self.hist[kind, side, metric] += torch.histc(values.double().cpu(), HIST_BINS, 0, 1)
-                if kind == "topk":
-                    self.layer_overlap[side].add(overlap.mean(dim=-1))
-        view = AttentionView(logits, key_norms, sentence_start, queries=queries, keys=keys,
-                             model_config=self.model_config)
-        memories = self.memories[0].masks(view)  # the budget reference's: the others read as many tokens
-        if memories is not None:
-            view.budget = next(iter(memories.values())).sum(dim=-1, keepdim=True)
-            for memory in self.memories[1:]:
-                memories.update(memory.masks(view) or {})
-        if sentence_start:
-            self.start = {"step": self.step, "supports": current}
-            self.sentence_starts.append(self.step)
-        elif self.start is not None:  # steps before the first boundary belong to no observed sentence
-            self._within_sentence(pooled, current, lo, hi, memories or {})
-        self.prev = current
-
-    def _within_sentence(self, pooled, current: dict, lo: int, hi: int, memories: dict) -> None:
-        start, length = self.start, pooled.shape[-1]
-        offset = min(self.step - start["step"], self.cfg.max_offset)
-        for kind, support in current.items():
-            overlap, _ = set_overlap(support, _grow(start["supports"][kind], length))
-            self.drift[kind].add(overlap.mean(), offset)
-        positions = torch.arange(length, device=pooled.device)
-        candidates = (positions >= lo) & (positions < hi)
-        self.candidate_mass.add((pooled * candidates).sum(dim=-1))
-        for name, memory in memories.items():
-            recall = (pooled * memory).sum(dim=-1)
-            self.recall[name].add(recall)
-            self.recall_by_offset[name].add(recall.mean(), offset)
-            self.captured[name].add((pooled * (memory & candidates)).sum(dim=-1))
-            self.tokens_read[name].add(memory.sum(dim=-1).double().mean())
-
-    def summary(self) -> dict:
-        def overall(mean: Mean) -> float:
-            return float(mean.total.sum() / mean.count.sum()) if mean.count.sum() > 0 else float("nan")
-
-        consecutive = {kind: {side: {
-            "pairs": int(self.consecutive[kind, side, "overlap"].count[0, 0]),
-            **{f"{metric}_mean": overall(self.consecutive[kind, side, metric]) for metric in ("overlap", "jaccard")},
-            **{f"{metric}_per_layer": self.consecutive[kind, side, metric].mean().mean(dim=-1).tolist()
-               for metric in ("overlap", "jaccard")},
-            **{f"{metric}_hist": self.hist[kind, side, metric].tolist() for metric in ("overlap", "jaccard")},
-        } for side in SIDES} for kind in KINDS}
-        for side in SIDES:  # over step pairs, of the layer's mean over its KV heads
-            consecutive["topk"][side]["overlap_per_layer_ci95"] = self.layer_overlap[side].ci95().tolist()
-        candidate_mass = self.candidate_mass.total
-        recall = {name: {
-            "label": self.labels[name],
-            "mean": overall(self.recall[name]),
-            "candidate_recall": (float(self.captured[name].total.sum() / candidate_mass.sum())
-                                 if candidate_mass.sum() > 0 else None),
-            "tokens_read_mean": float(self.tokens_read[name].mean()),
-            "per_layer_head": self.recall[name].mean().tolist(),
-            "candidate_per_layer_head": (self.captured[name].total / candidate_mass.clamp_min(1e-30)).tolist(),
-            "by_offset": self.recall_by_offset[name].mean()[1:].tolist(),
-            "by_offset_ci95": self.recall_by_offset[name].ci95()[1:].tolist(),  # over sentences
-        } for name in self.recall}
-        starts = torch.tensor(self.sentence_starts, dtype=torch.float64)
-        return {
-            "steps": self.step,
-            "sentences": {"starts": len(self.sentence_starts),
-                          "mean_length": float(starts.diff().mean()) if len(starts) > 1 else None},
-            "consecutive": consecutive,
-            "hist_edges": torch.linspace(0, 1, HIST_BINS + 1).tolist(),
-            "drift": {"offsets": list(range(1, self.cfg.max_offset + 1)),
-                      "samples": self.drift["topk"].count[1:].long().tolist(),
-                      **{f"{kind}_overlap": self.drift[kind].mean()[1:].tolist() for kind in KINDS},
-                      **{f"{kind}_overlap_ci95": self.drift[kind].ci95()[1:].tolist() for kind in KINDS}},
-            "recall": recall,
-            "candidate_mass_share": overall(self.candidate_mass),
-            "chance_topk_overlap": float(self.chance_overlap.mean()),
-        }

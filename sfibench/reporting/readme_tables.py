@@ -15,6 +15,7 @@ from sfibench import registry
 from sfibench.reporting.formatting import commit_label, number, percent
 from sfibench.reporting.plot_style import context_label
 from sfibench.reporting.run_metrics import device_identity
+from sfibench.reporting.stability_tables import readme_block
 from sfibench.reporting.throughput_report import dense_kernel_verdicts, method_label
 
 VIEWS = ("full", "compact", "floors")
@@ -142,6 +143,8 @@ def _quality_cell(cells: list[dict], method: str, retentions: list[float]) -> st
 
 def _stability(link: str, document: dict, view: str) -> tuple[str, list[str]]:
     cfg, results = document["config"], document["results"]
+    if "segments" in results:
+        return readme_block(link, document, view)
     topk, mass, recall = results["consecutive"]["topk"], results["consecutive"]["mass"], results["recall"]
     drift = results["drift"]["topk_overlap"]
     late = min(len(drift), 16)

@@ -16,6 +16,7 @@ from functools import partial
 from sfibench import registry
 from sfibench.metrics.quality import mean_ci
 from sfibench.reporting.speedup_claims import speedup_claim
+from sfibench.reporting.stability_document import segments
 from sfibench.reporting.throughput_report import method_label
 
 HIGHER, LOWER, SAME, INFO = "higher", "lower", "same", "info"  # which way is better; INFO is never gated
@@ -115,7 +116,7 @@ def _cell_order(item: tuple) -> tuple:
 
 
 # --------------------------------------------------------------------------------------------------
-# stability: the summary figures of the one analysed text
+# stability: the summary figures of each analysed segment
 
 STABILITY_FIGURES = (  # (path in results, better, unit)
     ("consecutive.topk.within.overlap_mean", SAME, "overlap"),
@@ -132,13 +133,16 @@ STABILITY_FIGURES = (  # (path in results, better, unit)
 
 
 def _stability(document: dict) -> list[Metric]:
-    results = document["results"]
+    """The figures of each segment; a run of one text without contexts is the series "text", as runs saved
+    before segments existed are."""
     metrics = []
-    for path, better, unit in STABILITY_FIGURES:
-        value = results
-        for part in path.split("."):
-            value = value.get(part) if isinstance(value, dict) else None
-        metrics.append(Metric("stability", "text", None, path, value, better, unit))
+    for segment in segments(document["results"]):
+        series = "text" if segment.get("context_asked") is None else segment["label"]
+        for path, better, unit in STABILITY_FIGURES:
+            value = segment
+            for part in path.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
+            metrics.append(Metric("stability", series, None, path, value, better, unit))
     return metrics
 
 
