@@ -26,7 +26,7 @@ PLOTS = {"overlap_vs_offset.png": "Overlap with the sentence's first step, and m
          "within_vs_across.png": "Consecutive-step support overlap: within a sentence vs across a boundary",
          "recall_heatmap.png": "Recall of the dense attention mass per layer of every memory compared",
          **{name: title for name, (title, _, _) in WHERE_PLOTS.items()}}
-MIN_SAMPLES = 10  # offsets reached by fewer sentences are left out of the drift plot
+MIN_SAMPLES = 5  # offsets reached by fewer sentences are left out of the drift plot
 CONTEXT_COLOURS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 PROMPT_STYLES = ("-", "--", ":", "-.")
 
