@@ -5,7 +5,7 @@
 # and reports/stability-gemma3-h200-generated (the model's own continuation of the prose). Both compare
 # every registered method's memory and SFI with --no-nms --keep-neighbours 7 at SFI's tokens read, and
 # the sentence trigger against a fixed interval at its rate. Stages the model as h200_gemma_stage.sh
-# says, runs each analysis while time is left and writes OUT/NAME.tar with NAME.log beside it.
+# says, runs each analysis while time is left and writes OUT/NAME.tar (its log inside as run.log).
 # Environment: STEPS (decode steps per segment, default 512), SAMPLES (needle prompts per context,
 # default 1), CONTEXTS (default 8k,16k,32k).
 set -uo pipefail
@@ -25,5 +25,6 @@ for run in "${runs[@]}"; do
     timeout "$left" python -m sfibench stability "${common[@]}" ${run#*|} --out "$OUT/$name" > "$OUT/$name.log" 2>&1
     echo "$name rc=$? after $((SECONDS - started)) s"
     grep -v "^ *$" "$OUT/$name.log" | tail -14
+    [ -d "$OUT/$name" ] && cp "$OUT/$name.log" "$OUT/$name/run.log"  # the report keeps the command's own log
 done
 cd "$OUT" && for d in */; do [ -d "$d" ] && tar -cf "${d%/}.tar" "$d" && rm -rf "$d"; done
