@@ -186,6 +186,8 @@ def test_a_run_over_contexts_and_prompts_on_a_sliding_window_model(tmp_path):
     assert "--no-nms --keep-neighbours 7" in prose["recall"]["stale_variant"]["label"]
     trigger = prose["trigger"]
     assert trigger["steps"] == 24 and trigger["fixed"]["refreshes"] == 24 // trigger["interval"]
+    # paired over the same steps, the mean difference is the difference of the means
+    assert trigger["difference"] == pytest.approx(trigger["sentence"]["recall"] - trigger["fixed"]["recall"])
     # the random model may end its answer at once (an end token): the report must hold such a segment too
     needles = [s["needle"] for s in segments if s.get("needle") and s["steps"]]
     assert needles and all(needle["positions"] for needle in needles)

@@ -100,6 +100,7 @@ class TriggerComparison:
         self.recall = {side: Mean(layers, kv_heads) for side in ("sentence", "fixed")}
         self.overall = {side: Mean() for side in ("sentence", "fixed")}
         self.refreshes = {"sentence": 0, "fixed": 0}
+        self.difference = Mean()  # sentence minus fixed, paired by step
         self.steps = 0
 
     def update(self, view: AttentionView, pooled: torch.Tensor, sentence_mask: torch.Tensor | None) -> None:
@@ -112,11 +113,14 @@ class TriggerComparison:
         if any(mask is None and not slow for slow, mask in sides.values()):
             return  # a trigger with no selection yet: compare only steps both can serve
         self.steps += 1
+        means = {}
         for side, (slow, mask) in sides.items():
             self.refreshes[side] += bool(slow)
-            recall = torch.ones(pooled.shape[:-1]) if slow else (pooled * mask).sum(dim=-1)
+            recall = torch.ones(pooled.shape[:-1]) if slow else (pooled * mask).sum(dim=-1).cpu()
             self.recall[side].add(recall)
-            self.overall[side].add(recall.mean())
+            means[side] = recall.mean()
+            self.overall[side].add(means[side])
+        self.difference.add(means["sentence"] - means["fixed"])
 
     def summary(self) -> dict:
         def side(name: str) -> dict:
@@ -127,4 +131,5 @@ class TriggerComparison:
                     "per_layer_head": self.recall[name].mean().tolist()}
 
         return {"interval": self.memory.interval, "steps": self.steps, "label": next(iter(self.memory.labels.values())),
-                "sentence": side("sentence"), "fixed": side("fixed")}
+                "sentence": side("sentence"), "fixed": side("fixed"),
+                "difference": float(self.difference.mean()), "difference_ci95": float(self.difference.ci95())}

@@ -123,7 +123,8 @@ SECTIONS = (  # (heading, table, text under it)
      "SFI refreshes at that step (every token is read)."),
     ("Refreshing at sentence starts vs every N steps", tables.trigger_rows,
      "Recall of SFI's memory over every step both triggers have a selection for; a refresh step reads densely "
-     "and counts 1. 95% interval over steps."),
+     "and counts 1. 95% intervals over steps, the difference's paired by step; consecutive steps are not "
+     "independent, so an interval that only just excludes 0 is weak evidence."),
 )
 
 

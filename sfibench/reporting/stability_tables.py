@@ -159,14 +159,16 @@ def trigger_rows(results: dict) -> list[str]:
     segs = [seg for seg in segments(results) if seg.get("trigger")]
     if not segs:
         return []
+    paired = any("difference" in seg["trigger"] for seg in segs)  # runs saved before it was kept have none
     lines = _header("segment", "fixed interval N", "steps compared", "refreshes: sentence / fixed",
-                    "recall: sentence starts", "recall: every N steps")
+                    "recall: sentence starts", "recall: every N steps", *(("sentence minus fixed",) if paired else ()))
     for seg in segs:
         t = seg["trigger"]
         lines.append(_row([seg["label"], t["interval"], t["steps"],
                            f"{t['sentence']['refreshes']} / {t['fixed']['refreshes']}",
                            _with_ci(t["sentence"]["recall"], t["sentence"]["recall_ci95"]),
-                           _with_ci(t["fixed"]["recall"], t["fixed"]["recall_ci95"])]))
+                           _with_ci(t["fixed"]["recall"], t["fixed"]["recall_ci95"]),
+                           *((_with_ci(t.get("difference"), t.get("difference_ci95")),) if paired else ())]))
     return lines
 
 
