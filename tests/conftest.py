@@ -40,6 +40,9 @@ DEFAULT_CASES = {
     "test_retrieval_methods.py::test_a_budget_covering_the_history_is_full_kv": lambda p: p["path"] == "reference",
     "test_retrieval_methods.py::test_tidaldecode_with_no_layer_left_to_select_in_reads_everything":
         lambda p: p["path"] == "reference",
+    # sfibench.hf against the engine on the tiny models, and on architectures outside the engine's: SFI by default
+    "test_hf.py::test_tiny_models_give_the_engines_tokens_and_reads": lambda p: p["name"] == "sfi",
+    "test_hf_use.py::test_other_architectures_run_every_method": lambda p: p["name"] == "sfi",
 }
 
 # Whole-command reruns and real-model runs of minutes on 2 cores. The regression gate's reruns (three

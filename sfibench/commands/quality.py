@@ -49,6 +49,10 @@ def quality(
     device: str = typer.Option("auto", help=DEVICE_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     path: str = typer.Option("reference", help="the path every method runs on: " + PATH_HELP),
+    engine: str = typer.Option("sfibench", help="what decodes: sfibench (its own decoder: Llama family, Gemma-3) or "
+                               "transformers (the model loaded by transformers, any architecture its attention "
+                               "interface runs, the methods applied through sfibench.hf; reference path, slower; "
+                               "see docs/transformers.md)"),
     out: Path = typer.Option(None, help="run directory (default runs/quality-<time>)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier quality run in --out"),
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
@@ -84,8 +88,8 @@ def quality(
         run = quality_run(model, split_list(methods, "--methods"), task_names, split_list(ctx, "--ctx"),
                           None if retention is None else split_list(retention, "--retention"),
                           split_list(samples, "--samples"), batch=batch, seed=seed, chat=chat, device=device,
-                          dtype=dtype, path=path, longbench=longbench, sfi_variant=variant, sfi_preset=sfi_preset,
-                          out=out, overwrite=overwrite, resume=resume)
+                          dtype=dtype, path=path, engine=engine, longbench=longbench, sfi_variant=variant,
+                          sfi_preset=sfi_preset, out=out, overwrite=overwrite, resume=resume)
         run_dir = run_quality(run, err_console)
     console.print(results_table(read_results(run_dir)["results"]["cells"], wide))
     console.print(f"report: {run_dir / 'report.md'}")

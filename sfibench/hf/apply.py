@@ -1,6 +1,6 @@
 """`apply`: run a registered method inside a loaded transformers causal LM, for the length of a `with` block.
 
-    with sfibench.hf.apply(model, tokenizer, method="sfi", budget="15%"):
+    with sfibench.hf.apply(model, tokenizer, method=name, budget="15%"):  # name: a registered method
         output = model.generate(**inputs, max_new_tokens=64)
 
 Entering switches the model's attention implementation to sfibench's (attention.py), reads the model's
@@ -140,7 +140,7 @@ class Applied:
 
 def apply(model, tokenizer, method: str, budget: int | str | None = None, config: MethodConfig | None = None,
           evidence_rows: int = 64) -> Applied:
-    """Method `method` (a registered name, e.g. "sfi") on its reference path, applied to `model` inside a `with`
+    """Method `method` (a name registry.names() lists) on its reference path, applied to `model` inside a `with`
     block. `budget`: tokens read per (layer, KV head), as a count (300) or a share of the longest prompt
     ("15%"), turned into the method's settings by its own budget rule; None keeps `config` (default: the
     method's defaults). `evidence_rows`: the last prompt queries kept for the methods that score the prompt

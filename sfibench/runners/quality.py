@@ -51,11 +51,11 @@ def run_quality(run: QualityRun, console: Console | None = None) -> Path:
         earlier = read_results(run_dir) if run.resume else None
         settings = {"methods": list(run.methods), "tasks": list(run.tasks), "retentions": list(run.retentions),
                     "samples": list(run.samples), "seed": run.seed, "chat": run.chat, "sfi_variant": run.variant,
-                    "path": run.path, "sfi_preset": run.sfi_preset}
+                    "path": run.path, "sfi_preset": run.sfi_preset, "engine": run.engine}
         if earlier:  # what can be compared before the model loads, so a mismatch costs nothing
             known = {**settings, **({"contexts": list(run.contexts)} if "max" not in run.contexts else {})}
             check_resume(earlier["config"], known, run_dir)
-        session = Session.open(run.model, run.device, run.dtype, run.seed)
+        session = _open_session(run)
         fmt = PromptFormat(session.loaded.tokenizer, run.chat)
         contexts = _fit_contexts(session, fmt, run)
         plan = {c: conditions(list(run.methods), list(run.retentions), c, run.variant, run.path) for c in contexts}
@@ -85,6 +85,14 @@ def run_quality(run: QualityRun, console: Console | None = None) -> Path:
         ledger.save(complete=True)
     render(run_dir)
     return run_dir
+
+
+def _open_session(run: QualityRun) -> Session:
+    if run.engine == "transformers":
+        from sfibench.hf.loading import open_session
+
+        return open_session(run.model, run.device, run.dtype)
+    return Session.open(run.model, run.device, run.dtype, run.seed)
 
 
 def _fit_contexts(session: Session, fmt: PromptFormat, inputs: QualityRun) -> list[int]:

@@ -16,7 +16,14 @@ from sfibench import registry
 from sfibench.core.budget import BudgetError
 from sfibench.core.errors import UsageError
 from sfibench.models.presets import PRESETS
-from sfibench.options import check_device_needs, check_session_options, parse_tokens, split_list
+from sfibench.options import (
+    check_device_needs,
+    check_dtype,
+    check_session_options,
+    device_kind,
+    parse_tokens,
+    split_list,
+)
 from sfibench.registry import check_method
 from sfibench.runners.quality_batch import conditions
 from sfibench.sfi.config import preset_retention
@@ -31,8 +38,11 @@ DEFAULT_RETENTIONS = (0.15, 0.5)  # the paper: SFI matches Full-KV at 15-20%, ev
 DEFAULT_SAMPLES = (4,)
 MAX_MARGIN = 8  # tokens kept free below the model's limit by --ctx max, beyond the answer budget
 SAME_ON_RESUME = ("model", "methods", "tasks", "contexts", "retentions", "samples", "seed", "chat", "dtype",
-                  "sfi_variant", "path")
-BEFORE_OPTION = {"path": "reference"}  # what runs written before an option existed ran with
+                  "sfi_variant", "path", "engine")
+BEFORE_OPTION = {"path": "reference", "engine": "sfibench"}  # what runs written before an option existed ran with
+# What decodes: sfibench's own decoder, or the model loaded by transformers with the methods applied through
+# sfibench.hf (any architecture transformers runs through its attention interface; the reference path)
+ENGINES = ("sfibench", "transformers")
 
 
 def parse_retentions(values) -> list[float]:
@@ -110,6 +120,7 @@ class QualityRun:
     device: str = "auto"
     dtype: str = "auto"
     path: str = "reference"  # the implementation path every method runs on
+    engine: str = "sfibench"  # one of ENGINES
     longbench: Path | None = None
     sfi_variant: tuple[tuple[str, object], ...] = ()  # SFI settings changed for an ablation (sfi/config.with_variant)
     sfi_preset: str | None = None  # the authors' operating point(s) the retentions came from
@@ -125,7 +136,7 @@ class QualityRun:
 
 def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFAULT_TASKS, contexts=DEFAULT_CONTEXTS,
                 retentions=None, samples=DEFAULT_SAMPLES, *, batch: int = 4, seed: int = 0, chat: bool = True,
-                device: str = "auto", dtype: str = "auto", path: str = "reference",
+                device: str = "auto", dtype: str = "auto", path: str = "reference", engine: str = "sfibench",
                 longbench: Path | str | None = None, sfi_variant: dict | None = None, sfi_preset: str | None = None,
                 out: Path | str | None = None, overwrite: bool = False, resume: bool = False) -> QualityRun:
     """Check a quality run's options as given (strings or numbers) and build the run from them.
@@ -165,13 +176,30 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
             if context != "max":
                 check_fits(context, PRESETS[model].max_context, model)
                 conditions(methods, retentions, context, variant or None, path)  # every budget fits its method
-    check_session_options(model, device, dtype)
+    check_engine(engine, model, device, dtype, path)
     check_device_needs(device, "--path", [path])
     return QualityRun(model, tuple(methods), tuple(tasks), tuple(files), tuple(contexts), tuple(retentions),
                       tuple(samples), batch=batch, seed=seed, chat=chat, device=device, dtype=dtype, path=path,
+                      engine=engine,
                       longbench=None if longbench is None else Path(longbench), sfi_variant=tuple(variant.items()),
                       sfi_preset=sfi_preset, out=None if out is None else Path(out), overwrite=overwrite,
                       resume=resume)
+
+
+def check_engine(engine: str, model: str, device: str, dtype: str, path: str) -> None:
+    """--engine and the model, device and dtype it loads, before anything loads."""
+    if engine not in ENGINES:
+        raise UsageError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    if engine == "sfibench":
+        check_session_options(model, device, dtype)
+        return
+    from sfibench.hf.loading import check_transformers_model
+
+    if path != "reference":
+        raise UsageError(f"--engine transformers runs the reference path; drop --path {path} or use --engine sfibench")
+    check_transformers_model(model)
+    check_dtype(dtype)
+    device_kind(device)  # a device this machine has
 
 
 def _preset_retentions(preset: str | None, contexts, retentions) -> list:
