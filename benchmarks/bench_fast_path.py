@@ -37,7 +37,8 @@ from sfibench.optimized.sfi import fused_select, score_params
 from sfibench.optimized.top_k_kernels import radix_top_k
 from sfibench.optimized.two_segment import two_segment_decode
 from sfibench.sfi import state
-from sfibench.sfi.selector import SelectorConfig, select, top_k_positions
+from sfibench.sfi.selector_config import SelectorConfig
+from sfibench.sfi.selector import select, top_k_positions
 
 
 def _time_ms(fn, repeats: int = 5, calls: int = 20) -> list[float]:

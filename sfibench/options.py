@@ -2,8 +2,9 @@
 
 Typer already checks types and simple ranges (`min=`); these cover what it cannot: comma-separated
 lists, token counts such as `8k`, text files, names that must exist here (model, device, dtype,
-trigger policy), contexts a model can hold and SFI settings. All raise UsageError, which the CLI prints
-as one line with exit 2.
+trigger policy), contexts a model can hold, SFI settings and whether a batch can fit. All raise UsageError,
+which the CLI prints as one line with exit 2. None of them imports torch where the answer is known without
+it (a preset, a CPU-only torch build), so a bad command fails at once.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ import re
 from pathlib import Path
 
 from sfibench.core.budget import Budget
+from sfibench.core.device_facts import DTYPE_BYTES, default_dtype, device_type
 from sfibench.core.errors import UsageError
 
 _TOKEN_COUNT = re.compile(r"([0-9]+)(k?)")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+PREFILL_MODES = ("auto", "real", "synthetic")  # throughput's --prefill
+PROFILE_MARGIN = 8  # cache positions `sfibench profile` needs beyond its profiled steps: two warm-ups and slack
 
 
 def split_list(text: str, option: str) -> list[str]:
@@ -78,6 +82,15 @@ def check_choice(value: str, choices, option: str) -> str:
     if value not in choices:
         raise UsageError(f"{option} {value!r} is not one of: {', '.join(choices)}")
     return value
+
+
+def check_path(path: str, option: str) -> str:
+    """A path some method has; whether the chosen method has it is asked once its module loads."""
+    from sfibench.registry import PATHS
+
+    if path not in PATHS:
+        raise UsageError(f"{option}: there is no {path!r} path; valid paths: {', '.join(PATHS)}")
+    return path
 
 
 def read_text_file(path: Path | str, option: str) -> str:
@@ -147,21 +160,30 @@ def check_device(device: str):
         raise UsageError(f"--device: {error}") from None
 
 
+def device_kind(device: str) -> str:
+    """'cpu' or 'cuda' for `--device`: from torch's build where that settles it, else from torch."""
+    try:
+        kind = device_type(device)  # DeviceUnavailableError (a user error too) for CUDA on a CPU-only build
+    except ValueError as error:  # only a malformed name raises this
+        raise UsageError(f"--device: {error}") from None
+    return kind if kind is not None else check_device(device).type
+
+
 def check_dtype(dtype: str) -> str:
     return check_choice(dtype, DTYPES, "--dtype")
 
 
 def check_trigger(policy: str) -> str:
-    from sfibench.sfi.triggers import POLICIES
+    from sfibench.sfi.config import TRIGGER_POLICIES
 
-    return check_choice(policy, POLICIES, "--trigger")
+    return check_choice(policy, TRIGGER_POLICIES, "--trigger")
 
 
-def check_session_options(model: str, device: str, dtype: str):
-    """The three options every model-loading command shares; returns the resolved torch.device."""
+def check_session_options(model: str, device: str, dtype: str) -> str:
+    """The three options every model-loading command shares; returns the device's type ('cpu', 'cuda')."""
     check_model(model)
     check_dtype(dtype)
-    return check_device(device)
+    return device_kind(device)
 
 
 def check_device_needs(device: str, option: str, paths=(), graphs: bool = False) -> None:
@@ -169,12 +191,12 @@ def check_device_needs(device: str, option: str, paths=(), graphs: bool = False)
     path's Triton kernels (`option` is the flag that asked for it, --path or --paths) and CUDA graphs."""
     from sfibench.optimized.triton_device import triton_runs_on
 
-    resolved = check_device(device)
-    if "optimized" in paths and not triton_runs_on(resolved):
-        raise UsageError(f"{option} optimized runs Triton kernels and needs a CUDA device, and {resolved} is not "
+    kind = device_kind(device)
+    if "optimized" in paths and not triton_runs_on(kind):
+        raise UsageError(f"{option} optimized runs Triton kernels and needs a CUDA device, and {kind} is not "
                          f"one; use {option} reference on this machine")
-    if graphs and resolved.type != "cuda":
-        raise UsageError(f"--graphs needs a CUDA device, and {resolved} is not one; leave it out (or give "
+    if graphs and kind != "cuda":
+        raise UsageError(f"--graphs needs a CUDA device, and {kind} is not one; leave it out (or give "
                          "--no-graphs) on this machine")
 
 
@@ -188,7 +210,7 @@ def check_shape_options(model: str | None, device: str, dtype: str) -> tuple[str
     """(model, whether the device is a GPU) for the commands that default to a shape per device: the
     Qwen3-4B shape (random weights) on a GPU, tiny-llama on a CPU."""
     check_dtype(dtype)
-    gpu = check_device(device).type == "cuda"
+    gpu = device_kind(device) == "cuda"
     model = model or ("qwen3-4b" if gpu else "tiny-llama")
     check_model(model)
     return model, gpu
@@ -200,6 +222,9 @@ def check_context_limit(config, contexts: list[int], decode: int) -> None:
     only then); None skips the check."""
     if config is None:
         return
+    if contexts and decode >= config.max_context:
+        raise UsageError(f"{decode:,} decode tokens leave no room for a prompt in {config.name}'s limit of "
+                         f"{config.max_context:,} tokens; lower --steps")
     for context in contexts:
         if context + decode > config.max_context:
             raise UsageError(f"--ctx {context:,} plus {decode} decode tokens exceeds {config.name}'s limit of "
@@ -210,8 +235,8 @@ def check_context_limit(config, contexts: list[int], decode: int) -> None:
 def check_sfi_settings(evidence_norm: str | None, keep_neighbours: int | None, publish: str | None,
                        path: str) -> None:
     """The SFI settings whose bad values typer cannot catch by itself."""
-    from sfibench.sfi.selector import EVIDENCE_NORMS
     from sfibench.sfi.config import PUBLISH_POLICIES
+    from sfibench.sfi.selector_config import EVIDENCE_NORMS
 
     if publish is not None:
         check_choice(publish, PUBLISH_POLICIES, "--publish")
@@ -251,13 +276,14 @@ def config_before_loading(model: str):
     a .gguf file, whose shape is known only once transformers reads it."""
     import json
 
-    from sfibench.models.loading import config_from_hf
     from sfibench.models.presets import PRESETS
 
     if model in PRESETS:
         return PRESETS[model]
     path = Path(model)
     if path.is_dir():
+        from sfibench.models.loading import config_from_hf
+
         return config_from_hf(json.loads((path / "config.json").read_text(encoding="utf-8")), path.name, "hf")
     return None
 
@@ -268,18 +294,23 @@ def check_memory_before_loading(model: str, batches: list[int | str], contexts: 
     and workspace cannot fit the device (metrics/memory.py's estimate from the preset's or the checkpoint's
     shape). The methods' own state is added once the run knows its methods; this is the part that needs
     no model."""
-    from sfibench.core.device import available_device_memory, total_device_memory
-    from sfibench.engine.session import parse_dtype
+    from sfibench.core.device_facts import host_available_bytes, host_memory_bytes
     from sfibench.metrics.memory import check_fits, estimate_memory, planning_bytes
 
     config = config_before_loading(model)
     sizes = [b for b in batches if b != "max"]
     if config is None or not sizes:
         return
-    resolved = check_device(device)
+    kind = device_kind(device)
+    if kind == "cuda":
+        from sfibench.core.device import available_device_memory, total_device_memory
+
+        resolved = check_device(device)
+        free, total = available_device_memory(resolved), total_device_memory(resolved)
+    else:  # the host's memory, read without torch
+        free, total = host_available_bytes(), host_memory_bytes()
     longest = max(config.max_context - decode if c == "max" else c for c in contexts)
-    free = available_device_memory(resolved)
-    planned = planning_bytes(total_device_memory(resolved) or free, free)
-    dtype_bytes = parse_dtype(dtype, resolved).itemsize
+    planned = planning_bytes(total or free, free)
+    dtype_bytes = DTYPE_BYTES[default_dtype(kind) if dtype == "auto" else dtype]
     check_fits(estimate_memory(config, max(sizes), longest + decode + 1, dtype_bytes,  # the largest may not fit
-                               synthetic_prefill=synthetic_prefill, gpu=resolved.type == "cuda"), planned)
+                               synthetic_prefill=synthetic_prefill, gpu=kind == "cuda"), planned)

@@ -171,3 +171,75 @@ def test_the_context_limit_hint_is_the_length_ctx_max_gives(tmp_path):
     session = Session.open("tiny-llama", "cpu")
     run = quality_run("tiny-llama", ["sfi"], ["niah_multiturn"], ["max"], [0.5], [1], batch=1, device="cpu")
     assert _fit_contexts(session, PromptFormat(session.loaded.tokenizer, False), run) == [int(hinted[1])]
+
+
+# Refused by checks that need no model and no torch: each case runs in one fresh interpreter, which
+# records whether torch was imported when the command exited. `--device cpu` where the check needs the
+# device, so the answer does not depend on whether this torch was built with CUDA.
+NO_TORCH = {
+    "repeated context": (["throughput", "--ctx", "1k,1k"], "--ctx gives 1,024 more than once"),
+    "repeated batch": (["throughput", "--batch", "2,2"], "--batch gives 2 more than once"),
+    "unknown method": (["throughput", "--methods", "h2o"], "unknown method 'h2o'; valid methods:"),
+    "unknown pinned path": (["throughput", "--methods", "sfi/gpu"], "--methods sfi/gpu: there is no 'gpu' path"),
+    "batch beyond memory": (["throughput", "--batch", "100000", "--device", "cpu"], "lower the batch size"),
+    "optimized on a cpu": (["throughput", "--paths", "optimized", "--device", "cpu"],
+                           "--paths optimized runs Triton kernels and needs a CUDA device"),
+    "graphs on a cpu": (["throughput", "--graphs", "--device", "cpu"], "--graphs needs a CUDA device"),
+    "context beyond the model": (["throughput", "--ctx", "5000", "--device", "cpu"], "exceeds tiny-llama's limit"),
+    "profile unknown method": (["profile", "--method", "h2o"], "unknown method 'h2o'"),
+    "profile batch beyond memory": (["profile", "--batch", "100000", "--device", "cpu"], "lower the batch size"),
+    "generate optimized on a cpu": (["generate", "--path", "optimized", "--device", "cpu"],
+                                    "--path optimized runs Triton kernels"),
+    "generate unknown method": (["generate", "--method", "h2o"], "unknown method 'h2o'"),
+}
+CHILD = """
+import contextlib, io, json, sys
+from sfibench.cli import app
+results = []
+for args in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            app(args, prog_name="sfibench")
+        except SystemExit as stop:
+            results.append({"status": stop.code, "torch": "torch" in sys.modules, "error": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def test_checks_that_need_no_model_fail_before_torch_is_imported(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # Triton's CPU interpreter off
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([a for a, _ in NO_TORCH.values()])], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for name, (_, message), result in zip(NO_TORCH, NO_TORCH.values(), json.loads(done.stdout)):
+        error = " ".join(result["error"].split())
+        assert result["status"] == 2 and error.startswith("error: ") and message in error, (name, error)
+        assert not result["torch"], f"{name}: torch was imported before the command was refused"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torchs_build_read_without_torch_is_the_one_torch_reports():
+    from sfibench.core.device_facts import device_type, torch_build
+
+    assert torch_build() == {"version": torch.__version__,
+                             "gpu": bool(torch.version.cuda or torch.version.hip or getattr(torch.version, "rocm", None))}
+    assert device_type("cpu") == "cpu"
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        device_type("gpu")
+
+
+def test_every_user_error_the_cli_names_by_module_exists():
+    """user_errors looks these up by module name (so entering a command imports none of them)."""
+    import importlib
+
+    from sfibench.commands.common import OTHER_USER_ERRORS
+
+    for module, names in OTHER_USER_ERRORS.items():
+        for name in names:
+            assert issubclass(getattr(importlib.import_module(module), name), Exception), (module, name)

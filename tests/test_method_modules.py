@@ -46,6 +46,7 @@ def test_the_literal_check_catches_a_method_name():
 
 def test_every_method_is_one_module_with_its_config_and_paths():
     assert len(set(registry.names())) == len(registry.METHODS)
+    assert [m.name for m in registry.METHODS] == registry.names()  # each name is its module's METHOD's
     for method in registry.METHODS:
         assert issubclass(method.config, MethodConfig) and dataclasses.is_dataclass(method.config)
         assert set(method.paths) <= set(registry.PATHS) and method.paths

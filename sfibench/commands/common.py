@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 
 import typer
@@ -28,23 +29,11 @@ def user_errors():
     prints what was kept and exits 130, the shell's status for an interrupt. SIGTERM (what `timeout`,
     SLURM and Kubernetes send) stops the command the same way and exits 143 (128 + SIGTERM).
     """
-    from sfibench.core.device import DeviceUnavailableError
-    from sfibench.engine.prefill import PromptError
-    from sfibench.registry import UnknownMethodError
-    from sfibench.metrics.memory import MemoryEstimateError
-    from sfibench.metrics.stability import StabilityInputError
-    from sfibench.models.loading import MissingWeightsError
-    from sfibench.models.presets import UnknownModelError
-    from sfibench.workloads.base import ContextSizeError, UnknownTaskError
-    from sfibench.workloads.longbench import LongBenchError
-
     terminated: list[int] = []
     restore = _stop_on_sigterm(terminated)
     try:
         yield
-    except (UsageError, UnknownModelError, UnknownMethodError, UnknownTaskError, PromptError, ContextSizeError,
-            MissingWeightsError, DeviceUnavailableError, MemoryEstimateError, StabilityInputError,
-            LongBenchError) as error:
+    except (UsageError, *loaded_user_errors()) as error:  # evaluated once an error is raised
         print_error(error)
         raise typer.Exit(code=2) from None
     except KeyboardInterrupt as interrupt:
@@ -54,6 +43,26 @@ def user_errors():
         raise typer.Exit(code=128 + signal.SIGTERM if terminated else 130) from None
     finally:
         restore()
+
+
+# The user errors other modules raise that are not UsageErrors, by module. Only the modules already loaded
+# are asked: an error of a module not yet imported cannot have been raised, and importing one (torch with it)
+# would make a bad command slow to fail.
+OTHER_USER_ERRORS = {
+    "sfibench.core.device_facts": ("DeviceUnavailableError",),
+    "sfibench.engine.prefill": ("PromptError",),
+    "sfibench.metrics.memory": ("MemoryEstimateError",),
+    "sfibench.metrics.stability": ("StabilityInputError",),
+    "sfibench.models.loading": ("MissingWeightsError",),
+    "sfibench.models.presets": ("UnknownModelError",),
+    "sfibench.workloads.base": ("UnknownTaskError", "ContextSizeError"),
+    "sfibench.workloads.longbench": ("LongBenchError",),
+}
+
+
+def loaded_user_errors() -> tuple[type[Exception], ...]:
+    return tuple(getattr(sys.modules[module], name) for module, names in OTHER_USER_ERRORS.items()
+                 if module in sys.modules for name in names)
 
 
 def _stop_on_sigterm(terminated: list[int]):

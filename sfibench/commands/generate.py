@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from sfibench import registry
 from sfibench.commands.common import (
     BRIDGE_STEPS_HELP,
     DEVICE_HELP,
@@ -23,8 +24,8 @@ from sfibench.commands.common import (
 )
 from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
-from sfibench.engine.sampling import SamplingConfig
 from sfibench.options import (
+    check_path,
     check_device_needs,
     check_session_options,
     check_sfi_settings,
@@ -74,14 +75,10 @@ def generate(
     publish: str = typer.Option(SFIConfig.publish, help=PUBLISH_HELP),
 ):
     """Generate text with one method; slow (refresh) steps are highlighted, --json gives per-step stats."""
-    from sfibench.registry import check_method
-    from sfibench.reporting.generate_summary import summary_lines
-    from sfibench.runners.generate import GenerateRun, run_generate
-
     with user_errors():
-        check_session_options(model, device, dtype)
-        check_method(method, path)
-        check_device_needs(device, "--path", [path])
+        # the checks that need no model and no torch first, so a bad command fails at once
+        registry.check_name(method)
+        check_path(path, "--path")
         check_trigger(trigger)
         check_top_p(top_p)
         check_sfi_settings(evidence_norm, keep_neighbours, publish if method == "sfi" else None, path)
@@ -90,6 +87,13 @@ def generate(
         text = read_text_file(prompt_file, "--prompt-file") if prompt_file is not None else prompt
         if text is not None and not text.strip():
             raise UsageError("--prompt is empty; give some text, or leave it out to continue the shipped essays")
+        k_head_budget, budget_tokens = parse_k_head(k_head), None if budget is None else Budget.parse(budget)
+        check_session_options(model, device, dtype)
+        check_device_needs(device, "--path", [path])
+        from sfibench.engine.sampling import SamplingConfig  # loads torch
+        from sfibench.runners.generate import GenerateRun, run_generate
+
+        registry.check_method(method, path)
         selector = SelectorConfig(use_prior=not no_prior, use_nms=not no_nms, use_cross_head=not no_cross_head,
                                   lambda_fixed=lambda_, nms_radius=nms_radius, nms_alpha=nms_alpha,
                                   evidence_norm=evidence_norm, keep_neighbours=keep_neighbours)
@@ -100,12 +104,14 @@ def generate(
         run = GenerateRun(model=model, method=method, path=path, device=device, dtype=dtype, prompt=text,
                           max_new_tokens=max_new_tokens, chat=chat,
                           sampling=SamplingConfig(temperature=temperature, top_p=top_p, seed=seed),
-                          k_head=parse_k_head(k_head), budget=None if budget is None else Budget.parse(budget),
+                          k_head=k_head_budget, budget=budget_tokens,
                           sfi=sfi, stream=not json_out)
         result = run_generate(run, console, err_console)
     if json_out:
         print(json.dumps(result))
         return
+    from sfibench.reporting.generate_summary import summary_lines
+
     console.print()
     for line in summary_lines(result):
         console.print(f"[dim]{line}[/]", highlight=False)

@@ -9,6 +9,8 @@ import typer
 from sfibench import registry
 from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATH_HELP, console, user_errors
 from sfibench.options import (
+    PROFILE_MARGIN,
+    check_path,
     check_context_limit,
     check_device_needs,
     check_memory_before_loading,
@@ -32,22 +34,27 @@ def profile(
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
 ):
     """Where one decode step's time goes: attention, SFI selector, MLP, other ops, launch gaps."""
-    from sfibench.registry import check_method
     from sfibench.models.presets import PRESETS
-    from sfibench.reporting.profile_report import terminal_table
-    from sfibench.reporting.results import read_results
-    from sfibench.runners.profile import PROFILE_MARGIN, ProfileRun, run_profile
 
     with user_errors():
+        # the checks that need no model (and on a CPU-only torch no torch) first, so a bad command fails at once
+        registry.check_name(method)
+        check_path(path, "--path")
+        given_context = None if ctx is None else parse_tokens(ctx, "--ctx")
         model, gpu = check_shape_options(model, device, dtype)
-        check_method(method, path)
         check_device_needs(device, "--path", [path])
-        context = parse_tokens(ctx if ctx is not None else ("32k" if gpu else "3k"), "--ctx")
+        context = given_context or parse_tokens("32k" if gpu else "3k", "--ctx")
         check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)
         check_memory_before_loading(model, [batch], [context], steps + PROFILE_MARGIN, device, dtype,
                                     synthetic_prefill=True)  # the smaller prefill workspace: a lower bound
+        from sfibench.runners.profile import ProfileRun, run_profile  # loads torch
+
+        registry.check_method(method, path)
         run = ProfileRun(model=model, device=device, dtype=dtype, method=method, path=path, context=context,
                          steps=steps, batch=batch, out=out, overwrite=overwrite)
         run_dir = run_profile(run)
+    from sfibench.reporting.profile_report import terminal_table
+    from sfibench.reporting.results import read_results
+
     console.print(terminal_table(read_results(run_dir), wide))
     console.print(f"[green]wrote[/] {run_dir}/results.json, report.md and profile.png")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from sfibench import registry
 from sfibench.commands.common import (
     BRIDGE_STEPS_HELP,
     DEVICE_HELP,
@@ -15,16 +16,16 @@ from sfibench.commands.common import (
     console,
     user_errors,
 )
-from sfibench.sfi.config import SelectorConfig, SFIConfig, TriggerConfig
-from sfibench import registry
 from sfibench.core.errors import UsageError
 from sfibench.options import (
+    PREFILL_MODES,
     check_choice,
+    check_path,
     check_context_limit,
     check_device_needs,
+    check_memory_before_loading,
     check_sfi_settings,
     check_shape_options,
-    check_memory_before_loading,
     check_trigger,
     distinct_counts,
     ordered_contexts,
@@ -33,6 +34,7 @@ from sfibench.options import (
     parse_token_list,
     split_list,
 )
+from sfibench.sfi.config import SelectorConfig, SFIConfig, TriggerConfig
 
 
 def throughput(
@@ -65,44 +67,57 @@ def throughput(
 ):
     """Decode speed of every method: tok/s, ms/step by kind, GB/s against the measured roofline."""
     from sfibench.models.presets import PRESETS
-    from sfibench.reporting.results import read_results
-    from sfibench.reporting.throughput_report import table_notes, terminal_table
-    from sfibench.runners.throughput import PREFILL_MODES, ThroughputRun, resolve_methods, run_throughput
 
     with user_errors():
-        model, gpu = check_shape_options(model, device, dtype)
-        steps = steps or (128 if gpu else 32)
-        contexts, order_note = ordered_contexts(
-            parse_token_list(ctx if ctx is not None else ("8k,32k,max" if gpu else "1k,3k"), "--ctx"))
-        batches = distinct_counts(parse_counts(batch if batch is not None else ("1,4" if gpu else "1"), "--batch",
-                                               allow_max=True), "--batch")
-        default_paths = "reference,optimized" if gpu else "reference"
-        path_list = tuple(check_choice(p, PATHS, "--paths")
-                          for p in split_list(default_paths if paths is None else paths, "--paths"))
+        # Every check before the runner's import needs no model and no measurement, and (where torch's build
+        # says there is no GPU) no torch: a bad command fails at once. Options as given first, then the
+        # device, which sets the defaults.
+        given_contexts = None if ctx is None else ordered_contexts(parse_token_list(ctx, "--ctx"))
+        given_batches = None if batch is None else distinct_counts(parse_counts(batch, "--batch", allow_max=True),
+                                                                   "--batch")
         method_list = tuple(split_list(methods, "--methods"))
-        if not resolve_methods(method_list, path_list):
-            raise UsageError(f"--methods {methods} has no method registered on --paths {','.join(path_list)}; "
-                             "pin one with name/path, e.g. full_kv/optimized")
+        for item in method_list:
+            name, _, pinned = item.partition("/")
+            registry.check_name(name)
+            if pinned:
+                check_path(pinned, f"--methods {item}")
         check_choice(prefill, PREFILL_MODES, "--prefill")
         check_trigger(trigger)
         check_sfi_settings(None, keep_neighbours, None, "optimized")
+        model, gpu = check_shape_options(model, device, dtype)
+        steps = steps or (128 if gpu else 32)
+        contexts, order_note = given_contexts or ordered_contexts(parse_token_list("8k,32k,max" if gpu else "1k,3k",
+                                                                                   "--ctx"))
+        batches = given_batches or ([1, 4] if gpu else [1])
+        default_paths = "reference,optimized" if gpu else "reference"
+        path_list = tuple(check_choice(p, PATHS, "--paths")
+                          for p in split_list(default_paths if paths is None else paths, "--paths"))
         pinned = tuple(item.partition("/")[2] for item in method_list)
         check_device_needs(device, "--paths", path_list + pinned, bool(graphs))
         known = [c for c in contexts if c != "max"]
         check_context_limit(PRESETS.get(model), known, steps)
+        k_head_budget = parse_k_head(k_head, known)
         # auto counts as synthetic here, the smaller prefill workspace: this check only refuses what cannot fit
         check_memory_before_loading(model, batches, contexts, steps, device, dtype, synthetic_prefill=prefill != "real")
+        from sfibench.runners.throughput import ThroughputRun, resolve_methods, run_throughput  # loads torch
+
+        if not resolve_methods(method_list, path_list):
+            raise UsageError(f"--methods {methods} has no method registered on --paths {','.join(path_list)}; "
+                             "pin one with name/path, e.g. full_kv/optimized")
         sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, bridge_steps=bridge_steps,
                         trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap),
                         selector=SelectorConfig(use_nms=not no_nms, keep_neighbours=keep_neighbours))
         run = ThroughputRun(model=model, device=device, dtype=dtype, contexts=tuple(contexts), batches=tuple(batches),
                             methods=method_list, paths=path_list, steps=steps, repeats=repeats, prefill=prefill,
                             graphs=gpu if graphs is None else graphs, length_bucket=length_bucket,
-                            dense_kernels=dense_kernels and gpu, k_head=parse_k_head(k_head, known), sfi=sfi,
+                            dense_kernels=dense_kernels and gpu, k_head=k_head_budget, sfi=sfi,
                             out=out, overwrite=overwrite)
         if order_note:
             console.print(order_note, highlight=False)
         run_dir = run_throughput(run, console)
+    from sfibench.reporting.results import read_results
+    from sfibench.reporting.throughput_report import table_notes, terminal_table
+
     document = read_results(run_dir)
     console.print(terminal_table(document, wide))
     for note in table_notes(document["results"]["rows"]):

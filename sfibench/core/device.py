@@ -18,14 +18,15 @@ from pathlib import Path
 
 import torch
 
+from sfibench.core.device_facts import (
+    CUDA_NAME,
+    DeviceUnavailableError,
+    host_available_bytes,
+    host_memory_bytes,
+)
+
 __all__ = ["DeviceUnavailableError", "available_device_memory", "cpu_model", "device_info", "gpu_driver_version",
            "resolve_device", "total_device_memory"]
-
-_CUDA_NAME = re.compile(r"^cuda(?::(\d+))?$")
-
-
-class DeviceUnavailableError(RuntimeError):
-    """The requested device does not exist on this machine."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -41,7 +42,7 @@ def resolve_device(name: str) -> torch.device:
     if requested == "cpu":
         return torch.device("cpu")
 
-    match = _CUDA_NAME.match(requested)
+    match = CUDA_NAME.match(requested)
     if match is None:
         raise ValueError(f"unknown device {name!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N' (N = GPU index)")
     if not torch.cuda.is_available():
@@ -91,7 +92,7 @@ def device_info(device: torch.device | str) -> dict:
             # The cores this process may use (cgroups/taskset), which is what bounds CPU timings.
             "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
             "torch_threads": torch.get_num_threads(),
-            "total_memory_bytes": _host_memory_bytes(),
+            "total_memory_bytes": host_memory_bytes(),
         }
     return {"type": device.type, "name": str(device)}
 
@@ -131,31 +132,12 @@ def cpu_model() -> str | None:
     return platform.processor() or platform.machine() or None
 
 
-def _host_memory_bytes() -> int | None:
-    try:
-        text = Path("/proc/meminfo").read_text()
-    except OSError:
-        return None
-    match = re.search(r"^MemTotal:\s*(\d+)\s*kB", text, re.MULTILINE)
-    return int(match.group(1)) * 1024 if match else None
-
-
-def _host_available_bytes() -> int:
-    """MemAvailable from /proc/meminfo (psutil may be absent), else free physical pages."""
-    meminfo = Path("/proc/meminfo")
-    if meminfo.exists():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024  # reported in kB
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def total_device_memory(device: torch.device | str) -> int:
     """All of `device`'s memory in bytes: the GPU's, or the host's (0 where /proc cannot say)."""
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
-    return _host_memory_bytes() or 0
+    return host_memory_bytes() or 0
 
 
 def available_device_memory(device: torch.device | str) -> int:
@@ -164,4 +146,4 @@ def available_device_memory(device: torch.device | str) -> int:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
-    return _host_available_bytes()
+    return host_available_bytes()

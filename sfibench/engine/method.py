@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch loads where a tensor is made: the command line reads the settings classes without it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -205,6 +206,8 @@ class AttentionMethod:
         A captured CUDA graph keeps reading the tensors it saw at capture, so state must be reset in
         place between runs rather than replaced by a new allocation.
         """
+        import torch
+
         tensor = getattr(self, name, None)
         if tensor is None or tensor.shape != torch.Size(shape) or tensor.dtype != dtype or tensor.device != device:
             tensor = torch.empty(shape, dtype=dtype, device=device)

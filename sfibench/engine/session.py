@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sfibench.core.device import available_device_memory, resolve_device
+from sfibench.core.device_facts import default_dtype
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import Trace, generate
 from sfibench.engine.memory_phases import loading
@@ -20,7 +21,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def parse_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return DTYPES[default_dtype(device.type)]
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; valid: auto, {', '.join(DTYPES)}")
     return DTYPES[name]

@@ -11,11 +11,9 @@ from __future__ import annotations
 import torch
 
 from sfibench.engine.cache import KVCache
+from sfibench.engine.chunks import NORM_CHUNK
 from sfibench.engine.memory_phases import on_cache
 from sfibench.engine.prefill import Prefilled
-
-
-NORM_CHUNK = 8192  # cached keys whose float32 norms are computed at once (metrics/memory.py plans for it)
 
 
 @torch.no_grad()

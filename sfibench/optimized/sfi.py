@@ -32,7 +32,8 @@ from sfibench.optimized.step_state_kernel import take_published
 from sfibench.optimized.two_segment import dense_read_launch, fast_read_launch, two_segment_decode
 from sfibench.sfi import geometry
 from sfibench.sfi.method import SFIMethod
-from sfibench.sfi.selector import SelectorConfig, keep_neighbours, select
+from sfibench.sfi.selector_config import SelectorConfig
+from sfibench.sfi.selector import keep_neighbours, select
 from sfibench.sfi.transfer import layer_index
 
 

@@ -36,13 +36,12 @@ from sfibench.engine.prefill import prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.metrics.memory import check_fits, estimate_memory
-from sfibench.options import check_context_limit
+from sfibench.options import PROFILE_MARGIN, check_context_limit
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import write_results
 from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.workloads.replay import load_replay, take_rows
 
-PROFILE_MARGIN = 8  # cache positions beyond the profiled steps: two warm-up steps and slack
 WARMUP = 2  # first decode steps left out: lazy initialisation
 SEARCH_STEPS = 128  # steps decoded, at most, to meet every step kind (SFI's t_max of 96 forces a slow step)
 

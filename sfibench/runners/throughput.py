@@ -25,8 +25,6 @@ from sfibench.reporting.results import write_results
 from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.runners.throughput_measure import ThroughputConfig, add_comparisons, largest_batch, measure_all
 
-PREFILL_MODES = ("auto", "real", "synthetic")
-
 
 @dataclass(frozen=True)
 class ThroughputRun:
@@ -41,7 +39,7 @@ class ThroughputRun:
     paths: tuple[str, ...]
     steps: int
     repeats: int
-    prefill: str  # one of PREFILL_MODES
+    prefill: str  # one of options.PREFILL_MODES
     graphs: bool
     length_bucket: int
     dense_kernels: bool

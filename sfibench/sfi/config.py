@@ -1,7 +1,7 @@
 """SFI's settings (SPEC sections 2-5), its one budget rule, and its entry in the registry.
 
-Defaults follow SPEC.md; the CLI exposes the fields as flags. The Selector's own settings
-(SelectorConfig) live beside it in sfi/selector.py. The budget rule: at a budget of B tokens
+Defaults follow SPEC.md; the CLI exposes the fields as flags and shows these defaults in its help, so this
+module imports no torch; the Selector's own settings are sfi/selector_config.py. The budget rule: at a budget of B tokens
 read per (layer, KV head), the recent window is a quarter of B in whole pages, between one page and
 `n_recent` (256), and k_head is the rest after the sinks, so at SPEC's operating point (B = 2,308)
 SFI reads 4 sinks + 2,048 picks + 256 recent tokens.
@@ -16,12 +16,12 @@ from sfibench.core.budget import BudgetError
 from sfibench.core.errors import UsageError
 from sfibench.engine.method import MethodConfig, MethodDef
 from sfibench.sfi import geometry, traffic
-from sfibench.sfi.recall import SFIRecall
-from sfibench.sfi.selector import SelectorConfig
+from sfibench.sfi.selector_config import SelectorConfig
 
 EVIDENCE_CHUNK_BYTES = 1 << 30  # float32 evidence the Selector takes at once (layers are chunked to fit)
 
 PUBLISH_POLICIES = ("next_step", "when_ready")
+TRIGGER_POLICIES = ("punctuation_tmax", "fixed", "random", "bootstrap")  # sfi/triggers.py
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,8 @@ class SFIConfig(MethodConfig):
         return {"publish": self.publish}
 
     def recall_memory(self, selection_budget):
+        from sfibench.sfi.recall import SFIRecall  # torch: the settings above load without it
+
         return SFIRecall(self, selection_budget)
 
     def with_variant(self, variant: dict | None) -> SFIConfig:

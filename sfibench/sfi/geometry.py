@@ -17,22 +17,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 if TYPE_CHECKING:  # sfi/config.py imports this module for its budget rule
     from sfibench.sfi.config import SFIConfig
 
 
+def _is_tensor(length) -> bool:
+    # told apart without importing torch: SFI's budget rule (sfi/config.py) checks a command line first
+    return hasattr(length, "clamp")
+
+
 def recent_start(length, n_recent: int, page: int):
     """First slot of the page-aligned recent window at KV length `length`."""
-    if isinstance(length, torch.Tensor):
-        return torch.div(length - length.clamp(max=n_recent), page, rounding_mode="floor") * page
+    if _is_tensor(length):
+        return (length - length.clamp(max=n_recent)).div(page, rounding_mode="floor") * page
     return (length - min(length, n_recent)) // page * page
 
 
 def sink_count(length, cfg: SFIConfig):
     """How many sink positions exist at KV length `length`."""
-    return length.clamp(max=cfg.n_sink) if isinstance(length, torch.Tensor) else min(length, cfg.n_sink)
+    return length.clamp(max=cfg.n_sink) if _is_tensor(length) else min(length, cfg.n_sink)
 
 
 def candidate_range(length: int, cfg: SFIConfig) -> tuple[int, int]:

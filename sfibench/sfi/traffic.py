@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from sfibench.models.presets import ModelConfig
 
 FLOAT32_BYTES = 4  # evidence logits and cached key norms are kept in float32
@@ -36,6 +34,8 @@ def refresh_bytes(model_cfg: ModelConfig, candidates, k_head: int, batch: int, d
     """
     if path not in ("optimized", "reference"):
         raise ValueError(f"unknown path {path!r}; valid: optimized, reference")
+    import numpy as np  # here: sfi/config.py imports this module, and the command line imports it first thing
+
     if hasattr(candidates, "detach"):
         candidates = candidates.detach().cpu().numpy()
     per_sequence = np.broadcast_to(np.asarray(candidates, dtype=np.float64), (batch,))

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from sfibench.sfi.config import TriggerConfig
+from sfibench.sfi.config import TRIGGER_POLICIES, TriggerConfig
 
 ENDERS = (".", "?", "!", "。", "？", "！")
-POLICIES = ("punctuation_tmax", "fixed", "random", "bootstrap")
 
 
 def _gpt2_char_to_byte() -> dict[str, int]:
@@ -91,8 +90,9 @@ class SlowStepScheduler:
 
     def __init__(self, cfg: TriggerConfig, is_ender: torch.Tensor, is_blank: torch.Tensor, batch_size: int,
                  token_bytes: list[bytes] | None = None):
-        if cfg.policy not in POLICIES:
-            raise ValueError(f"unknown trigger policy {cfg.policy!r}; valid policies: {', '.join(POLICIES)}")
+        if cfg.policy not in TRIGGER_POLICIES:
+            raise ValueError(f"unknown trigger policy {cfg.policy!r}; valid policies: "
+                             f"{', '.join(TRIGGER_POLICIES)}")
         self.cfg = cfg
         self.is_ender, self.is_blank = is_ender.cpu(), is_blank.cpu()
         self.token_bytes = token_bytes
