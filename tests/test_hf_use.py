@@ -24,6 +24,7 @@ from sfibench.models.loading import LoadedModel, load_model
 from sfibench.models.tokenizer import ByteTokenizer, Tokenizer
 from sfibench.runners.quality import run_quality
 from sfibench.runners.quality_inputs import quality_run
+from sfibench.sfi.config import SFIConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = Tokenizer(ByteTokenizer())
@@ -91,6 +92,9 @@ def test_leaving_the_block_restores_the_model():
         # a scoring pass without sfibench's cache is the model's own dense attention
         assert torch.equal(model(**left_padded(PROMPTS)).logits, logits)
         model.generate(**left_padded(PROMPTS), max_new_tokens=4, pad_token_id=0)
+        with pytest.raises(sfibench.hf.UnsupportedModelError, match="one method at a time"), \
+                sfibench.hf.apply(model, TOKENIZER, "sfi"):
+            pass
     with pytest.raises(RuntimeError, match="inside"), sfibench.hf.apply(model, TOKENIZER, "full_kv"):
         raise RuntimeError("an error inside the block")
     assert model.config._attn_implementation == implementation
@@ -111,6 +115,8 @@ def test_an_unsupported_architecture_is_refused_naming_what_is_missing():
         pass
     with pytest.raises(UsageError, match="valid methods"):
         sfibench.hf.apply(gemma2, TOKENIZER, "h2o")
+    with pytest.raises(UsageError, match="takes its own settings, a QuestConfig"):
+        sfibench.hf.apply(gemma2, TOKENIZER, "quest", config=SFIConfig())
 
 
 def test_what_the_cache_cannot_follow_is_refused():

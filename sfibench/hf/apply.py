@@ -15,11 +15,11 @@ implementation back, so the model is exactly as it was.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Self
 
 from sfibench import registry
 from sfibench.core.budget import Budget
+from sfibench.core.errors import UsageError
 from sfibench.engine.method import AttentionMethod, MethodConfig
 from sfibench.hf.attention import DenseRoute, enter, leave
 from sfibench.hf.cache import MethodCache, UnsupportedGenerationError
@@ -35,7 +35,6 @@ class Applied:
 
     def __init__(self, model, tokenizer, method: str, budget: int | str | None = None,
                  config: MethodConfig | None = None, evidence_rows: int = 64):
-        registry.check_method(method, PATH)
         self.model = model
         self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
         self.method_name, self.config = method, config if config is not None else registry.default_config(method)
@@ -145,7 +144,10 @@ def apply(model, tokenizer, method: str, budget: int | str | None = None, config
     ("15%"), turned into the method's settings by its own budget rule; None keeps `config` (default: the
     method's defaults). `evidence_rows`: the last prompt queries kept for the methods that score the prompt
     with them (SnapKV's window, SFI's bootstrap), as the engine keeps them."""
-    if config is not None and not dataclasses.is_dataclass(config):
-        raise TypeError(f"config must be the method's settings (a MethodConfig), got {type(config).__name__}")
+    registry.check_method(method, PATH)
+    settings = registry.get(method).config
+    if config is not None and not isinstance(config, settings):
+        raise UsageError(f"config is a {type(config).__name__}; method {method!r} takes its own settings, a "
+                         f"{settings.__name__}")
     return Applied(model, tokenizer, method, budget, config, evidence_rows)
 

@@ -44,6 +44,9 @@ def _refuse(what: str):
 
 
 class MethodCache(Cache):
+    """The cache of one generation: made by `Applied.cache` (or by the block's `generate` wrapper) for
+    `max_new_tokens` tokens after the longest prompt; `steps` and `summary()` say what the method did."""
+
     def __init__(self, described: Described, new_method: Callable[[int], AttentionMethod], max_new_tokens: int,
                  evidence_rows: int = 64):
         if max_new_tokens < 1:

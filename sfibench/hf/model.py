@@ -69,6 +69,9 @@ def switch_attention(model) -> str:
                                     "sfibench.hf applies to transformers causal LMs")
     register()
     previous = model.config._attn_implementation
+    if previous == NAME:
+        raise UnsupportedModelError(f"sfibench's attention already runs in this {type(model).__name__}: apply one "
+                                    "method at a time (one sfibench.hf.apply block)")
     model.set_attn_implementation(NAME)
     if model.config._attn_implementation != NAME:
         raise UnsupportedModelError(f"{type(model).__name__} does not route its attention through transformers' "
