@@ -16,6 +16,7 @@ from sfibench.baselines.quest import QuestConfig
 from sfibench.baselines.snapkv import SnapKVConfig
 from sfibench.baselines.tidaldecode import TidalDecodeConfig
 from sfibench.cli import app
+from sfibench.core.budget import Budget
 from sfibench.engine.cache import KVCache
 from sfibench.engine.method import AttentionView, RecallMemory
 from sfibench.engine.prefill import prefill
@@ -29,7 +30,6 @@ from sfibench.runners.stability_prompts import value_positions
 from sfibench.sfi.config import SFIConfig
 from sfibench.sfi.recall import SFIRecall
 from sfibench.sfi.selector import SelectorConfig, select
-from sfibench.core.budget import Budget
 
 GEMMA = PRESETS["tiny-gemma3"]  # layers: sliding, global, sliding
 
@@ -128,7 +128,6 @@ class Spy(RecallMemory):
 
     def masks(self, view):
         self.seen.append(view.sentence_start)
-        return None
 
 
 def test_fixed_trigger_refreshes_every_interval_whatever_the_sentences():

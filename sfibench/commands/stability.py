@@ -6,7 +6,14 @@ from pathlib import Path
 
 import typer
 
-from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, KEEP_NEIGHBOURS_HELP, PATH_HELP, console, user_errors
+from sfibench.commands.common import (
+    DEVICE_HELP,
+    DTYPE_HELP,
+    KEEP_NEIGHBOURS_HELP,
+    PATH_HELP,
+    console,
+    user_errors,
+)
 from sfibench.core.errors import UsageError
 from sfibench.options import (
     check_device_needs,
@@ -58,8 +65,8 @@ def stability(
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
 ):
     """Is the dominant attention support stable within a sentence? Dense attention over real text."""
-    from sfibench.metrics.stability import StabilityConfig
     from sfibench import registry
+    from sfibench.metrics.stability import StabilityConfig
     from sfibench.registry import check_method
     from sfibench.reporting.results import read_results
     from sfibench.reporting.stability_markdown import terminal_table

@@ -34,7 +34,12 @@ from sfibench.metrics.stability import (
     supports,
     top_k_support,
 )
-from sfibench.metrics.stability_memories import REFERENCE_STALE, TriggerComparison, fixed_memory, recall_memories
+from sfibench.metrics.stability_memories import (
+    REFERENCE_STALE,
+    TriggerComparison,
+    fixed_memory,
+    recall_memories,
+)
 from sfibench.metrics.stability_where import MovingMass, NeedleWatch
 from sfibench.sfi.geometry import recent_start
 

@@ -12,6 +12,8 @@ a retrieval task's needle.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 
 from sfibench.metrics.stability import Mean
@@ -27,7 +29,7 @@ def distance_labels() -> list[str]:
         return f"{tokens // 1024}K" if tokens >= 1024 else str(tokens)
 
     edges = [0, *DISTANCE_EDGES]
-    return ["sinks", *(f"{short(a)}-{short(b)}" for a, b in zip(edges, edges[1:])), f">= {short(edges[-1])}"]
+    return ["sinks", *(f"{short(a)}-{short(b)}" for a, b in pairwise(edges)), f">= {short(edges[-1])}"]
 
 
 def _bins(length: int, n_sink: int, device) -> torch.Tensor:

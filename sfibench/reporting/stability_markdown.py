@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from rich.table import Table
@@ -41,7 +42,7 @@ DEFINITIONS = (
 
 def _spread(values: list[float | None]) -> str:
     """'53.9%' for one value, '41.2% to 60.3%' for several (n/a where none was measured)."""
-    known = sorted(v for v in values if v is not None and v == v)
+    known = sorted(v for v in values if v is not None and not math.isnan(v))
     if not known:
         return "n/a"
     return percent(known[0]) if len(known) == 1 or known[0] == known[-1] else f"{percent(known[0])} to {percent(known[-1])}"

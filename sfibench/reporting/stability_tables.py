@@ -22,7 +22,7 @@ def _with_ci(value, half) -> str:
 
 def _mean(values: list) -> float | None:
     """The mean of the measured values (None where a run saved no value), None if there are none."""
-    known = [v for v in values if v is not None and v == v]
+    known = [v for v in values if v is not None and not math.isnan(v)]
     return sum(known) / len(known) if known else None
 
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import torch
 
 from sfibench.metrics.stability import PROSE, StabilityConfig, StabilityInputError
-from sfibench.sfi.triggers import SlowStepScheduler
 from sfibench.sfi.config import TriggerConfig
+from sfibench.sfi.triggers import SlowStepScheduler
 from sfibench.workloads.base import PromptFormat, default_bos
 from sfibench.workloads.tasks import get_task, make_samples
 
