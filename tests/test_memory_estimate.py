@@ -97,30 +97,21 @@ def test_a_shape_that_does_not_fit_is_one_line_naming_what_fits():
 
 
 CONTEXT, BATCH = 3072, 2  # tiny models at a context where the cache, not Python's small tensors, is most
+# tiny-qwen3 (3 layers, one KV head per query head) runs by default; tiny-llama (two query heads per KV head,
+# all of its layers dense for Quest) in the full run
+MODELS = [pytest.param("tiny-qwen3"), pytest.param("tiny-llama", marks=pytest.mark.full)]
 
 
-# Reference paths whose decode transients no MethodConfig.workspace_bytes declares yet (measured here: the
-# run's peak is 24-40% above the estimate); strict, so the mark fails once a declaration closes the gap.
-UNDECLARED = {"quest": "Quest's page scoring", "sfi": "the reference Selector's copies of the evidence",
-              "streaming_llm": "the tail attention's gathered keys"}
-
-
-def _reference_cases():
-    for name, path in registry.available():
-        if path == "reference":
-            marks = [pytest.mark.xfail(strict=True, reason=f"undeclared workspace: {UNDECLARED[name]}")] \
-                if name in UNDECLARED else []
-            yield pytest.param(name, path, marks=marks)
-
-
-@pytest.mark.parametrize("name, path", list(_reference_cases()))
-def test_the_estimate_is_the_cpu_allocators_peak(name, path):
-    """A throughput run of each method (synthetic prefill, then the method's bootstrap and decode steps) on
-    tiny-qwen3 in float32: the peak of torch's CPU allocator from before the cache is allocated to the end,
-    plus the weights already held, is the estimate within 10%. The optimized paths run Triton's interpreter
-    here, whose buffers are not the GPU's; the GPU test (tests/test_memory_gpu.py) checks those."""
-    session = Session.open("tiny-qwen3", "cpu", dtype="float32")
-    cfg = ThroughputConfig(model="tiny-qwen3", contexts=[CONTEXT], batches=[BATCH], methods=[(name, path)],
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("name, path", [case for case in registry.available() if case[1] == "reference"])
+def test_the_estimate_is_the_cpu_allocators_peak(model, name, path):
+    """A throughput run of each method (synthetic prefill, then the method's bootstrap and decode steps) on a
+    tiny model in float32: the peak of torch's CPU allocator from before the cache is allocated to the end,
+    plus the weights already held, is the estimate within 10%, each method's state and transients declared
+    by its own MethodConfig. The optimized paths run Triton's interpreter here, whose buffers are not the
+    GPU's; the GPU test (tests/test_memory_gpu.py) checks those."""
+    session = Session.open(model, "cpu", dtype="float32")
+    cfg = ThroughputConfig(model=model, contexts=[CONTEXT], batches=[BATCH], methods=[(name, path)],
                            steps=8, repeats=1, prefill="synthetic", graphs=False)
     stream, tokenizer = load_replay(session.loaded.config.vocab_size, session.loaded.tokenizer)
     inputs = step_inputs(take_rows(stream, CONTEXT, BATCH, cfg.steps + 1), session.device)

@@ -23,6 +23,7 @@ import torch
 
 from sfibench.core.budget import BudgetError
 from sfibench.engine.method import AttentionMethod, AttentionView, MethodConfig, MethodDef, RecallMemory, StepPlan
+from sfibench.engine.workspace import FLOAT32_BYTES, INDEX_BYTES, gather_attention_bytes, keys_bytes
 from sfibench.optimized.decode_attention import dense_decode, sparse_decode
 from sfibench.optimized.retrieval_kernels import expand_positions, page_scores, page_scores_reference
 from sfibench.optimized.top_k_kernels import top_k
@@ -57,13 +58,44 @@ class QuestConfig(MethodConfig):
         return min(self.pages, full_pages) * self.page + current
 
     def state_bytes(self, model_config, path: str, dtype_bytes: int, tile_rows: int) -> tuple[int, int]:
+        """Two bound vectors per (layer, KV head, page); the optimized path adds a float32 score per (KV
+        head, page) and the int64 slot list of the pages it reads."""
         mc = model_config
-        return -(-2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * dtype_bytes // self.page), 0
+        per_page = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * dtype_bytes
+        if path != "optimized":
+            return -(-per_page // self.page), 0
+        slots = mc.num_kv_heads * (self.pages + 1) * self.page * INDEX_BYTES
+        return -(-(per_page + mc.num_kv_heads * FLOAT32_BYTES) // self.page), slots
+
+    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
+        """Both paths bound the prompt's pages one layer at a time (`page_bounds`: a padded copy of the
+        layer's keys and its masked copy, beside the layer's new bounds). The reference step also scores
+        every page in float32 (two bound products per query head and their maximum) and gathers the pages
+        it reads."""
+        mc = model_config
+        if not self.sparse_layers(mc):
+            return 0  # every layer reads densely
+        pages = -(-max_seq // self.page)
+        keys = keys_bytes(batch, mc.num_kv_heads, pages * self.page, mc.head_dim, dtype_bytes)
+        bounds = 2 * keys_bytes(batch, mc.num_kv_heads, pages, mc.head_dim, dtype_bytes)
+        bootstrap = 2 * keys + bounds + batch * pages * self.page
+        if path != "reference":
+            return bootstrap
+        widened = 2 * keys_bytes(batch, mc.num_kv_heads, pages, mc.head_dim, FLOAT32_BYTES) \
+            if dtype_bytes != FLOAT32_BYTES else 0
+        scoring = 3 * batch * mc.num_heads * pages * mc.head_dim * FLOAT32_BYTES + widened
+        read = min(self.pages * self.page + self.page, max_seq)
+        gather = gather_attention_bytes(batch, mc.num_heads, mc.num_kv_heads, read, mc.head_dim, dtype_bytes)
+        return max(bootstrap, scoring, gather)
+
+    def sparse_layers(self, model_config) -> list[int]:
+        """The layers that choose pages: the global layers after the first `dense_layers`."""
+        return [layer for layer in model_config.global_layers if layer >= self.dense_layers]
 
     def step_bytes(self, model_config, context: int, dtype_bytes: int) -> float:
         """The page metadata every sparse layer reads to score the pages: M and m of every page."""
         mc = model_config
-        sparse = len([layer for layer in mc.global_layers if layer >= self.dense_layers])
+        sparse = len(self.sparse_layers(mc))
         return sparse * mc.num_kv_heads * -(-context // self.page) * 2 * mc.head_dim * dtype_bytes
 
     def recall_memory(self, selection_budget) -> RecallMemory:
@@ -166,7 +198,7 @@ class Quest(AttentionMethod):
             self.highest[layer], self.lowest[layer] = page_bounds(cache.k[layer], lengths, cfg.page)
 
     def sparse_layers(self) -> list[int]:
-        return [layer for layer in self.model_config.global_layers if layer >= self.cfg.dense_layers]
+        return self.cfg.sparse_layers(self.model_config)
 
     def plan(self, ctx) -> QuestPlan:
         capacity = ctx.bucketed(int(ctx.kv_lengths_host.max()))

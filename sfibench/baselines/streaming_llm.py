@@ -15,6 +15,7 @@ import torch
 from sfibench.baselines.tail_segment import TwoSegmentPath
 from sfibench.core.budget import BudgetError
 from sfibench.engine.method import AttentionMethod, AttentionView, MethodConfig, MethodDef, RecallMemory
+from sfibench.engine.workspace import gather_attention_bytes
 from sfibench.optimized.triton_device import require_triton_device
 from sfibench.reference.sparse_memory import attend_fixed_plus_tail
 
@@ -34,6 +35,15 @@ class StreamingLLMConfig(MethodConfig):
 
     def tokens_read(self, context: int) -> int:
         return min(self.budget, context)
+
+    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
+        """The reference path gathers the sinks and window of every sequence and KV head each layer; the
+        optimized kernel reads them in place."""
+        if path != "reference":
+            return 0
+        mc = model_config
+        return gather_attention_bytes(batch, mc.num_heads, mc.num_kv_heads, min(self.budget, max_seq), mc.head_dim,
+                                      dtype_bytes)
 
     def recall_memory(self, selection_budget) -> RecallMemory:
         return StreamingRecall(self)

@@ -15,10 +15,14 @@ from dataclasses import dataclass, field
 from sfibench.core.budget import BudgetError
 from sfibench.core.errors import UsageError
 from sfibench.engine.method import MethodConfig, MethodDef
+from sfibench.engine.workspace import gather_attention_bytes
 from sfibench.sfi import geometry, traffic
 from sfibench.sfi.selector_config import SelectorConfig
 
 EVIDENCE_CHUNK_BYTES = 1 << 30  # float32 evidence the Selector takes at once (layers are chunked to fit)
+# Evidence-sized float32 tensors alive at once in the reference Selector (sfi/selector.pool_evidence): the
+# logits, their zero-filled copy, the row log-softmax, its alpha multiple and logsumexp's shifted exponent
+REFERENCE_SELECTOR_COPIES = 5
 
 PUBLISH_POLICIES = ("next_step", "when_ready")
 TRIGGER_POLICIES = ("punctuation_tmax", "fixed", "random", "bootstrap")  # sfi/triggers.py
@@ -77,11 +81,18 @@ class SFIConfig(MethodConfig):
 
     def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
         """A refresh's float32 evidence, one chunk of layers at a time (SFIMethod.refresh), bootstrap's
-        `w_prefill` query rows the widest, and the Selector's scores over it, one more of the same size."""
+        `w_prefill` query rows the widest. The optimized Selector's scores over it are one more of the same
+        size; the reference Selector's pooling holds several (REFERENCE_SELECTOR_COPIES), and the reference
+        fast step gathers the sparse memory's K/V."""
         mc = model_config
         evidence = len(mc.global_layers) * mc.num_heads * self.w_prefill * max_seq * 4
         per_layer = mc.num_heads * self.w_prefill * max_seq * 4
-        return 2 * max(min(evidence, EVIDENCE_CHUNK_BYTES), per_layer)
+        chunk = max(min(evidence, EVIDENCE_CHUNK_BYTES), per_layer)
+        if path != "reference":
+            return 2 * chunk
+        read = min(self.n_sink + self.k_head + self.n_recent, max_seq)
+        gather = gather_attention_bytes(batch, mc.num_heads, mc.num_kv_heads, read, mc.head_dim, dtype_bytes)
+        return max(REFERENCE_SELECTOR_COPIES * chunk, gather)
 
     def refresh_bytes(self, model_config, context: int, path: str, dtype_bytes: int) -> float:
         layers = len(model_config.global_layers) / self.layer_groups

@@ -1,0 +1,26 @@
+"""Device bytes of the transients a method declares through `MethodConfig.workspace_bytes` (the memory
+estimate, metrics/memory.py, plans for the largest): the shapes the reference attention primitives
+(reference/attention.py, reference/sparse_memory.py) allocate. No torch here: the settings classes that
+call these load without it.
+"""
+
+from __future__ import annotations
+
+FLOAT32_BYTES = 4
+INDEX_BYTES = 8  # int64 positions
+
+
+def gather_attention_bytes(batch: int, q_heads: int, kv_heads: int, tokens: int, head_dim: int,
+                           dtype_bytes: int) -> int:
+    """Peak of `attend_fixed_plus_tail` over `tokens` positions per (sequence, KV head): the int64 position
+    list and its bool mask, the gathered K and V (with their float32 copies when the cache is narrower), and
+    two float32 score rows per query head (the scores and their masked copy, then the softmax)."""
+    entries = batch * kv_heads * tokens
+    widened = FLOAT32_BYTES if dtype_bytes != FLOAT32_BYTES else 0
+    gathered = 2 * entries * head_dim * (dtype_bytes + widened)
+    return entries * (INDEX_BYTES + 1) + gathered + 2 * batch * q_heads * tokens * FLOAT32_BYTES
+
+
+def keys_bytes(batch: int, kv_heads: int, slots: int, head_dim: int, dtype_bytes: int) -> int:
+    """`slots` key vectors per (sequence, KV head) of one layer: the size of a copy of a layer's keys."""
+    return batch * kv_heads * slots * head_dim * dtype_bytes
