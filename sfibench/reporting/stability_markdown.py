@@ -41,11 +41,12 @@ DEFINITIONS = (
 
 
 def _spread(values: list[float | None]) -> str:
-    """'53.9%' for one value, '41.2% to 60.3%' for several (n/a where none was measured)."""
+    """'53.9%' for one value, '41.2-60.3%' for several (n/a where none was measured)."""
     known = sorted(v for v in values if v is not None and not math.isnan(v))
     if not known:
         return "n/a"
-    return percent(known[0]) if len(known) == 1 or known[0] == known[-1] else f"{percent(known[0])} to {percent(known[-1])}"
+    low, high = percent(known[0]), percent(known[-1])
+    return low if low == high else f"{low.removesuffix('%')}-{high}"
 
 
 def summary_sentences(results: dict) -> str:
@@ -72,9 +73,10 @@ def summary_sentences(results: dict) -> str:
     triggers = [seg["trigger"] for seg in segs if seg.get("trigger")]
     if not triggers:
         return f"{first} {second}"
-    third = (f"At the same number of refreshes, refreshing at sentence starts gives "
-             f"{_spread([t['sentence']['recall'] for t in triggers])} recall over every step against "
-             f"{_spread([t['fixed']['recall'] for t in triggers])} for a fixed interval.")
+    counts = ", ".join(f"{t['sentence']['refreshes']} / {t['fixed']['refreshes']}" for t in triggers)
+    third = (f"Refreshing at sentence starts gives {_spread([t['sentence']['recall'] for t in triggers])} recall "
+             f"over every step against {_spread([t['fixed']['recall'] for t in triggers])} for refreshing every N "
+             f"steps at the sentence trigger's rate (refreshes, sentence / fixed: {counts}).")
     return f"{first} {second} {third}"
 
 
@@ -120,8 +122,8 @@ SECTIONS = (  # (heading, table, text under it)
     ("Where attention and what moves sit, by distance behind the current token", tables.moving_rows,
      "Shares per step, 95% interval over steps."),
     ("The needle at the answer steps", tables.needle_rows,
-     "Share of the needle's value tokens each memory holds, the mean over analysed layers and KV heads; dense: "
-     "SFI refreshes at that step (every token is read)."),
+     "Share of the needle's value tokens each memory holds, the mean over analysed layers and KV heads; refresh: "
+     "SFI refreshes at that step, reading every token, and no memory is compared there."),
     ("Refreshing at sentence starts vs every N steps", tables.trigger_rows,
      "Recall of SFI's memory over every step both triggers have a selection for; a refresh step reads densely "
      "and counts 1. 95% intervals over steps, the difference's paired by step; consecutive steps are not "

@@ -148,7 +148,7 @@ def needle_rows(results: dict) -> list[str]:
                   *_header("answer step", "mass on the needle", *labels.values())]
         for entry in needle["steps"]:
             held = [number(_mean(entry["held"][name]), 2) if name in entry["held"] else
-                    ("dense" if entry["slow"] else "-") for name in labels]
+                    ("refresh" if entry["slow"] else "-") for name in labels]
             mass = number(_mean(entry["needle_mass"]))
             lines.append(_row([entry["step"], mass, *held]))
         lines.append("")
