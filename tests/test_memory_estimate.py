@@ -3,11 +3,16 @@ one-line refusal naming what fits, and the estimate against the CPU allocator's 
 
 from __future__ import annotations
 
-import pytest
-import torch
+import io
+import re
 
+import pytest
 from allocator import AllocatorPeak
+from no_model import ModelLoaded, forbid_model_loading
+from rich.console import Console
+
 from sfibench import registry
+from sfibench.core.budget import Budget
 from sfibench.engine.session import Session
 from sfibench.metrics.memory import (
     GIB,
@@ -19,8 +24,11 @@ from sfibench.metrics.memory import (
     planning_bytes,
 )
 from sfibench.models.presets import get_preset
+from sfibench.runners import throughput as throughput_runner
+from sfibench.runners.throughput import ThroughputRun, run_throughput
 from sfibench.runners.throughput_measure import ThroughputConfig, measure, method_specs, prepare_cache
 from sfibench.runners.throughput_memory import method_bytes, run_estimate
+from sfibench.sfi.config import SFIConfig
 from sfibench.workloads.replay import load_replay, step_inputs, take_rows
 
 TINY = get_preset("tiny-llama")  # 2 layers, 4 heads, 2 KV heads, head_dim 16, vocab 320, 94,528 parameters
@@ -94,6 +102,42 @@ def test_a_shape_that_does_not_fit_is_one_line_naming_what_fits():
     assert estimate_memory(TINY, 4, allowed + 1, 2)["total"] > est["total"] - 1
     with pytest.raises(MemoryEstimateError, match="weights and workspace alone do not fit"):
         check_fits(est, est["weights"])
+
+
+def h200_run(tmp_path, batch: int) -> ThroughputRun:
+    """qwen3-32b at `--ctx max` of every registered method's optimized path, in bfloat16."""
+    return ThroughputRun(model="qwen3-32b", device="cpu", dtype="bfloat16", contexts=("max",), batches=(batch,),
+                         methods=tuple(registry.names()), paths=("optimized",), steps=STEPS, repeats=1,
+                         prefill="auto", graphs=False, length_bucket=256, dense_kernels=False,
+                         k_head=Budget(tokens=SFIConfig.k_head), sfi=SFIConfig(), out=tmp_path / "run")
+
+
+def test_qwen3_32b_at_128k_batch_8_is_refused_before_any_weight_is_allocated(tmp_path, monkeypatch):
+    """The run's own check, with every method's state and workspace, on a device with an H200's memory: one
+    line naming what fits with those methods, before the model loads or the run directory is claimed. A
+    shape that fits passes the check and goes on to load the model."""
+    forbid_model_loading(monkeypatch)
+    planned = planning_bytes(H200_BYTES, H200_BYTES)
+    monkeypatch.setattr(throughput_runner, "planned_before_loading", lambda device: planned)
+    with pytest.raises(MemoryEstimateError) as info:
+        run_throughput(h200_run(tmp_path, 8), Console(file=io.StringIO()))
+    message, slots = str(info.value), LONGEST + STEPS + 1
+    assert "\n" not in message and f"batch 8 x {slots} tokens" in message
+    fits = re.search(r"What fits: batch (\d+) at (\d+) tokens or (\d+) tokens at batch 8\. Fix: ", message)
+    assert fits and int(fits[2]) == slots, message
+    dims = get_preset("qwen3-32b")
+    specs = method_specs(ThroughputConfig(model="qwen3-32b", contexts=[LONGEST], batches=[8], steps=STEPS,
+                                          methods=[(name, "optimized") for name in registry.names()]), LONGEST)
+
+    def total(batch, max_seq):
+        return estimate_memory(dims, batch, max_seq, 2, **method_bytes(specs, dims, 2, batch, max_seq))["total"]
+
+    batch, tokens = int(fits[1]), int(fits[3])
+    assert total(batch, slots) <= planned < total(batch + 1, slots)
+    assert total(8, tokens) <= planned < total(8, tokens + 1)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ModelLoaded):  # batch 1 fits: the run goes on to load the model
+        run_throughput(h200_run(tmp_path, 1), Console(file=io.StringIO()))
 
 
 CONTEXT, BATCH = 3072, 2  # tiny models at a context where the cache, not Python's small tensors, is most

@@ -1,8 +1,9 @@
 """`sfibench throughput` run: claim the folder, measure every method, write results.json, render.
 
-The command (commands/throughput.py) has checked every option and resolved the device defaults;
-what needs the loaded model (a checkpoint's own context limit, `--ctx max`) is checked here, after
-the run directory is claimed and before anything is measured.
+The command (commands/throughput.py) has checked every option and resolved the device defaults. Whether
+every (context, batch) fits with the run's methods is checked here from the model's shape, before the run
+directory is claimed or a weight allocated; what needs the loaded model (a GGUF file's shape, a
+checkpoint's own context limit) after the directory is claimed and before anything is measured.
 """
 
 from __future__ import annotations
@@ -13,17 +14,26 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from sfibench.sfi.config import SFIConfig
 from sfibench.core.budget import Budget
+from sfibench.core.device import resolve_device
+from sfibench.core.device_facts import DTYPE_BYTES, default_dtype
 from sfibench.engine.session import Session
-from sfibench.registry import available, check_method
 from sfibench.metrics.timing import measure_copy_bandwidth
 from sfibench.models import fused
-from sfibench.options import budget_record, check_context_limit
+from sfibench.options import budget_record, check_context_limit, config_before_loading
+from sfibench.registry import available, check_method
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import write_results
 from sfibench.reporting.run_dir import claimed_run_dir
-from sfibench.runners.throughput_measure import ThroughputConfig, add_comparisons, largest_batch, measure_all
+from sfibench.runners.throughput_measure import (
+    ThroughputConfig,
+    add_comparisons,
+    check_before_loading,
+    largest_batch,
+    measure_all,
+)
+from sfibench.runners.throughput_memory import planned_before_loading
+from sfibench.sfi.config import SFIConfig
 
 
 @dataclass(frozen=True)
@@ -125,8 +135,28 @@ def dense_kernel_check(session: Session, contexts: list[int], batches: list[int]
     return rows
 
 
+def check_memory_before_loading(run: ThroughputRun) -> None:
+    """Every (context, batch) of the run, with its methods, against the device's memory by the estimate from
+    the model's shape (a preset's or a checkpoint's config.json), before any weight is allocated or the run
+    directory claimed. A GGUF file's shape is known once it loads: prepare_cache checks each shape then."""
+    dims = config_before_loading(run.model)
+    if dims is None:
+        return
+    device = resolve_device(run.device)
+    dtype_bytes = DTYPE_BYTES[default_dtype(device.type) if run.dtype == "auto" else run.dtype]
+    contexts = [dims.max_context - run.steps if c == "max" else c for c in run.contexts]
+    cfg = ThroughputConfig(model=dims.name, contexts=contexts, batches=list(run.batches), steps=run.steps,
+                           methods=resolve_methods(run.methods, run.paths), prefill=run.prefill)
+    planned = planned_before_loading(device)
+    for context in contexts:
+        k_head = run.k_head.resolve(context, "--k-head", at_most_context=False)
+        check_before_loading(replace(cfg, sfi=replace(run.sfi, k_head=k_head)), context, dims, dtype_bytes,
+                             device.type == "cuda", planned)
+
+
 def run_throughput(run: ThroughputRun, console: Console) -> Path:
     """Run the benchmark into a claimed run directory and return it (results.json, plots, report.md)."""
+    check_memory_before_loading(run)
     with claimed_run_dir(run.out, "throughput", overwrite=run.overwrite) as run_dir:
         session = Session.open(run.model, run.device, run.dtype)
         steps = run.steps

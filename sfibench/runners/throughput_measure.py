@@ -24,12 +24,17 @@ from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.metrics.bytes_model import kv_read_bytes, roofline_ratio, step_bytes
 from sfibench.metrics.floor import weights_floor_seconds
-from sfibench.metrics.memory import EVIDENCE_ROWS, MemoryEstimateError, check_fits, memory_record
+from sfibench.metrics.memory import EVIDENCE_ROWS, MemoryEstimateError, memory_record
 from sfibench.metrics.nvml import NvmlSampler, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer
 from sfibench.reporting.speedup_claims import full_kv_reference, speedup_claim
-from sfibench.runners.throughput_memory import largest_fitting_batch, planned_bytes, run_estimate
+from sfibench.runners.throughput_memory import (
+    check_shape_fits,
+    largest_fitting_batch,
+    planned_bytes,
+    run_estimate,
+)
 from sfibench.workloads.replay import load_replay, step_inputs, take_rows
 
 MAX_REDONE = 3  # timed passes run again because they had to capture a graph (measure)
@@ -70,8 +75,24 @@ def largest_batch(session: Session, cfg: ThroughputConfig, context: int) -> int:
     specs = method_specs(cfg, context)
     batch = largest_fitting_batch(session, specs, max_seq, synthetic)
     if batch < 1:
-        check_fits(run_estimate(session, specs, 1, max_seq, synthetic), planned_bytes(session))
+        _check_session_fits(session, specs, 1, max_seq, synthetic)
     return batch
+
+
+def check_before_loading(cfg: ThroughputConfig, context: int, dims, dtype_bytes: int, gpu: bool,
+                         planned: int) -> None:
+    """Refuse, from the model's shape `dims` alone (no weight allocated yet), each batch of `cfg` at `context`
+    whose estimate with the run's methods exceeds `planned` bytes: the one-line MemoryEstimateError names
+    what fits. A "max" batch is checked at one sequence, the least it will run."""
+    specs, max_seq, synthetic = method_specs(cfg, context), context + cfg.steps + 1, _synthetic(cfg, context)
+    for batch in sorted({1 if b == "max" else int(b) for b in cfg.batches}):
+        check_shape_fits(dims, specs, batch, max_seq, dtype_bytes, synthetic, gpu, planned)
+
+
+def _check_session_fits(session: Session, specs: list[MethodSpec], batch: int, max_seq: int,
+                        synthetic: bool) -> None:
+    check_shape_fits(session.loaded.config, specs, batch, max_seq, session.cache_dtype_bytes, synthetic,
+                     session.device.type == "cuda", planned_bytes(session))
 
 
 def _synthetic(cfg: ThroughputConfig, context: int) -> bool:
@@ -90,8 +111,7 @@ def prepare_cache(session: Session, cfg: ThroughputConfig, context: int, batch: 
     session.cache = None
     if session.device.type == "cuda":
         torch.cuda.empty_cache()
-    check_fits(run_estimate(session, method_specs(cfg, context), batch, max_seq, _synthetic(cfg, context)),
-               planned_bytes(session))
+    _check_session_fits(session, method_specs(cfg, context), batch, max_seq, _synthetic(cfg, context))
     if context + steps > session.max_tokens:
         raise MemoryEstimateError(f"context {context} + {steps} steps exceeds the model's limit of "
                                   f"{session.max_tokens} tokens; use a shorter --ctx")

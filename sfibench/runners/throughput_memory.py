@@ -1,12 +1,15 @@
 """`sfibench throughput`'s memory plan: the estimate (metrics/memory.py) of a run of these methods, the
-bytes it may plan with, and the largest batch that fits, asked of each method through the registry."""
+bytes it may plan with, and the largest batch that fits, asked of each method through the registry. Each
+works from the model's shape alone, so a run is checked before its weights are allocated."""
 
 from __future__ import annotations
 
-from sfibench.core.device import total_device_memory
+import torch
+
+from sfibench.core.device import available_device_memory, total_device_memory
 from sfibench.engine.method import MethodSpec
 from sfibench.engine.session import Session
-from sfibench.metrics.memory import estimate_memory, largest_batch, planning_bytes
+from sfibench.metrics.memory import check_fits, estimate_memory, largest_batch, planning_bytes
 from sfibench.optimized.decode_attention import tile_rows
 
 
@@ -26,16 +29,41 @@ def method_bytes(specs: list[MethodSpec], dims, dtype_bytes: int, batch: int, ma
     return best
 
 
+def shape_estimate(dims, specs: list[MethodSpec], batch: int, max_seq: int, dtype_bytes: int, synthetic: bool,
+                   gpu: bool) -> dict:
+    """The estimate of a run of `specs` on a model of shape `dims` (a ModelConfig) at this shape."""
+    return estimate_memory(dims, batch, max_seq, dtype_bytes, synthetic_prefill=synthetic, gpu=gpu,
+                           **method_bytes(specs, dims, dtype_bytes, batch, max_seq))
+
+
 def run_estimate(session: Session, specs: list[MethodSpec], batch: int, max_seq: int, synthetic: bool) -> dict:
     """The estimate of a run of `specs` at this shape, on the session's device."""
-    dims, nbytes = session.loaded.config, session.cache_dtype_bytes
-    return estimate_memory(dims, batch, max_seq, nbytes, synthetic_prefill=synthetic,
-                           gpu=session.device.type == "cuda", **method_bytes(specs, dims, nbytes, batch, max_seq))
+    return shape_estimate(session.loaded.config, specs, batch, max_seq, session.cache_dtype_bytes, synthetic,
+                          session.device.type == "cuda")
 
 
 def planned_bytes(session: Session) -> int:
     """What a run on this session may plan to fill (metrics/memory.py's MARGIN of the device)."""
     return planning_bytes(total_device_memory(session.device), session.memory_for_estimate())
+
+
+def planned_before_loading(device: torch.device) -> int:
+    """What a run may plan to fill on `device` before its model loads: the estimate counts the weights, so
+    the room is the device's free memory (plus the blocks torch's allocator already holds on a GPU)."""
+    usable = available_device_memory(device)
+    if device.type == "cuda":
+        usable += torch.cuda.memory_reserved(device)
+    return planning_bytes(total_device_memory(device) or usable, usable)
+
+
+def check_shape_fits(dims, specs: list[MethodSpec], batch: int, max_seq: int, dtype_bytes: int, synthetic: bool,
+                     gpu: bool, planned: int) -> None:
+    """MemoryEstimateError, one line naming the batch and the context that would fit with these methods,
+    unless `batch` sequences of `max_seq` slots fit in `planned` bytes."""
+    def method_at(sequences: int, slots: int) -> dict:
+        return method_bytes(specs, dims, dtype_bytes, sequences, slots)
+
+    check_fits(shape_estimate(dims, specs, batch, max_seq, dtype_bytes, synthetic, gpu), planned, method_at)
 
 
 def largest_fitting_batch(session: Session, specs: list[MethodSpec], max_seq: int, synthetic: bool) -> int:
