@@ -20,6 +20,10 @@ _TOKEN_COUNT = re.compile(r"([0-9]+)(k?)")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREFILL_MODES = ("auto", "real", "synthetic")  # throughput's --prefill
 PROFILE_MARGIN = 8  # cache positions `sfibench profile` needs beyond its profiled steps: two warm-ups and slack
+THROUGHPUT_STEPS = {"cuda": 128, "cpu": 32}  # `sfibench throughput`'s decode steps per pass by device type
+_MEMORY = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b)")
+MEMORY_UNITS = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+                "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 
 def split_list(text: str, option: str) -> list[str]:
@@ -42,6 +46,16 @@ def parse_tokens(text: str, option: str, allow_max: bool = False) -> int | str:
         raise UsageError(f"{option} {text!r} is not a token count; write a positive whole number of tokens "
                          f"such as {spellings}")
     return tokens
+
+
+def parse_memory(text: str, option: str = "--memory") -> int:
+    """'141GiB' -> bytes: GiB, MiB and TiB are powers of 2, GB, MB and TB powers of 10."""
+    match = _MEMORY.fullmatch(str(text).strip().lower())
+    nbytes = int(float(match[1]) * MEMORY_UNITS[match[2]]) if match else 0
+    if nbytes < 1:
+        raise UsageError(f"{option} {text!r} is not a memory size; write a number and its unit, such as 141GiB "
+                         "or 150GB")
+    return nbytes
 
 
 def parse_token_list(text: str, option: str, allow_max: bool = True) -> list[int | str]:

@@ -103,6 +103,7 @@ BAD_INPUT = {
     "retention outside (0, 1]": (["quality", "--retention", "1.5"], "outside (0, 1]"),
     "retention too small": (["quality", "--model", "tiny-llama", "--ctx", "600", "--retention", "0.01"],
                             "no room for selected tokens beside 4 sinks"),
+    "memory without a unit": (["models", "--memory", "141"], "write a number and its unit, such as 141GiB"),
     # files
     "prompt file is a directory": (["generate", "--prompt-file", "notes"], "--prompt-file notes is not a file"),
     "prompt file missing": (["generate", "--prompt-file", "gone.txt"], "--prompt-file gone.txt does not exist"),

@@ -10,8 +10,10 @@ import pytest
 from allocator import AllocatorPeak
 from no_model import ModelLoaded, forbid_model_loading
 from rich.console import Console
+from typer.testing import CliRunner
 
 from sfibench import registry
+from sfibench.cli import app
 from sfibench.core.budget import Budget
 from sfibench.engine.session import Session
 from sfibench.metrics.memory import (
@@ -138,6 +140,35 @@ def test_qwen3_32b_at_128k_batch_8_is_refused_before_any_weight_is_allocated(tmp
     assert not (tmp_path / "run").exists()
     with pytest.raises(ModelLoaded):  # batch 1 fits: the run goes on to load the model
         run_throughput(h200_run(tmp_path, 1), Console(file=io.StringIO()))
+
+
+def test_models_prints_what_fits_in_a_named_memory_without_the_device():
+    """`sfibench models --memory 139.8GiB` on this machine: a GPU's run (bfloat16, both paths, 128 steps) in an
+    H200's memory. Every Qwen3 row's longest --ctx per batch fits by the estimate and one token more does not
+    (or it is the model's limit), and its largest batch at 32K and at --ctx max fits and one more does not."""
+    result = CliRunner().invoke(app, ["models", "--memory", "139.8GiB"], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    planned, steps = planning_bytes(H200_BYTES, H200_BYTES), 128
+    methods = list(registry.available())
+    lines = {line.split()[0]: line.split()[1:] for line in result.output.splitlines() if line.startswith("qwen3-")
+             and len(line.split()) == 7}
+    assert len(lines) == 6, result.output
+    for name, cells in lines.items():
+        dims = get_preset(name)
+        longest = dims.max_context - steps
+        specs = method_specs(ThroughputConfig(model=name, contexts=[longest], batches=[1], methods=methods,
+                                              steps=steps), longest)
+
+        def fits(batch, context):
+            estimate = estimate_memory(dims, batch, context + steps + 1, 2, gpu=True,
+                                       **method_bytes(specs, dims, 2, batch, context + steps + 1))
+            return estimate["total"] <= planned
+
+        *prompts, at_32k, at_max = (int(cell.replace(",", "")) for cell in cells)
+        for batch, tokens in zip((1, 2, 4, 8), prompts):
+            assert fits(batch, tokens) and (tokens == longest or not fits(batch, tokens + 1)), (name, batch)
+        for context, batch in ((32768, at_32k), (longest, at_max)):
+            assert fits(batch, context) and not fits(batch + 1, context), (name, context)
 
 
 CONTEXT, BATCH = 3072, 2  # tiny models at a context where the cache, not Python's small tensors, is most

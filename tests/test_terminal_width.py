@@ -14,7 +14,8 @@ import pytest
 import torch
 from rich.console import Console
 
-from sfibench.commands.info import env_table, models_table
+from sfibench.commands.info import env_table, fits_table, models_table
+from sfibench.metrics.memory import planning_bytes
 from sfibench.models.presets import PRESETS
 from sfibench.reporting import profile_report, quality_report, stability_markdown, throughput_report
 from sfibench.reporting.baseline import load
@@ -173,6 +174,16 @@ def test_models_table_fits():
     text = render(table)
     assert_readable(text, [(cfg.name, cfg.arch, f"{cfg.max_context:,}", f"{cfg.kv_bytes_per_token():,} B")
                            for cfg in PRESETS.values()])
+
+
+def test_models_fits_table_fits():
+    """`sfibench models --memory 139.8GiB`'s table of what fits: a line per preset with its six values whole,
+    then the caption, nothing wider than 80 columns."""
+    total = int(139.8 * (1 << 30))
+    text = render(fits_table("cuda", planning_bytes(total, total), "139.8 GiB"))
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= WIDTH, text
+    for line, name in zip(body(text), PRESETS):
+        assert line.split()[0] == name and len(line.split()) == 7, line
 
 
 def test_env_table_fits():

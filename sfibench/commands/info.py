@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from sfibench.commands.common import DEVICE_HELP, console, user_errors
-from sfibench.options import check_device
+from sfibench.options import THROUGHPUT_STEPS, check_device, device_kind, parse_memory
 from sfibench.reporting.formatting import styled_table
 
 
@@ -36,13 +36,78 @@ def env_table(resolved) -> Table:
     return table
 
 
-def models(wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)")):
-    """Model presets, whether their weights are here, and their KV-cache bytes per token."""
+def models(wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
+           device: str = typer.Option(None, help="also print what fits on this device (auto, cpu, cuda or "
+                                                 "cuda:N): the longest --ctx per batch, the largest --batch"),
+           memory: str = typer.Option(None, help="what fits in this much memory, e.g. 141GiB, without the device "
+                                                 "(a GPU's run unless --device cpu)")):
+    """Model presets, whether their weights are here, their KV-cache bytes per token, and what fits."""
+    with user_errors():
+        room = None if device is None and memory is None else memory_room(device, memory)
     table, missing = models_table(wide)
     console.print(table)
     for name, install in missing:  # the whole command, which no table cell could hold at 80 columns
         console.print(f"{name} weights: {install}", highlight=False, soft_wrap=True)
     console.print("Any Hugging Face checkpoint directory (Llama, Qwen2, Qwen3) or .gguf path also works as --model.")
+    if room is not None:
+        console.print(fits_table(*room))
+
+
+def memory_room(device: str | None, memory: str | None) -> tuple[str, int, str]:
+    """(device type, bytes a run may plan to fill, the memory they are planned in) for `--device` and
+    `--memory`: the named memory (a GPU's unless --device cpu), else the device's own."""
+    from sfibench.metrics.memory import GIB, planning_bytes
+
+    if memory is not None:
+        total = parse_memory(memory)
+        kind = "cpu" if device is not None and device_kind(device) == "cpu" else "cuda"
+        return kind, planning_bytes(total, total), f"{total / GIB:.1f} GiB"
+    from sfibench.core.device import available_device_memory, device_info, total_device_memory
+
+    resolved = check_device(device)
+    usable = available_device_memory(resolved)
+    if resolved.type == "cuda":
+        import torch
+
+        usable += torch.cuda.memory_reserved(resolved)
+    total = total_device_memory(resolved) or usable
+    name = device_info(resolved)["name"] if resolved.type == "cuda" else "the host"
+    return resolved.type, planning_bytes(total, usable), f"{name}'s {total / GIB:.1f} GiB"
+
+
+FIT_BATCHES = (1, 2, 4, 8)  # batches whose longest context the table gives
+FIT_CONTEXTS = (32768,)  # prompt lengths whose largest batch it gives, beside --ctx max
+
+
+def fits_table(kind: str, planned: int, room: str) -> Table:
+    """Per preset, what `sfibench throughput` (every registered method on its default paths for `kind`,
+    default steps, synthetic prefill) fits in `planned` bytes by the memory estimate: the longest --ctx at
+    each of FIT_BATCHES, and the largest --batch at each of FIT_CONTEXTS and at --ctx max."""
+    from sfibench import registry
+    from sfibench.core.device_facts import DTYPE_BYTES, default_dtype
+    from sfibench.metrics.memory import GIB, MARGIN
+    from sfibench.models.presets import PRESETS
+    from sfibench.runners.throughput_measure import ThroughputConfig, method_specs
+    from sfibench.runners.throughput_memory import capacity
+
+    steps, paths = THROUGHPUT_STEPS[kind], ("reference", "optimized") if kind == "cuda" else ("reference",)
+    methods = [(name, path) for name, path in registry.available() if path in paths]
+    batch_columns = tuple(f"B={batch}" for batch in FIT_BATCHES)
+    context_columns = tuple(f"B @ {context // 1024}K" for context in FIT_CONTEXTS) + ("B @ max",)
+    table = styled_table(f"what fits in {planned / GIB:.1f} GiB of {room}",
+                         ("name",) + batch_columns + context_columns, right=batch_columns + context_columns)
+    table.caption = (f"B=N: the longest --ctx at batch N; B @ C: the largest --batch at --ctx C. By the memory "
+                     f"estimate of every method on the {' and '.join(paths)} path{'s' if len(paths) > 1 else ''}, "
+                     f"{steps} steps, synthetic prefill, planned at {MARGIN:.0%} of the memory (or what is free); "
+                     "–: beyond the model's context")
+    for dims in PRESETS.values():
+        longest = dims.max_context - steps
+        cfg = ThroughputConfig(model=dims.name, contexts=[longest], batches=[1], methods=methods, steps=steps)
+        prompts, sequences = capacity(dims, method_specs(cfg, longest), DTYPE_BYTES[default_dtype(kind)],
+                                      kind == "cuda", planned, steps, list(FIT_BATCHES), [*FIT_CONTEXTS, longest])
+        table.add_row(dims.name, *(f"{tokens:,}" for tokens in prompts),
+                      *("–" if count is None else f"{count:,}" for count in sequences))
+    return table
 
 
 def models_table(wide: bool = False) -> tuple[Table, list[tuple[str, str]]]:

@@ -19,6 +19,7 @@ from sfibench.commands.common import (
 from sfibench.core.errors import UsageError
 from sfibench.options import (
     PREFILL_MODES,
+    THROUGHPUT_STEPS,
     check_choice,
     check_path,
     check_context_limit,
@@ -85,7 +86,7 @@ def throughput(
         check_trigger(trigger)
         check_sfi_settings(None, keep_neighbours, None, "optimized")
         model, gpu = check_shape_options(model, device, dtype)
-        steps = steps or (128 if gpu else 32)
+        steps = steps or THROUGHPUT_STEPS["cuda" if gpu else "cpu"]
         contexts, order_note = given_contexts or ordered_contexts(parse_token_list("8k,32k,max" if gpu else "1k,3k",
                                                                                    "--ctx"))
         batches = given_batches or ([1, 4] if gpu else [1])

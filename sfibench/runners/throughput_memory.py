@@ -9,7 +9,7 @@ import torch
 from sfibench.core.device import available_device_memory, total_device_memory
 from sfibench.engine.method import MethodSpec
 from sfibench.engine.session import Session
-from sfibench.metrics.memory import check_fits, estimate_memory, largest_batch, planning_bytes
+from sfibench.metrics.memory import check_fits, estimate_memory, largest_batch, largest_context, planning_bytes
 from sfibench.optimized.decode_attention import tile_rows
 
 
@@ -74,3 +74,19 @@ def largest_fitting_batch(session: Session, specs: list[MethodSpec], max_seq: in
         return method_bytes(specs, dims, nbytes, batch, slots)
 
     return largest_batch(run_estimate(session, specs, 1, max_seq, synthetic), planned_bytes(session), method_at)
+
+
+def capacity(dims, specs: list[MethodSpec], dtype_bytes: int, gpu: bool, planned: int, steps: int,
+             batches: list[int], contexts: list[int]) -> tuple[list[int], list[int | None]]:
+    """What a run of `specs` with `steps` decode steps and a synthetic prefill fits in `planned` bytes: for
+    each of `batches`, the longest prompt (0: not one token), and for each prompt length in `contexts`, the
+    largest batch (0: not one sequence; None: beyond the model's limit)."""
+    def method_at(batch: int, slots: int) -> dict:
+        return method_bytes(specs, dims, dtype_bytes, batch, slots)
+
+    longest = dims.max_context - steps  # what --ctx max gives
+    widest = shape_estimate(dims, specs, 1, longest + steps + 1, dtype_bytes, True, gpu)
+    prompts = [max(largest_context(widest, batch, planned, method_at) - steps - 1, 0) for batch in batches]
+    sequences = [largest_batch(shape_estimate(dims, specs, 1, context + steps + 1, dtype_bytes, True, gpu), planned,
+                               method_at) if context <= longest else None for context in contexts]
+    return prompts, sequences
