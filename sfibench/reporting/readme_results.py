@@ -8,6 +8,11 @@ optionally after a view (`full`, the default; `compact`; `floors`: readme_tables
     (generated: each run's conditions, a link to its folder, its table, and in the full view its plot)
     <!-- results:end -->
 
+The `family` view instead draws one table across the named throughput runs, a row per (model, context,
+batch) and a column per method (reporting/family_table.py):
+
+    <!-- results:begin family throughput-qwen3-8b-h200 throughput-qwen3-32b-h200 -->
+
 Only the text between the markers is rewritten; everything else on the page is prose written by
 hand. Regenerate after committing new reports (any folder under reports/ may be named):
 
@@ -23,6 +28,7 @@ import sys
 from pathlib import Path
 
 from sfibench.core.errors import UsageError
+from sfibench.reporting.family_table import family_block
 from sfibench.reporting.readme_tables import VIEWS, run_block
 from sfibench.reporting.results import (
     RESULTS_FILENAME,
@@ -31,6 +37,7 @@ from sfibench.reporting.results import (
     write_text_atomically,
 )
 
+FAMILY = "family"  # one table across the named throughput runs (reporting/family_table.py)
 BLOCK = re.compile(r"(<!-- results:begin (?P<names>[^>]*?) -->\n)(?P<body>.*?)(<!-- results:end -->)", re.DOTALL)
 MARKER = re.compile(r"<!-- results:(begin|end)\b")
 
@@ -48,12 +55,15 @@ def generate(readme: str, reports: Path, link_root: str = "reports") -> str:
     pieces, last = [], 0
     for block in blocks:
         names = block["names"].split()
-        view = names.pop(0) if names and names[0] in VIEWS else "full"
+        view = names.pop(0) if names and names[0] in (*VIEWS, FAMILY) else "full"
         if not names:
             raise ReadmeResultsError("a results:begin marker names no report folder; list them after "
                                      "`results:begin`, e.g. `<!-- results:begin stability-smollm2 -->`")
-        body = [line for name in names for line in run_block(reports / name, f"{link_root}/{name}",
-                                                             _load(reports / name), view)]
+        runs = [(reports / name, f"{link_root}/{name}", _load(reports / name)) for name in names]
+        if view == FAMILY:
+            body = family_block(runs)
+        else:
+            body = [line for folder, link, document in runs for line in run_block(folder, link, document, view)]
         pieces += [readme[last:block.start("body")], "\n".join(body)]
         last = block.end("body")
     return "".join(pieces) + readme[last:]

@@ -47,7 +47,7 @@ def _throughput(link: str, document: dict, view: str) -> tuple[str, list[str]]:
     series = list(dict.fromkeys((method_label(r), r["path"]) for r in rows))
     conditions = (f"{cfg['model']} ({results['weights']}), {results['dtype']}, {cfg['steps']} decode steps x "
                   f"{cfg['repeats']} timed passes, copy bandwidth {results['copy_bandwidth_gb_s']:,.0f} GB/s; ")
-    cell = _tokens_per_s
+    cell = tokens_per_s
     if view == "floors":
         conditions += ("graphed step p50 in ms (x its floor: the weights floor measured in the run + the "
                        "step's K/V bytes at copy bandwidth); SFI's fast step, the other methods' only step")
@@ -81,20 +81,28 @@ def _throughput(link: str, document: dict, view: str) -> tuple[str, list[str]]:
     return conditions, lines
 
 
-def _tokens_per_s(row: dict) -> str:
+def tokens_per_s(row: dict) -> str:
+    """A row's tok/s, with its speedup over Full-KV where the run supports one."""
     text = f"{row['tokens_per_s']:,.1f}"
     if row["method"] != registry.dense().name and row.get("speedup_vs_full_kv") and row.get("speedup_supported"):
         text += f" ({row['speedup_vs_full_kv']:.2f}x)"
     return text
 
 
-def _against_floor(row: dict) -> str:
+def row_against_floor(row: dict) -> tuple[float, float] | None:
+    """(p50 ms, p50 over its floor) of the step a row mostly takes (SFI's fast step, the others' only one),
+    or None where the run recorded no floor."""
     steps = row.get("ms_per_step") or {}
-    kind = next((k for k in ("fast", "sparse", "dense") if k in steps), None)  # the step a row mostly takes
+    kind = next((k for k in ("fast", "sparse", "dense") if k in steps), None)
     step, floor = steps.get(kind), (row.get("floor_ms") or {}).get(kind)
     if not step or not floor:
-        return "-"
-    return f"{step['p50']:.3f} ({step['p50'] / floor:.2f}x)"
+        return None
+    return step["p50"], step["p50"] / floor
+
+
+def _against_floor(row: dict) -> str:
+    against = row_against_floor(row)
+    return "-" if against is None else f"{against[0]:.3f} ({against[1]:.2f}x)"
 
 
 def _quality(link: str, document: dict, view: str) -> tuple[str, list[str]]:
