@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import re
+import sys
+from pathlib import Path
 
 import pytest
 from allocator import AllocatorPeak
@@ -169,6 +171,30 @@ def test_models_prints_what_fits_in_a_named_memory_without_the_device():
             assert fits(batch, tokens) and (tokens == longest or not fits(batch, tokens + 1)), (name, batch)
         for context, batch in ((32768, at_32k), (longest, at_max)):
             assert fits(batch, context) and not fits(batch + 1, context), (name, context)
+
+
+def test_the_family_scripts_fit_plan_asks_only_for_what_fits(capsys):
+    """benchmarks/fit_plan.py, planning in an H200's memory: the methods it names for qwen3-32b at 128K B=2 fit
+    and those it leaves out do not; at the context it names for B=2 every method fits, 1K more and one does not."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import fit_plan
+
+    planned, steps, dims = planning_bytes(H200_BYTES, H200_BYTES), 64, get_preset("qwen3-32b")
+
+    def fits(method, context, batch):
+        cfg = ThroughputConfig(model=dims.name, contexts=[context], batches=[batch], methods=[method], steps=steps)
+        specs = method_specs(cfg, context)
+        return estimate_memory(dims, batch, context + steps + 1, 2, gpu=True,
+                               **method_bytes(specs, dims, 2, batch, context + steps + 1))["total"] <= planned
+
+    fit_plan.main(["methods", "qwen3-32b", str(LONGEST), "2", str(steps), "--memory", "139.8GiB"])
+    kept = capsys.readouterr().out.strip().split(",")
+    methods = fit_plan.optimized_methods()
+    assert kept and [name for name, _ in methods if fits((name, "optimized"), LONGEST, 2)] == kept
+    fit_plan.main(["context", "qwen3-32b", "2", str(steps), "--memory", "139.8GiB"])
+    context = int(capsys.readouterr().out)
+    assert context % 1024 == 0 and all(fits(method, context, 2) for method in methods)
+    assert not all(fits(method, context + 1024, 2) for method in methods)
 
 
 CONTEXT, BATCH = 3072, 2  # tiny models at a context where the cache, not Python's small tensors, is most
