@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Self
 
+from transformers.cache_utils import Cache
+
 from sfibench import registry
 from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
@@ -74,9 +76,10 @@ class Applied:
         earlier, generate = model.__dict__.get("generate"), model.generate
 
         def with_cache(*args, **kwargs):
-            if kwargs.get("past_key_values") is None:
-                kwargs["past_key_values"] = self.cache(self._new_tokens(args, kwargs))
-            self.last_cache = kwargs["past_key_values"]
+            given = given_cache(kwargs)
+            if given is None:
+                kwargs["past_key_values"] = given = self.cache(self._new_tokens(args, kwargs))
+            self.last_cache = given
             return generate(*args, **kwargs)
 
         model.generate = with_cache
@@ -117,7 +120,7 @@ class Applied:
         self._routes.append((enter(route), cache))
 
     def _route(self, args, kwargs):
-        cache = kwargs.get("past_key_values")
+        cache = given_cache(kwargs)
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         reference = input_ids if input_ids is not None else kwargs.get("inputs_embeds")
         if isinstance(cache, MethodCache):
@@ -135,6 +138,12 @@ class Applied:
             leave(token)
         if cache is not None and output is not None:
             cache.close_forward(output.logits)
+
+
+def given_cache(kwargs: dict) -> Cache | None:
+    """The cache a call was given, whatever its argument's name (`past_key_values`; transformers 5.24 also
+    takes `cache`)."""
+    return next((value for value in kwargs.values() if isinstance(value, Cache)), None)
 
 
 def apply(model, tokenizer, method: str, budget: int | str | None = None, config: MethodConfig | None = None,
