@@ -21,6 +21,12 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# pytest-xdist runs one worker per core; each worker's torch would start a thread per core as well, and
+# the oversubscribed threads spin-wait on each other (a tiny Gemma-3 decode: 0.4 s alone, 27 s so).
+# Each worker takes its share of the cores instead.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 from sfibench.models.loading import load_model  # noqa: E402  (after the interpreter is chosen)
 
 # Modules of Triton kernels checked against their torch oracles: the first case of each parametrized test
