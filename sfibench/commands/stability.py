@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from sfibench import registry
 from sfibench.commands.common import (
     DEVICE_HELP,
     DTYPE_HELP,
@@ -16,6 +17,7 @@ from sfibench.commands.common import (
 )
 from sfibench.core.errors import UsageError
 from sfibench.options import (
+    check_path,
     check_device_needs,
     check_session_options,
     check_sfi_settings,
@@ -65,23 +67,21 @@ def stability(
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
 ):
     """Is the dominant attention support stable within a sentence? Dense attention over real text."""
-    from sfibench import registry
-    from sfibench.metrics.stability import StabilityConfig
-    from sfibench.registry import check_method
-    from sfibench.reporting.results import read_results
-    from sfibench.reporting.stability_markdown import terminal_table
-    from sfibench.runners.stability import StabilityRun, run_stability
-
     with user_errors():
-        check_session_options(model, device, dtype)
-        check_method(registry.dense().name, path)
-        check_device_needs(device, "--path", [path])
+        # the checks that need no model (and on a CPU-only torch no torch) first, so a bad command fails at once
+        check_path(path, "--path")
         check_top_p(top_p)
         check_sfi_settings(None, keep_neighbours, None, path)
         contexts = () if ctx is None else tuple(ordered_contexts(parse_token_list(ctx, "--ctx", allow_max=False))[0])
         if contexts and prefix is not None:
             raise UsageError("--prefix and --ctx both set the prompt's length (with --ctx it is CTX - STEPS); "
                              "give one of them")
+        check_session_options(model, device, dtype)
+        check_device_needs(device, "--path", [path])
+        from sfibench.metrics.stability import StabilityConfig  # loads torch
+        from sfibench.runners.stability import StabilityRun, run_stability
+
+        registry.check_method(registry.dense().name, path)
         variant = {**({"use_nms": False} if no_nms else {}),
                    **({"keep_neighbours": keep_neighbours} if keep_neighbours is not None else {})}
         analysis = StabilityConfig(
@@ -92,5 +92,8 @@ def stability(
             temperature=temperature, top_p=top_p, seed=seed, device=device, dtype=dtype, path=path,
             sfi=SFIConfig(n_sink=n_sink, n_recent=n_recent, page=page))
         run_dir = run_stability(StabilityRun(analysis, out=out, overwrite=overwrite))
+    from sfibench.reporting.results import read_results
+    from sfibench.reporting.stability_markdown import terminal_table
+
     console.print(terminal_table(read_results(run_dir), wide))
     console.print(f"report: {run_dir / 'report.md'}")
