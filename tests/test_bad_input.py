@@ -3,6 +3,8 @@ before any expensive work (the model never loads), and nothing written in the wo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from no_model import ModelLoaded, forbid_model_loading
@@ -192,6 +194,11 @@ NO_TORCH = {
     "generate optimized on a cpu": (["generate", "--path", "optimized", "--device", "cpu"],
                                     "--path optimized runs Triton kernels"),
     "generate unknown method": (["generate", "--method", "h2o"], "unknown method 'h2o'"),
+    "quality repeated context": (["quality", "--ctx", "2k,2048"], "--ctx gives 2048 more than once"),
+    "quality unknown method": (["quality", "--methods", "h2o"], "unknown method 'h2o'"),
+    "quality unknown task": (["quality", "--tasks", "nope"], "unknown task 'nope'"),
+    "stability unknown path": (["stability", "--path", "fast"], "there is no 'fast' path"),
+    "stability top-p zero": (["stability", "--top-p", "0"], "--top-p must be above 0"),
 }
 CHILD = """
 import contextlib, io, json, sys
@@ -215,6 +222,9 @@ def test_checks_that_need_no_model_fail_before_torch_is_imported(tmp_path):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # Triton's CPU interpreter off
+    import sfibench  # the child imports this checkout, wherever the installed package points
+
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(sfibench.__file__).parents[1]), env.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, "-c", CHILD, json.dumps([a for a, _ in NO_TORCH.values()])], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -70,9 +70,6 @@ def quality(
     publish: str = typer.Option(None, help=f"{PUBLISH_HELP} (default {SFIConfig.publish})"),
 ):
     """Offline long-context tasks and fidelity to Full-KV, every method from one prefill; Ctrl-C keeps what is done."""
-    from sfibench.reporting.quality_report import results_table
-    from sfibench.reporting.results import read_results
-    from sfibench.runners.quality import run_quality
     from sfibench.runners.quality_inputs import quality_run
 
     with user_errors():
@@ -90,6 +87,11 @@ def quality(
                           split_list(samples, "--samples"), batch=batch, seed=seed, chat=chat, device=device,
                           dtype=dtype, path=path, engine=engine, longbench=longbench, sfi_variant=variant,
                           sfi_preset=sfi_preset, out=out, overwrite=overwrite, resume=resume)
+        from sfibench.runners.quality import run_quality  # loads torch
+
         run_dir = run_quality(run, err_console)
+    from sfibench.reporting.quality_report import results_table
+    from sfibench.reporting.results import read_results
+
     console.print(results_table(read_results(run_dir)["results"]["cells"], wide))
     console.print(f"report: {run_dir / 'report.md'}")

@@ -19,13 +19,13 @@ from sfibench.models.presets import PRESETS
 from sfibench.options import (
     check_device_needs,
     check_dtype,
+    check_path,
     check_session_options,
     device_kind,
     parse_tokens,
     split_list,
 )
 from sfibench.registry import check_method
-from sfibench.runners.quality_batch import conditions
 from sfibench.sfi.config import preset_retention
 from sfibench.workloads.base import ContextSizeError
 from sfibench.workloads.longbench import PREFIX, load_records, longbench_files
@@ -150,9 +150,9 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
     retentions = parse_retentions(_preset_retentions(sfi_preset, contexts, retentions))
     if not methods:
         raise UsageError(f"--methods is empty; give at least one of {', '.join(registry.names())}")
-    methods = list(dict.fromkeys([registry.dense().name, *methods]))
-    for method in methods:
-        check_method(method, path)
+    for method in methods:  # the names now; each method's paths once its module loads, below
+        registry.check_name(method)
+    check_path(path, "--path")
     tasks = list(dict.fromkeys(tasks))
     for task in tasks:
         get_task(task)
@@ -171,13 +171,22 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
     samples = parse_samples(samples, len(contexts))
     if batch < 1:
         raise UsageError(f"--batch must be at least 1, got {batch}")
-    if model in PRESETS:  # cheap checks before spending time on loading weights
+    if model in PRESETS:
         for context in contexts:
             if context != "max":
                 check_fits(context, PRESETS[model].max_context, model)
-                conditions(methods, retentions, context, variant or None, path)  # every budget fits its method
     check_engine(engine, model, device, dtype, path)
     check_device_needs(device, "--path", [path])
+    # the methods' own checks, which load their modules (and torch), before any weights load
+    from sfibench.runners.quality_batch import conditions
+
+    methods = list(dict.fromkeys([registry.dense().name, *methods]))
+    for method in methods:
+        check_method(method, path)
+    if model in PRESETS:
+        for context in contexts:
+            if context != "max":
+                conditions(methods, retentions, context, variant or None, path)  # every budget fits its method
     return QualityRun(model, tuple(methods), tuple(tasks), tuple(files), tuple(contexts), tuple(retentions),
                       tuple(samples), batch=batch, seed=seed, chat=chat, device=device, dtype=dtype, path=path,
                       engine=engine,
