@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from sfibench.engine.cache import KVCache
-from sfibench.engine.chunks import NORM_CHUNK
 from sfibench.engine.memory_phases import on_cache
 from sfibench.engine.prefill import Prefilled
+from sfibench.engine.workspace import NORM_CHUNK
 
 
 @torch.no_grad()

@@ -1,13 +1,14 @@
 """Device bytes of the transients a method declares through `MethodConfig.workspace_bytes` (the memory
 estimate, metrics/memory.py, plans for the largest): the shapes the reference attention primitives
-(reference/attention.py, reference/sparse_memory.py) allocate. No torch here: the settings classes that
-call these load without it.
+(reference/attention.py, reference/sparse_memory.py) allocate, and the chunk the synthetic prefill
+normalises keys in. No torch here: the settings classes that call these load without it.
 """
 
 from __future__ import annotations
 
 FLOAT32_BYTES = 4
 INDEX_BYTES = 8  # int64 positions
+NORM_CHUNK = 8192  # cached keys whose float32 norms a synthetic prefill computes at once (engine/synthetic.py)
 
 
 def gather_attention_bytes(batch: int, q_heads: int, kv_heads: int, tokens: int, head_dim: int,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sfibench.engine.chunks import NORM_CHUNK
+from sfibench.engine.workspace import NORM_CHUNK
 from sfibench.models.presets import ModelConfig
 
 FLOAT32_BYTES = 4
