@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from sfibench.cli import app
@@ -358,7 +359,9 @@ def test_sigterm_saves_renders_says_how_to_resume_and_resuming_gives_the_whole_r
     from sfibench.runners.quality_inputs import quality_run
 
     out, marker = tmp_path / "run", tmp_path / "waiting"
-    env = {**os.environ, "COLUMNS": "200"}
+    # The child decodes with this process's torch thread count: a CPU reduction's order, and so its last bits,
+    # follow the thread count, and the resumed cells are compared with the whole run's for equality.
+    env = {**os.environ, "COLUMNS": "200", "OMP_NUM_THREADS": str(torch.get_num_threads())}
     process = subprocess.Popen([sys.executable, "-c", WAIT_AT_DECODE, str(marker), *CLI_RUN, "--out", str(out)],
                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
