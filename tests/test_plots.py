@@ -7,7 +7,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.container import BarContainer, ErrorbarContainer
+from plot_bounds import problems
 
 from sfibench.core.budget import Budget
 from sfibench.metrics.stability import Mean, StabilityConfig
@@ -78,9 +80,12 @@ def test_profile_keeps_each_components_spread_over_the_steps_and_draws_it(tmp_pa
     drawn = []
     monkeypatch.setattr(plt.Figure, "savefig", lambda figure, *args, **kwargs: drawn.append(figure))
     chart(saved, tmp_path / "profile.png")
-    for ax in drawn[0].axes:  # a panel per step kind
+    assert len(drawn[0].axes) == 2  # a panel per step kind: SFI's fast step and its slow step
+    for ax in drawn[0].axes:
         bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
         assert len(bars) == 1 and bars[0].has_xerr
+    FigureCanvasAgg(drawn[0])  # save() closed the figure, taking its canvas; draw it as it was saved
+    assert not problems(drawn[0])  # whole on its canvas, tick labels apart
 
 
 def test_profile_report_shows_the_refresh_parts_only_when_the_run_timed_them():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -134,28 +135,45 @@ def test_a_cpu_report_has_no_gpu_figures_or_words():
     assert "CUDA graphs" in gpu and "| GB/s |" in gpu and "| % roofline |" in gpu
 
 
-RUNS = ["ci/throughput", "throughput-qwen3-4b-h200", "stability-smollm2", "quality-smollm2", "quality-gemma3-8k",
-        "profile-qwen3-4b-optimized-h200", "quality-smollm2-paths/comparison"]
+# Committed runs whose plots, between them, are every figure a report draws: a CPU and a GPU throughput
+# run, a single-text and a multi-segment stability run (with its head, distance, needle and trigger plots),
+# quality runs with tasks and with perplexity, a GPU profile and a comparison of quality runs.
+RUNS = ["ci/throughput", "throughput-qwen3-4b-h200", "stability-smollm2", "stability-gemma3-8k", "quality-smollm2",
+        "quality-gemma3-8k", "quality-smollm2-ppl", "profile-qwen3-4b-optimized-h200",
+        "quality-smollm2-paths/comparison"]
+REPORTING = Path(__file__).resolve().parents[1] / "sfibench" / "reporting"
 
 
-@pytest.mark.parametrize("name", RUNS)
-def test_every_plot_is_whole_on_its_canvas(tmp_path, monkeypatch, name):
-    """Each figure the report draws, checked as it is saved: no text or legend past an edge, no tick labels
-    printed over each other."""
-    found, saved = [], []
+def test_every_plot_is_whole_on_its_canvas(tmp_path, monkeypatch):
+    """Each figure the reports draw, checked as it is saved: no text or legend past an edge, no tick labels
+    printed over each other. Between them the runs draw every plot file the reporting package names, and
+    `sfibench report A B` on two throughput runs draws the comparison panels of speedups and tok/s. (A CPU
+    profile's fast and slow panels are checked by test_plots on a real run.)"""
+    found, saved = [], set()
     original = matplotlib.figure.Figure.savefig
 
     def checked(fig, path, *args, **kwargs):
-        found.extend(f"{Path(str(path)).name}: {problem}" for problem in problems(fig))
-        saved.append(path)
+        found.extend(f"{Path(str(path)).parent.name}/{Path(str(path)).name}: {problem}" for problem in problems(fig))
+        saved.add(Path(str(path)).name)
         return original(fig, path, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", checked)
-    run = tmp_path / "run"
-    run.mkdir()
-    shutil.copy(REPORTS / name / "results.json", run / "results.json")
-    render(run)
-    assert saved and not found, "\n".join(found)
+    for name in RUNS:
+        run = tmp_path / name.replace("/", "-")
+        run.mkdir()
+        shutil.copy(REPORTS / name / "results.json", run / "results.json")
+        render(run)
+    throughput_runs = []
+    for name in ("ci/throughput", "throughput-qwen3-0.6b-h200"):
+        throughput_runs.append(tmp_path / f"side-{name.replace('/', '-')}")
+        throughput_runs[-1].mkdir()
+        shutil.copy(REPORTS / name / "results.json", throughput_runs[-1] / "results.json")
+    compare.compare_runs(throughput_runs, tmp_path / "side-by-side", overwrite=False)
+    assert not found, "\n".join(found)
+    named = {match for source in REPORTING.glob("*.py") for match in re.findall(r"[\"']([a-z_]+\.png)[\"']",
+                                                                                  source.read_text())}
+    assert named and named <= saved, f"plots no case draws: {sorted(named - saved)}"
+    assert {"compare_speedup_vs_full_kv.png", "compare_accuracy.png"} <= saved, sorted(saved)
 
 
 def test_the_plot_check_sees_overprinted_log_labels():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from itertools import pairwise
 from pathlib import Path
 
 import matplotlib
@@ -60,6 +61,13 @@ def sample_intervals(samples: list[dict]) -> dict[tuple, tuple[float, float]]:
 def _bars(series: list[dict], key: str, intervals: dict) -> list[list[float]]:
     bounds = [intervals.get((c["task"], c["context"], c["method"], c["retention"], key), (None, None)) for c in series]
     return yerr([c[key] for c in series], [b[0] for b in bounds], [b[1] for b in bounds])
+
+
+def _crowded(retentions: list[float]) -> bool:
+    """Whether upright labels at these retentions would run into each other: retentions crowd at the low end
+    (0.1, 0.15, 0.2 beside 0.5), so a close pair on a wide span collides even when there are few of them."""
+    gaps = [b - a for a, b in pairwise(retentions)]
+    return len(retentions) > 4 or (bool(gaps) and min(gaps) < 0.15 * (retentions[-1] - retentions[0]))
 
 
 def _xlabel(scope: dict) -> str:
@@ -126,8 +134,7 @@ def plot_fidelity(cells: list[dict], intervals: dict, path: Path) -> Path | None
                 ax.text(0.5, 0.5, "not applicable", ha="center", va="center", transform=ax.transAxes)
             ax.set_title(f"{task}", fontsize=9)
             ax.set_ylabel(label, fontsize=8)
-            # retentions crowd at the low end (0.1, 0.15, 0.2): slanted labels keep them apart
-            slant = {"rotation": 45, "ha": "right", "fontsize": 7} if len(retentions) > 4 else {}
+            slant = {"rotation": 45, "ha": "right", "fontsize": 7} if _crowded(retentions) else {}
             ax.set_xticks(retentions, [f"{r:g}" for r in retentions], **slant)
             ax.set_xlabel("nominal retention (budget / context)")
             ax.grid(alpha=0.3)
