@@ -39,6 +39,7 @@ PROVENANCE_KEYS = {
     "gpu_driver",
     "cpu",
     "cpu_count",
+    "torch_threads",
     "hostname",
     "timestamp_utc",
 }

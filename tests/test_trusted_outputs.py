@@ -189,3 +189,34 @@ def test_the_plot_check_sees_overprinted_log_labels():
     ax.set_title("a title much too long for a four inch wide figure, running well past both of its edges")
     assert any("outside the canvas" in problem for problem in problems(fig))
     plt.close(fig)
+
+
+def test_cpu_steps_are_timed_on_the_idle_cores_only(tmp_path, monkeypatch):
+    """torch's threads spin-wait on each other at every operator, so a thread sharing a core with other work
+    stalls the step (50x on a 2-core machine with one core busy): with one of two cores busy a profile runs
+    on one thread, says so in its report, and leaves the process's thread count as it was."""
+    import torch
+    from typer.testing import CliRunner
+
+    from sfibench.cli import app
+    from sfibench.core import device
+
+    monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(device.os, "getloadavg", lambda: (1.1, 1.0, 0.6))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = tmp_path / "profile"
+        result = CliRunner().invoke(app, ["profile", "--ctx", "1500", "--steps", "2", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        assert torch.get_num_threads() == 2
+        assert json.loads((out / "results.json").read_text())["provenance"]["torch_threads"] == 1
+        assert "on 1 torch thread of" in (out / "report.md").read_text()
+        monkeypatch.setattr(device.os, "getloadavg", lambda: (0.3, 0.2, 0.1))  # an idle machine: every core
+        with device.idle_cores_only(torch.device("cpu")):
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    document = committed("ci/throughput")
+    document["provenance"].update(torch_threads=1, cpu_count=2)
+    assert "on the CPU on 1 torch thread of 2 cores" in throughput_report.markdown(document)

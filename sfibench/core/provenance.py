@@ -14,6 +14,8 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
+import torch
+
 from sfibench.core.device import cpu_model, gpu_driver_version
 
 __all__ = ["DEVICE_COMMIT", "device_name", "provenance", "sfibench_version"]
@@ -43,6 +45,7 @@ def provenance() -> dict:
         "gpu_driver": gpu_driver_version(),
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),  # the run's own while it writes (device.idle_cores_only)
         "hostname": socket.gethostname(),
         "timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }

@@ -1,5 +1,5 @@
 """How every report and summary spells a measured number and the commit a run came from, and the one
-style of the rich tables the commands print, written once."""
+style of the rich tables the commands print, and the cores a CPU run used, written once."""
 
 from __future__ import annotations
 
@@ -31,3 +31,12 @@ def commit_label(provenance: dict) -> str:
     """'0123456789 (dirty)': the code a run used, as its provenance recorded it; every report spells it so."""
     commit = (provenance.get("git_commit") or "unknown")[:10]
     return commit + (" (dirty)" if provenance.get("git_dirty") else "")
+
+
+def cpu_threads(prov: dict) -> str:
+    """How many of the machine's cores the steps ran on, where the run recorded it."""
+    if prov.get("torch_threads") is None:
+        return ""
+    return (f" on {prov['torch_threads']} torch thread{'s' if prov['torch_threads'] != 1 else ''} of "
+            f"{prov.get('cpu_count')} cores (cores busy with other work when the run started are left out: "
+            "threads sharing a core stall each other)")

@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from rich.table import Table
 
-from sfibench.reporting.formatting import commit_label, number, styled_table
+from sfibench.reporting.formatting import commit_label, cpu_threads, number, styled_table
 from sfibench.reporting.plot_style import save, wrapped, yerr
 
 
@@ -74,7 +74,8 @@ def markdown(document: dict) -> str:
     title = f"{result['method']}/{result['path']} at {result['context']:,} tokens{_batch(result)}"
     counts = ", ".join(f"{_step_count(result, kind)} {kind}" for kind in kinds(result))
     lines = [f"# sfibench profile: {title}", "",
-             f"Model `{document['config']['model']}`, device {prov.get('device')}, torch {prov.get('torch')}, commit "
+             f"Model `{document['config']['model']}`, device {prov.get('device')}"
+             + (cpu_threads(prov) if prov.get("device") == "cpu" else "") + f", torch {prov.get('torch')}, commit "
              f"{commit_label(prov)}, {prov.get('timestamp_utc')}. {result['steps']} "
              f"{'CUDA-graphed' if result['graphs'] else 'eager'} decode steps profiled ({counts}), {result['clock']}.",
              ""]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from sfibench.metrics.nvml import best_energy
-from sfibench.reporting.formatting import commit_label, styled_table
+from sfibench.reporting.formatting import commit_label, cpu_threads, styled_table
 from sfibench.reporting.speedup_claims import (
     half_spread,
     noise_note,
@@ -177,12 +177,12 @@ def _prefill_times(rows: list[dict]) -> list[str]:
             "also pays one-time start-up (kernel compilation, library initialisation)."]
 
 
-def _decode_lines(cfg: dict, res: dict, cpu: bool) -> list[str]:
+def _decode_lines(cfg: dict, res: dict, prov: dict, cpu: bool) -> list[str]:
     """How the steps ran: graphed or eager, where the Selector runs, which kernels the decoder used. A CPU
     run has none of the GPU machinery, so its line says only what ran."""
     if cpu:
-        return ["- Steps run eagerly, one after another on the CPU; the SFI Selector runs inside the slow step. "
-                "Decoder: stacked qkv and gate_up products (torch's F.linear), no fused kernels."]
+        return [f"- Steps run eagerly, one after another on the CPU{cpu_threads(prov)}; the SFI Selector runs inside "
+                "the slow step. Decoder: stacked qkv and gate_up products (torch's F.linear), no fused kernels."]
     return [
         f"- CUDA graphs: {'yes' if cfg['graphs'] else 'no (eager)'}; graphed steps read up to the next multiple of "
         f"{cfg['length_bucket']} slots with a mask (at most {cfg['length_bucket'] - 1} wasted slots per layer and KV "
@@ -243,7 +243,7 @@ def markdown(results: dict) -> str:
         f"- Decode: {cfg['steps']} teacher-forced steps of a replayed real-text token stream per pass, one "
         f"untimed warm-up pass, median of {cfg['repeats']} timed passes (spread = (max-min)/median/2)"
         + _redone_passes(rows) + ".",
-        *_decode_lines(cfg, res, cpu),
+        *_decode_lines(cfg, res, prov, cpu),
         f"- Prefill: {', '.join(sorted({r['prefill'] for r in rows}))} (synthetic = random K/V written straight into "
         "the cache; speed does not depend on cache contents).",
         f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads right after a "

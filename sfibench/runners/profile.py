@@ -28,10 +28,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from sfibench import registry
-from sfibench.engine.method import MethodSpec
+from sfibench.core.device import idle_cores_only
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
+from sfibench.engine.method import MethodSpec
 from sfibench.engine.prefill import prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
@@ -238,11 +239,12 @@ def run_profile(run: ProfileRun) -> Path:
         # steps decoded while looking for every step kind, as many as the model's limit leaves room for
         search = max(min(SEARCH_STEPS, session.max_tokens - run.context - PROFILE_MARGIN), run.steps + WARMUP)
         _check_batch_fits(session, run.batch, run.context + search + PROFILE_MARGIN)
-        result = profile_steps(session, registry.spec(run.method, run.path), run.context, run.steps, run.batch,
-                               search)
-        write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": run.context,
-                                           "method": run.method, "path": run.path, "steps": run.steps,
-                                           "batch": run.batch}, result)
+        with idle_cores_only(session.device):  # a busy core would stall every step's threads
+            result = profile_steps(session, registry.spec(run.method, run.path), run.context, run.steps, run.batch,
+                                   search)
+            write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": run.context,
+                                               "method": run.method, "path": run.path, "steps": run.steps,
+                                               "batch": run.batch}, result)
         render(run_dir)
     return run_dir
 
