@@ -252,3 +252,22 @@ def test_optimized_snapkv_moves_the_tails_first_rows_into_its_compact_segment(ti
                 positions = torch.cat([snapkv.kept[layer, row, head], torch.arange(first, first + moved)])
                 for compact, rows in ((snapkv.compact_k, cache.k), (snapkv.compact_v, cache.v)):
                     assert torch.equal(compact[0, layer, row, head], rows[layer, row, head, positions])
+
+
+def test_snapkv_votes_one_kv_head_at_a_time_are_the_whole_layers_votes():
+    """SnapKV's votes, taken one KV head at a time, equal the definition on the whole layer at once: every query
+    head's window attends (causally, in float32) over the keys widened to the query heads, the attention mass
+    is averaged over the window rows and then over the GQA group, and pooled."""
+    from sfibench.baselines.snapkv import window_votes
+
+    torch.manual_seed(0)
+    kv_heads, group, length, dim, cfg = 2, 3, 45, 8, SnapKVConfig(window=6, kernel=3, budget=20)
+    queries = torch.randn(kv_heads * group, cfg.window, dim)
+    keys = torch.randn(kv_heads, length, dim)
+    prefix = length - cfg.window
+    logits = torch.einsum("hwd,hnd->hwn", queries, keys.repeat_interleave(group, dim=0)) * dim ** -0.5
+    causal = torch.arange(length)[None, :] <= torch.arange(prefix, length)[:, None]
+    mass = logits.masked_fill(~causal, float("-inf")).softmax(dim=-1)[..., :prefix].mean(dim=1)
+    pooled = torch.nn.functional.max_pool1d(mass.view(kv_heads, group, prefix).mean(dim=1)[:, None], 3, stride=1,
+                                            padding=1)[:, 0]
+    torch.testing.assert_close(window_votes(queries, keys, cfg), pooled)

@@ -68,17 +68,17 @@ class QuestConfig(MethodConfig):
         return -(-(per_page + mc.num_kv_heads * FLOAT32_BYTES) // self.page), slots
 
     def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
-        """Both paths bound the prompt's pages one layer at a time (`page_bounds`: a padded copy of the
-        layer's keys and its masked copy, beside the layer's new bounds). The reference step also scores
+        """Both paths bound the prompt's pages one (layer, sequence) at a time (`page_bounds`: a padded copy
+        of its keys and its masked copy, beside its new bounds). The reference step also scores
         every page in float32 (two bound products per query head and their maximum) and gathers the pages
         it reads."""
         mc = model_config
         if not self.sparse_layers(mc):
             return 0  # every layer reads densely
         pages = -(-max_seq // self.page)
-        keys = keys_bytes(batch, mc.num_kv_heads, pages * self.page, mc.head_dim, dtype_bytes)
-        bounds = 2 * keys_bytes(batch, mc.num_kv_heads, pages, mc.head_dim, dtype_bytes)
-        bootstrap = 2 * keys + bounds + batch * pages * self.page
+        keys = keys_bytes(1, mc.num_kv_heads, pages * self.page, mc.head_dim, dtype_bytes)
+        bounds = 2 * keys_bytes(1, mc.num_kv_heads, pages, mc.head_dim, dtype_bytes)
+        bootstrap = 2 * keys + bounds + pages * self.page
         if path != "reference":
             return bootstrap
         widened = 2 * keys_bytes(batch, mc.num_kv_heads, pages, mc.head_dim, FLOAT32_BYTES) \
@@ -194,8 +194,11 @@ class Quest(AttentionMethod):
         self.state("highest", shape, cache.k.dtype, cache.k.device)
         self.state("lowest", shape, cache.k.dtype, cache.k.device)
         lengths = prefilled.lengths.to(cache.k.device)
-        for layer in self.sparse_layers():
-            self.highest[layer], self.lowest[layer] = page_bounds(cache.k[layer], lengths, cfg.page)
+        for layer in self.sparse_layers():  # one sequence at a time: page_bounds copies the keys it bounds
+            for row in range(cache.batch):
+                one = slice(row, row + 1)
+                self.highest[layer, one], self.lowest[layer, one] = page_bounds(cache.k[layer, one], lengths[one],
+                                                                                cfg.page)
 
     def sparse_layers(self) -> list[int]:
         return self.cfg.sparse_layers(self.model_config)

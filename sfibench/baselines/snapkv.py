@@ -50,14 +50,13 @@ class SnapKVConfig(MethodConfig):
         return SnapKVRecall(self)
 
     def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
-        """The bootstrap's votes of one (layer, sequence) (SnapKV._votes, float32): the keys widened to
-        every query head beside their float32 copy, then beside the window's logits, their masked copy,
-        their softmax and the causal mask."""
+        """The bootstrap's votes of one (layer, sequence, KV head) (window_votes, float32): the head's keys in
+        float32, its group's logits over the window, their masked copy and their softmax, beside the causal
+        mask and the layer's votes."""
         mc, rows = model_config, max_seq
-        keys = mc.num_heads * rows * mc.head_dim * 4
-        widening = keys + mc.num_kv_heads * rows * mc.head_dim * 4
-        scoring = keys + 3 * mc.num_heads * self.window * rows * 4 + self.window * rows
-        return max(widening, scoring)
+        keys = rows * mc.head_dim * 4
+        logits = mc.group_size * self.window * rows * 4
+        return keys + 3 * logits + self.window * rows + mc.num_kv_heads * rows * 4
 
     def state_bytes(self, model_config, path: str, dtype_bytes: int, tile_rows: int) -> tuple[int, int]:
         mc, keep = model_config, self.budget - self.window
@@ -71,16 +70,26 @@ class SnapKVConfig(MethodConfig):
 def window_votes(queries: torch.Tensor, keys: torch.Tensor, cfg: SnapKVConfig) -> torch.Tensor:
     """Pooled attention mass of the last `cfg.window` prompt queries `[H_q, W, D]` on each position before
     them, per KV head: keys `[H_kv, P, D]` of the whole P-token prompt -> `[H_kv, P - W]`."""
-    window, (kv_heads, length, dim) = cfg.window, keys.shape
+    window, (kv_heads, length, _) = cfg.window, keys.shape
     group, prefix = queries.shape[0] // kv_heads, length - window
-    keys = keys.float().repeat_interleave(group, dim=0)
-    logits = torch.einsum("hwd,hnd->hwn", queries.float(), keys) * dim ** -0.5
     positions = torch.arange(length, device=keys.device)
     causal = positions[None, :] <= positions[prefix:, None]
-    weights = logits.masked_fill(~causal, float("-inf")).softmax(dim=-1)[..., :prefix]
-    votes = weights.mean(dim=1).view(kv_heads, group, prefix).mean(dim=1)
+    votes = torch.empty(kv_heads, prefix, dtype=torch.float32, device=keys.device)
+    # One KV head at a time, its group's queries against its own keys: the float32 logits of a whole layer
+    # (every query head x window x prompt) would be several GiB at 128K on a large model.
+    for head in range(kv_heads):
+        votes[head] = group_mass(queries[head * group:(head + 1) * group], keys[head], causal, prefix)
     pool = F.max_pool1d if cfg.pooling == "max" else F.avg_pool1d
     return pool(votes[:, None], cfg.kernel, stride=1, padding=cfg.kernel // 2)[:, 0]
+
+
+def group_mass(queries: torch.Tensor, keys: torch.Tensor, causal: torch.Tensor, prefix: int) -> torch.Tensor:
+    """The attention mass of one KV head's group of window queries `[G, W, D]` on each of its keys `[P, D]`
+    before the window, averaged over the window rows and then the group -> `[P - W]`. (A function of its own,
+    so one head's logits are freed before the next head's are made.)"""
+    logits = torch.einsum("gwd,nd->gwn", queries.float(), keys.float()) * keys.shape[-1] ** -0.5
+    weights = logits.masked_fill(~causal, float("-inf")).softmax(dim=-1)[..., :prefix]
+    return weights.mean(dim=1).mean(dim=0)
 
 
 class SnapKVRecall(RecallMemory):
@@ -184,8 +193,9 @@ class OptimizedSnapKV(TwoSegmentPath, SnapKV):
         self.state("compact_v", shape, cache.k.dtype, device)
         # (a row that kept its whole prompt reads no compact rows; its `window` may run past a short cache)
         index = positions.clamp(max=cache.max_seq - 1)[..., None].expand(-1, -1, -1, -1, mc.head_dim)
-        self.compact_k[0] = cache.k.gather(3, index)  # [L, B, H_kv, keep + moved, D]
-        self.compact_v[0] = cache.v.gather(3, index)
+        # gathered straight into the buffers: a gathered copy beside them would double their bytes at the peak
+        torch.gather(cache.k, 3, index, out=self.compact_k[0])  # [L, B, H_kv, keep + moved, D]
+        torch.gather(cache.v, 3, index, out=self.compact_v[0])
         self.state("counts", (1, mc.num_layers, cache.batch, mc.num_kv_heads), torch.int32, device)
         self.counts.copy_((self.kept_count + compressed)[None, None, :, None].expand_as(self.counts))
         self.state("tail", (1, cache.batch), torch.int32, device).copy_((self.tail_start + compressed)[None])

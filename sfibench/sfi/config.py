@@ -19,7 +19,8 @@ from sfibench.engine.workspace import gather_attention_bytes
 from sfibench.sfi import geometry, traffic
 from sfibench.sfi.selector_config import SelectorConfig
 
-EVIDENCE_CHUNK_BYTES = 1 << 30  # float32 evidence the Selector takes at once (layers are chunked to fit)
+EVIDENCE_CHUNK_BYTES = 1 << 28  # float32 evidence the Selector takes at once (layers are chunked to fit; it and
+# the scores over it are the largest transient beside a long-context batch, and a launch per chunk costs little)
 # Evidence-sized float32 tensors alive at once in the reference Selector (sfi/selector.pool_evidence): the
 # logits, their zero-filled copy, the row log-softmax, its alpha multiple and logsumexp's shifted exponent
 REFERENCE_SELECTOR_COPIES = 5
