@@ -66,16 +66,18 @@ def test_every_setting_the_runs_differ_in_is_stated(tmp_path):
     def shorter(document):
         document["config"].update(steps=4, repeats=1)
         document["config"]["sfi"]["trigger"]["t_max"] = 48
-        document["provenance"]["torch"] = "2.99.0"
+        document["provenance"].update(torch="2.99.0", torch_threads=1)
 
     first = copy_results("ci/throughput", tmp_path / "a")
     second = copy_results("ci/throughput", tmp_path / "b", shorter)
     status, output = report(first, second, "--out", tmp_path / "cmp")
     assert status == 0, output
-    assert "the runs differ in 4 settings: steps 32 / 4; repeats 3 / 1; sfi.trigger.t_max 96 / 48; " \
-           "provenance.torch" in output
+    torch = json.loads((first / "results.json").read_text())["provenance"]["torch"]
+    assert "the runs differ in 5 settings: steps 32 / 4; repeats 3 / 1; sfi.trigger.t_max 96 / 48; " \
+           f"provenance.torch {torch} / 2.99.0; provenance.torch_threads - / 1" in output
     text = (tmp_path / "cmp" / "report.md").read_text()
-    for line in ("| steps | 32 | 4 |", "| repeats | 3 | 1 |", "| sfi.trigger.t_max | 96 | 48 |"):
+    for line in ("| steps | 32 | 4 |", "| repeats | 3 | 1 |", "| sfi.trigger.t_max | 96 | 48 |",
+                 "| provenance.torch_threads | - | 1 |"):
         assert line in text
     same = copy_results("ci/throughput", tmp_path / "c")
     status, output = report(first, same, "--out", tmp_path / "same")
