@@ -194,12 +194,14 @@ def test_the_plot_check_sees_overprinted_log_labels():
 def test_cpu_steps_are_timed_on_the_idle_cores_only(tmp_path, monkeypatch):
     """torch's threads spin-wait on each other at every operator, so a thread sharing a core with other work
     stalls the step (50x on a 2-core machine with one core busy): with one of two cores busy a profile runs
-    on one thread, says so in its report, and leaves the process's thread count as it was."""
+    on one thread and says so in its report, generate decodes on one, and each leaves the process's thread
+    count as it was."""
     import torch
     from typer.testing import CliRunner
 
     from sfibench.cli import app
     from sfibench.core import device
+    from sfibench.engine.session import Session
 
     monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(device.os, "getloadavg", lambda: (1.1, 1.0, 0.6))
@@ -212,6 +214,13 @@ def test_cpu_steps_are_timed_on_the_idle_cores_only(tmp_path, monkeypatch):
         assert torch.get_num_threads() == 2
         assert json.loads((out / "results.json").read_text())["provenance"]["torch_threads"] == 1
         assert "on 1 torch thread of" in (out / "report.md").read_text()
+        decoding_threads = []  # generate decodes on the idle cores too (a 2-minute run took 29 s so)
+        decode = Session.decode
+        monkeypatch.setattr(Session, "decode", lambda *args, **kwargs: decoding_threads.append(
+            torch.get_num_threads()) or decode(*args, **kwargs))
+        result = CliRunner().invoke(app, ["generate", "--model", "tiny-llama", "--max-new-tokens", "2"])
+        assert result.exit_code == 0, result.output
+        assert decoding_threads == [1] and torch.get_num_threads() == 2
         monkeypatch.setattr(device.os, "getloadavg", lambda: (0.3, 0.2, 0.1))  # an idle machine: every core
         with device.idle_cores_only(torch.device("cpu")):
             assert torch.get_num_threads() == 2

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from sfibench import registry
 from sfibench.core.budget import Budget
+from sfibench.core.device import idle_cores_only
 from sfibench.engine.method import MethodSpec
 from sfibench.engine.sampling import SamplingConfig
 from sfibench.engine.session import Session
@@ -56,10 +57,11 @@ def run_generate(run: GenerateRun, console: Console, err_console: Console) -> di
     config = sfi if run.method == registry.BUDGET_REFERENCE else registry.default_config(run.method)
     if run.budget is not None:
         config = config.with_budget(run.budget.resolve(len(ids)))
-    prefilled = session.prefill([ids], run.max_new_tokens)
-    method = registry.create_method(MethodSpec(run.method, run.path, config), session.loaded.config, tokenizer)
-    trace, summary = session.decode(method, prefilled, run.max_new_tokens, run.sampling,
-                                    on_step=TextStreamer(tokenizer, console, enabled=run.stream))
+    with idle_cores_only(session.device):  # a busy core would stall every step's threads
+        prefilled = session.prefill([ids], run.max_new_tokens)
+        method = registry.create_method(MethodSpec(run.method, run.path, config), session.loaded.config, tokenizer)
+        trace, summary = session.decode(method, prefilled, run.max_new_tokens, run.sampling,
+                                        on_step=TextStreamer(tokenizer, console, enabled=run.stream))
     tokens = trace.sequence(0)
     return {
         "model": session.loaded.config.name, "method": run.method, "path": run.path,
