@@ -61,8 +61,8 @@ def side_by_side(documents: list[dict]) -> list[dict]:
     return rows
 
 
-# provenance that is a setting of the run (what it ran on and with), not a fact about when or where it was saved;
-# torch's CPU threads change every CPU timing
+# provenance that is a setting of the run (what it ran on and with), not a fact about when or where it was
+# saved; torch's CPU threads change every CPU timing
 PROVENANCE_SETTINGS = ("device", "cpu", "cpu_count", "torch_threads", "gpu_driver", "cuda", "python", "torch",
                        "triton", "transformers", "sfibench")
 RUN_LOCAL = ("out", "overwrite", "resume")  # where a run was written, which no comparison is about

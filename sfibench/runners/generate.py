@@ -59,7 +59,8 @@ def run_generate(run: GenerateRun, console: Console, err_console: Console) -> di
         config = config.with_budget(run.budget.resolve(len(ids)))
     with idle_cores_only(session.device):  # a busy core would stall every step's threads
         prefilled = session.prefill([ids], run.max_new_tokens)
-        method = registry.create_method(MethodSpec(run.method, run.path, config), session.loaded.config, tokenizer)
+        spec = MethodSpec(run.method, run.path, config)
+        method = registry.create_method(spec, session.loaded.config, tokenizer)
         trace, summary = session.decode(method, prefilled, run.max_new_tokens, run.sampling,
                                         on_step=TextStreamer(tokenizer, console, enabled=run.stream))
     tokens = trace.sequence(0)

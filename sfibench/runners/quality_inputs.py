@@ -81,7 +81,7 @@ def parse_samples(values, contexts: int) -> list[int]:
 
 def check_distinct(contexts: list) -> None:
     """Each context once: a cell is (task, context, method, retention), so a repeat would merge two."""
-    repeated = sorted({str(c) for c in contexts if contexts.count(c) > 1})
+    repeated = sorted({f"{c:,}" if isinstance(c, int) else c for c in contexts if contexts.count(c) > 1})
     if repeated:
         raise UsageError(f"--ctx gives {', '.join(repeated)} more than once; list each length once")
 
