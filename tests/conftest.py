@@ -62,6 +62,8 @@ FULL_TESTS = {
     # the optimized path on the real 30-layer model runs in Triton's interpreter: minutes on 2 cores; the
     # tiny models' paths-agree cases cover the same kernels by default
     "test_paths_agree.py::test_paths_agree_on_smollm2",
+    # three rank processes and the test's own each load the real model: about 3 minutes on 2 cores
+    "test_tp.py::test_smollm2_split_over_its_three_kv_heads_decodes_as_one_process",
 }
 
 

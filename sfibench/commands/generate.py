@@ -22,6 +22,7 @@ from sfibench.commands.common import (
     err_console,
     user_errors,
 )
+from sfibench.commands.ranks import TP_HELP, check_tp, run_as_ranks
 from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 from sfibench.options import (
@@ -73,6 +74,7 @@ def generate(
     keep_neighbours: int = typer.Option(SelectorConfig.keep_neighbours, min=1, help=KEEP_NEIGHBOURS_HELP),
     bridge_steps: int = typer.Option(SFIConfig.bridge_steps, min=0, help=BRIDGE_STEPS_HELP),
     publish: str = typer.Option(SFIConfig.publish, help=PUBLISH_HELP),
+    tp: int = typer.Option(1, min=1, help=TP_HELP),
 ):
     """Generate text with one method; slow (refresh) steps are highlighted, --json gives per-step stats."""
     with user_errors():
@@ -89,7 +91,9 @@ def generate(
             raise UsageError("--prompt is empty; give some text, or leave it out to continue the shipped essays")
         k_head_budget, budget_tokens = parse_k_head(k_head), None if budget is None else Budget.parse(budget)
         check_session_options(model, device, dtype)
+        check_tp(tp, [path], "--path")
         check_device_needs(device, "--path", [path])
+        run_as_ranks(tp)
         from sfibench.engine.sampling import SamplingConfig  # loads torch
         from sfibench.runners.generate import GenerateRun, run_generate
 

@@ -16,6 +16,7 @@ from sfibench.commands.common import (
     console,
     user_errors,
 )
+from sfibench.commands.ranks import TP_HELP, check_tp, run_as_ranks
 from sfibench.core.errors import UsageError
 from sfibench.options import (
     PREFILL_MODES,
@@ -65,6 +66,7 @@ def throughput(
     out: Path = typer.Option(None, help="run directory (default runs/throughput-<time>)"),
     overwrite: bool = typer.Option(False, help="replace an earlier throughput run in --out"),
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
+    tp: int = typer.Option(1, min=1, help=TP_HELP),
 ):
     """Decode speed of every method: tok/s, ms/step by kind, GB/s against the measured roofline."""
     from sfibench.models.presets import PRESETS
@@ -90,16 +92,18 @@ def throughput(
         contexts, order_note = given_contexts or ordered_contexts(parse_token_list("8k,32k,max" if gpu else "1k,3k",
                                                                                    "--ctx"))
         batches = given_batches or ([1, 4] if gpu else [1])
-        default_paths = "reference,optimized" if gpu else "reference"
+        default_paths = "reference,optimized" if gpu and tp == 1 else "reference"
         path_list = tuple(check_choice(p, PATHS, "--paths")
                           for p in split_list(default_paths if paths is None else paths, "--paths"))
         pinned = tuple(item.partition("/")[2] for item in method_list)
+        check_tp(tp, path_list + pinned, "--paths", bool(graphs))
         check_device_needs(device, "--paths", path_list + pinned, bool(graphs))
         known = [c for c in contexts if c != "max"]
         check_context_limit(PRESETS.get(model), known, steps)
         k_head_budget = parse_k_head(k_head, known)
         # auto counts as synthetic here, the smaller prefill workspace: this check only refuses what cannot fit
         check_memory_before_loading(model, batches, contexts, steps, device, dtype, synthetic_prefill=prefill != "real")
+        run_as_ranks(tp)
         from sfibench.runners.throughput import ThroughputRun, resolve_methods, run_throughput  # loads torch
 
         if not resolve_methods(method_list, path_list):
@@ -110,12 +114,14 @@ def throughput(
                         selector=SelectorConfig(use_nms=not no_nms, keep_neighbours=keep_neighbours))
         run = ThroughputRun(model=model, device=device, dtype=dtype, contexts=tuple(contexts), batches=tuple(batches),
                             methods=method_list, paths=path_list, steps=steps, repeats=repeats, prefill=prefill,
-                            graphs=gpu if graphs is None else graphs, length_bucket=length_bucket,
+                            graphs=gpu and tp == 1 if graphs is None else graphs, length_bucket=length_bucket,
                             dense_kernels=dense_kernels and gpu, k_head=k_head_budget, sfi=sfi,
                             out=out, overwrite=overwrite)
         if order_note:
             console.print(order_note, highlight=False)
         run_dir = run_throughput(run, console)
+    if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
+        return
     from sfibench.reporting.results import read_results
     from sfibench.reporting.throughput_report import table_notes, terminal_table
 

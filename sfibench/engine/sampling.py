@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sfibench.core.parallel import SINGLE, TensorParallel
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -15,14 +17,21 @@ class SamplingConfig:
 
 
 class Sampler:
-    def __init__(self, cfg: SamplingConfig, device):
+    def __init__(self, cfg: SamplingConfig, device, parallel: TensorParallel = SINGLE):
         if cfg.temperature < 0 or not 0 < cfg.top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
         self.cfg = cfg
+        self.parallel = parallel
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits `[B, V]` -> token ids `[B]`."""
+        """logits `[B, V]` -> token ids `[B]`. Under tensor parallelism every rank holds the gathered logits,
+        and rank 0's token goes to all: each rank's method observes it, so triggers, slow/fast decisions and
+        step plans stay the same on every rank even where the ranks' logits differ in the last bit."""
+        tokens = self.choose(logits)
+        return tokens if self.parallel.world_size == 1 else self.parallel.same_everywhere(tokens)
+
+    def choose(self, logits: torch.Tensor) -> torch.Tensor:
         if self.cfg.temperature == 0:
             return logits.argmax(dim=-1)
         probs = (logits.float() / self.cfg.temperature).softmax(dim=-1)

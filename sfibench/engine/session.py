@@ -8,6 +8,7 @@ import torch
 
 from sfibench.core.device import available_device_memory, resolve_device
 from sfibench.core.device_facts import default_dtype
+from sfibench.core.parallel import SINGLE, TensorParallel, rank_device
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import Trace, generate
 from sfibench.engine.memory_phases import loading
@@ -33,17 +34,18 @@ class Session:
     device: torch.device
     dtype: torch.dtype
     cache: KVCache | None = field(default=None, repr=False)
+    parallel: TensorParallel = SINGLE
 
     @classmethod
     def open(cls, model: str, device: str = "auto", dtype: str = "auto", seed: int = 0,
-             fuse: bool | None = None) -> Session:
+             fuse: bool | None = None, parallel: TensorParallel = SINGLE) -> Session:
         """`fuse`: decode's fused kernels on or off (default: on a GPU); models/loading.load_for_decode
-        chooses them."""
-        resolved = resolve_device(device)
+        chooses them. `parallel`: this process's rank of a tensor-parallel run (its share of the model)."""
+        resolved = rank_device(resolve_device(device))
         torch_dtype = parse_dtype(dtype, resolved)
         with loading(model, resolved, torch_dtype):
-            loaded = load_for_decode(model, resolved, torch_dtype, seed, fuse)
-        return cls(loaded, resolved, torch_dtype)
+            loaded = load_for_decode(model, resolved, torch_dtype, seed, fuse, parallel)
+        return cls(loaded, resolved, torch_dtype, parallel=parallel)
 
     @property
     def cache_dtype_bytes(self) -> int:
@@ -74,7 +76,7 @@ class Session:
     def decode(self, method: AttentionMethod, prefilled: Prefilled, max_new_tokens: int,
                sampling: SamplingConfig | None = None, forced: torch.Tensor | None = None,
                keep_logits: bool = False, on_step=None) -> tuple[Trace, dict]:
-        sampler = Sampler(sampling or SamplingConfig(), self.device)
+        sampler = Sampler(sampling or SamplingConfig(), self.device, self.parallel)
         trace = generate(self.loaded.model, self.cache, method, prefilled, max_new_tokens, sampler,
                          eos_token_id=self.loaded.tokenizer.eos_token_id, forced=forced,
                          keep_logits=keep_logits, on_step=on_step)

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from sfibench.core.caches import cache_dir, home
+from sfibench.core.parallel import SINGLE, TensorParallel
 from sfibench.models import fused, gemma3
 from sfibench.models.decoder import Decoder
 from sfibench.models.gemma3 import Gemma3Decoder
@@ -35,6 +36,7 @@ from sfibench.models.loading_errors import (
     reading_config,
     reading_gguf,
 )
+from sfibench.models.sharding import check_shardable, shard
 from sfibench.models.tokenizer import ByteTokenizer, Tokenizer, check_round_trip
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -129,17 +131,37 @@ def load_model(name_or_path: str, device="cpu", dtype: torch.dtype = torch.float
 
 
 def load_for_decode(name_or_path: str, device: torch.device, dtype: torch.dtype, seed: int = 0,
-                    fuse: bool | None = None) -> LoadedModel:
+                    fuse: bool | None = None, parallel: TensorParallel = SINGLE) -> LoadedModel:
     """load_model, with the kernels decode runs chosen: `fuse` (default: on a GPU) routes the step's small
     ops through their fused versions (models/fused.py), and where the weight products' epilogues pay
-    (GPU decode with fusion on, not Gemma-3's layers) the norms are folded into the products."""
+    (GPU decode with fusion on, not Gemma-3's layers) the norms are folded into the products. Under tensor
+    parallelism (`parallel` of more than one rank) the model is this rank's shard (models/sharding.py), its
+    shapes checked before any weight loads, and its norms unfolded."""
     device = torch.device(device)
     fuse = device.type == "cuda" if fuse is None else fuse
     fused.enable_fusion(fuse)
+    if parallel.world_size > 1:
+        return _load_shard(name_or_path, device, dtype, seed, parallel)
     loaded = load_model(name_or_path, device, dtype, seed)
     if fuse and device.type == "cuda" and loaded.model.fold_pays(device):
         loaded.model.fold_input_norms()
     return loaded
+
+
+def _load_shard(name_or_path: str, device: torch.device, dtype: torch.dtype, seed: int,
+                parallel: TensorParallel) -> LoadedModel:
+    path = Path(name_or_path)
+    if name_or_path in PRESETS:
+        check_shardable(get_preset(name_or_path), parallel.world_size)
+    elif (path / "config.json").exists():
+        hf = read_config_json(path / "config.json")
+        check_shardable(_config(hf, path.name, "hf", path / "config.json"), parallel.world_size)
+    # A GGUF file's shapes come with its weights: shard() checks them before slicing. The whole model is read
+    # into host memory, so the rank's device only ever holds its share.
+    whole = load_model(name_or_path, "cpu", dtype, seed)
+    model = shard(whole.model, parallel, device)
+    del whole.model  # only this rank's share stays
+    return LoadedModel(model, whole.tokenizer, model.config)
 
 
 def new_decoder(config: ModelConfig) -> Decoder:

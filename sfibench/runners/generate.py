@@ -13,7 +13,8 @@ from rich.console import Console
 
 from sfibench import registry
 from sfibench.core.budget import Budget
-from sfibench.core.device import idle_cores_only
+from sfibench.core.device import idle_cores_only, resolve_device
+from sfibench.core.parallel import ranks
 from sfibench.engine.method import MethodSpec
 from sfibench.engine.sampling import SamplingConfig
 from sfibench.engine.session import Session
@@ -45,7 +46,12 @@ class GenerateRun:
 
 def run_generate(run: GenerateRun, console: Console, err_console: Console) -> dict:
     """Generate and return the result `--json` prints: the prompt's length, the tokens, text and step stats."""
-    session = Session.open(run.model, run.device, run.dtype, run.sampling.seed)
+    with ranks(resolve_device(run.device)) as parallel:
+        return generate_with(Session.open(run.model, run.device, run.dtype, run.sampling.seed, parallel=parallel),
+                             run, console, err_console)
+
+
+def generate_with(session: Session, run: GenerateRun, console: Console, err_console: Console) -> dict:
     tokenizer = session.loaded.tokenizer
     if run.prompt is None:
         room = session.max_tokens - run.max_new_tokens - CHAT_TEMPLATE_ROOM

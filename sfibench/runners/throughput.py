@@ -16,6 +16,7 @@ from rich.console import Console
 
 from sfibench.core.budget import Budget
 from sfibench.core.device import idle_cores_only, resolve_device
+from sfibench.core.parallel import rank_device, ranks
 from sfibench.core.device_facts import DTYPE_BYTES, default_dtype
 from sfibench.engine.session import Session
 from sfibench.metrics.timing import measure_copy_bandwidth
@@ -154,41 +155,57 @@ def check_memory_before_loading(run: ThroughputRun) -> None:
                              device.type == "cuda", planned)
 
 
-def run_throughput(run: ThroughputRun, console: Console) -> Path:
-    """Run the benchmark into a claimed run directory and return it (results.json, plots, report.md)."""
+def run_throughput(run: ThroughputRun, console: Console) -> Path | None:
+    """Run the benchmark into a claimed run directory and return it (results.json, plots, report.md). Under
+    tensor parallelism every rank measures (their collectives keep them in step) and rank 0 alone claims,
+    writes and returns the directory; the other ranks return None."""
     check_memory_before_loading(run)
-    with claimed_run_dir(run.out, "throughput", overwrite=run.overwrite) as run_dir:
-        session = Session.open(run.model, run.device, run.dtype)
-        with idle_cores_only(session.device):  # a busy core would stall every step's threads
-            steps = run.steps
-            check_context_limit(session.loaded.config, [c for c in run.contexts if c != "max"], steps)
-            contexts = [session.max_tokens - steps if c == "max" else c for c in run.contexts]
-            pairs = resolve_methods(run.methods, run.paths)
-            batches = list(run.batches)
-            cfg = ThroughputConfig(model=session.loaded.config.name, contexts=contexts, batches=batches, methods=pairs,
-                                   steps=steps, repeats=run.repeats, prefill=run.prefill, graphs=run.graphs,
-                                   length_bucket=run.length_bucket,
-                                   sfi=replace(run.sfi, k_head=budget_record(run.k_head)))  # as results.json says it
-            bandwidth = measure_copy_bandwidth(session.device)
-            console.print(f"copy bandwidth {bandwidth / 1e9:,.0f} GB/s on {session.device}; {len(pairs)} methods, "
-                          f"contexts {contexts}, batches {batches}, {steps} steps x {run.repeats} repeats")
-
-            def progress(row: dict) -> None:
-                console.print(f"  {row['method']}/{row['path']} ctx {row['context']:,} B={row['batch']}: "
-                              f"{row['tokens_per_s']:,.1f} tok/s")
-
-            rows = measure_at_k_head(session, cfg, run.k_head, progress)
-            add_comparisons(rows, cfg, session.loaded.config, session.cache_dtype_bytes, bandwidth)
-            results = {
-                "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
-                "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
-                "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
-                "decode_gemv": _decode_gemv(session.loaded.model),
-                # the norms' weights moved into the qkv and gate_up weights in place (Decoder.fold_input_norms)
-                "input_norms_folded": bool(getattr(session.loaded.model, "folded_input_norms", False)),
-                "pdl": _pdl_state(),
-                "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if run.dense_kernels else [],
-            }
+    with ranks(rank_device(resolve_device(run.device))) as parallel:
+        if not parallel.is_main:
+            measure(run, Session.open(run.model, run.device, run.dtype, parallel=parallel), Console(quiet=True))
+            return None
+        with claimed_run_dir(run.out, "throughput", overwrite=run.overwrite) as run_dir:
+            session = Session.open(run.model, run.device, run.dtype, parallel=parallel)
+            cfg, results = measure(run, session, console)
             write_results(run_dir, "throughput", cfg, results)
-        render(run_dir)
+            render(run_dir)
     return run_dir
+
+
+def measure(run: ThroughputRun, session: Session, console: Console) -> tuple[ThroughputConfig, dict]:
+    """Every method at every shape of the run: results.json's config and results."""
+    with idle_cores_only(session.device):  # a busy core would stall every step's threads
+        steps = run.steps
+        check_context_limit(session.loaded.config, [c for c in run.contexts if c != "max"], steps)
+        contexts = [session.max_tokens - steps if c == "max" else c for c in run.contexts]
+        pairs = resolve_methods(run.methods, run.paths)
+        batches = list(run.batches)
+        cfg = ThroughputConfig(model=session.loaded.config.name, contexts=contexts, batches=batches, methods=pairs,
+                               steps=steps, repeats=run.repeats, prefill=run.prefill, graphs=run.graphs,
+                               length_bucket=run.length_bucket,
+                               sfi=replace(run.sfi, k_head=budget_record(run.k_head)))  # as results.json says it
+        bandwidth = measure_copy_bandwidth(session.device)
+        console.print(f"copy bandwidth {bandwidth / 1e9:,.0f} GB/s on {session.device}; {len(pairs)} methods, "
+                      f"contexts {contexts}, batches {batches}, {steps} steps x {run.repeats} repeats")
+
+        def progress(row: dict) -> None:
+            console.print(f"  {row['method']}/{row['path']} ctx {row['context']:,} B={row['batch']}: "
+                          f"{row['tokens_per_s']:,.1f} tok/s")
+
+        rows = measure_at_k_head(session, cfg, run.k_head, progress)
+        add_comparisons(rows, cfg, session.loaded.config, session.cache_dtype_bytes, bandwidth)
+        results = {
+            "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
+            "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
+            "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
+            "decode_gemv": _decode_gemv(session.loaded.model),
+            # the norms' weights moved into the qkv and gate_up weights in place (Decoder.fold_input_norms)
+            "input_norms_folded": bool(getattr(session.loaded.model, "folded_input_norms", False)),
+            "pdl": _pdl_state(),
+            "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if run.dense_kernels else [],
+            # tensor parallelism: the ranks (processes) the model was split over, each holding 1/tp of the KV
+            # heads; the rows' bytes and floors are one rank's
+            "tp": session.parallel.world_size,
+            "world_size": session.parallel.world_size,
+        }
+        return cfg, results

@@ -1,0 +1,138 @@
+"""Tensor-parallel decode on the CPU: gloo processes started here, one per rank, as torchrun would.
+
+Each rank decodes with its share of the model (models/sharding.py); rank 0's logits and every rank's tokens
+must equal a one-process decode of the same model, every method on the reference path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from method_matrix import SMALL_CONFIGS
+from tp_rank import decode_all
+from typer.testing import CliRunner
+
+from sfibench.cli import app
+from sfibench.core.errors import UsageError
+from sfibench.core.parallel import TensorParallel
+from sfibench.engine.session import Session
+from sfibench.models.loading import load_for_decode
+
+RANK_SCRIPT = Path(__file__).with_name("tp_rank.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(world: int, model: str, methods: list[str], out: Path, fail_rank: int = -1, timeout: float = 600):
+    """Start `world` rank processes and wait for all; returns their (exit code, stderr)."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+               "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)}
+        procs.append(subprocess.Popen([sys.executable, str(RANK_SCRIPT), model, ",".join(methods), str(out),
+                                       str(fail_rank)], env=env, stderr=subprocess.PIPE, text=True))
+    try:
+        return [(p.wait(timeout=timeout), p.stderr.read()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def single_device(model: str, methods: list[str], world: int) -> dict:
+    """The one-process decode `world` ranks must equal: SFI's cross-head stage as the ranks run it (over each
+    rank's KV heads, skipped at 2 or fewer a rank; tp_rank.decode_all)."""
+    session = Session.open(model, "cpu", "float32")
+    ranks_skip_cross_head = session.loaded.config.num_kv_heads // world <= 2
+    return decode_all(session, methods, cross_head=not ranks_skip_cross_head)
+
+
+def assert_ranks_match_one_process(world: int, model: str, methods: list[str], tmp_path: Path):
+    ranks = run_ranks(world, model, methods, tmp_path)
+    assert all(code == 0 for code, _ in ranks), [err[-2000:] for _, err in ranks]
+    expected = single_device(model, methods, world)
+    per_rank = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(world)]
+    for name in methods:
+        tokens, logits, kinds = expected[name]
+        for got_tokens, got_logits, got_kinds in (result[name] for result in per_rank):
+            assert torch.equal(got_tokens, tokens), name
+            assert got_kinds == kinds, name  # slow/fast decisions: the same on every rank and as on one
+            torch.testing.assert_close(got_logits, logits, rtol=1e-4, atol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama"])
+def test_two_ranks_decode_every_method_as_one_process(model, tmp_path):
+    assert_ranks_match_one_process(2, model, sorted(SMALL_CONFIGS), tmp_path)
+
+
+def test_smollm2_split_over_its_three_kv_heads_decodes_as_one_process(tmp_path):
+    assert_ranks_match_one_process(3, "smollm2-135m", ["full_kv", "sfi"], tmp_path)
+
+
+def test_a_failing_rank_ends_every_rank_with_an_error_and_nothing_is_written(tmp_path):
+    start = time.monotonic()
+    ranks = run_ranks(2, "tiny-qwen3", ["full_kv"], tmp_path, fail_rank=1, timeout=120)
+    assert time.monotonic() - start < 120
+    assert all(code != 0 for code, _ in ranks)
+    assert "rank 1 fails on purpose" in ranks[1][1]
+    assert "RankLostError: rank 0 of 2: the all-reduce of a layer's partial sums failed" in ranks[0][1]
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("model, world, shape", [("tiny-qwen2", 2, "1 KV heads"), ("tiny-gemma3", 2, "Gemma-3"),
+                                                 ("smollm2-135m", 2, "3 KV heads")])
+def test_shapes_that_do_not_split_are_refused_before_any_weight_loads(model, world, shape, monkeypatch):
+    import sfibench.models.loading as loading
+
+    monkeypatch.setattr(loading, "load_model", lambda *a, **k: pytest.fail("weights loaded"))
+    with pytest.raises(UsageError, match=f"--tp {world}: .*{shape}"):
+        load_for_decode(model, torch.device("cpu"), torch.float32, parallel=TensorParallel(0, world))
+
+
+def sfibench_command(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sfibench", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_generate_with_tp_launches_the_ranks_and_prints_rank_0s_tokens_once():
+    args = ["generate", "--model", "tiny-llama", "--device", "cpu", "--max-new-tokens", "8", "--json",
+            "--prompt", "The keeper climbed the stairs. He lit the lamp!"]
+    one, two = sfibench_command(*args), sfibench_command(*args, "--tp", "2")
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert "torchrun --standalone --nproc-per-node=2 -m sfibench generate" in two.stderr
+    assert len(two.stdout.strip().splitlines()) == 1  # rank 1 prints nothing
+    assert json.loads(two.stdout)["generated_ids"] == json.loads(one.stdout)["generated_ids"]
+
+
+def test_throughput_with_tp_writes_one_run_directory_that_records_the_ranks(tmp_path):
+    out = tmp_path / "run"
+    done = sfibench_command("throughput", "--model", "tiny-qwen3", "--device", "cpu", "--tp", "2", "--ctx", "128",
+                            "--steps", "4", "--repeats", "1", "--methods", "full_kv,sfi", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("wrote ") == 1
+    results = json.loads((out / "results.json").read_text())["results"]
+    assert (results["tp"], results["world_size"]) == (2, 2)
+    assert {row["method"] for row in results["rows"]} == {"full_kv", "sfi"}
+
+
+@pytest.mark.parametrize("args, error", [
+    (["generate", "--path", "optimized"], "--tp 2 runs the reference path only"),
+    (["throughput", "--paths", "optimized"], "--tp 2 runs the reference path only"),
+    (["throughput", "--graphs"], "--tp 2 runs without CUDA graphs"),
+])
+def test_what_tp_does_not_run_is_refused_in_one_line(args, error):
+    result = CliRunner().invoke(app, [*args, "--model", "tiny-qwen3", "--device", "cpu", "--tp", "2"])
+    assert result.exit_code == 2
+    assert error in result.output
