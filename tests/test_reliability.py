@@ -476,3 +476,25 @@ def test_out_of_memory_while_capturing_a_graph_names_the_capture_and_no_graphs(m
         driver.step(prefilled.last_logits.argmax(-1))
     message = str(raised.value)
     assert "during graph capture" in message and "--no-graphs" in message and "batch 1 x 8 tokens" in message
+
+
+# Every command that loads a model, run on a preset whose float32 weights (qwen3-8b: 30.5 GiB) exceed the host's
+# memory, with the CPU's memory reported as 16 GiB (8 GiB free): refused in one line before any weight is allocated.
+TOO_BIG = {
+    "generate": ["generate", "--model", "qwen3-8b", "--max-new-tokens", "4"],
+    "stability": ["stability", "--model", "qwen3-8b"],
+    "quality": ["quality", "--model", "qwen3-8b", "--ctx", "2k"],
+    "throughput": ["throughput", "--model", "qwen3-8b", "--ctx", "2k"],
+    "profile": ["profile", "--model", "qwen3-8b", "--ctx", "2k"],
+}
+
+
+@pytest.mark.parametrize("args", TOO_BIG.values(), ids=TOO_BIG.keys())
+def test_a_model_larger_than_the_memory_is_refused_before_loading(tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sfibench.core.device_facts.host_memory_bytes", lambda: 16 << 30)
+    monkeypatch.setattr("sfibench.core.device_facts.host_available_bytes", lambda: 8 << 30)
+    monkeypatch.setattr("sfibench.engine.session.load_for_decode", raises(AssertionError("weights allocated")))
+    result = CliRunner().invoke(app, [*args, "--device", "cpu"])
+    one_line_error(result, "needs about", "weights 30.51 GiB", "only", "smaller model, a smaller dtype")
+    assert list(tmp_path.iterdir()) == []

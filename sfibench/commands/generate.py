@@ -28,6 +28,7 @@ from sfibench.core.errors import UsageError
 from sfibench.options import (
     check_path,
     check_device_needs,
+    check_memory_before_loading,
     check_session_options,
     check_sfi_settings,
     check_top_p,
@@ -93,6 +94,8 @@ def generate(
         check_session_options(model, device, dtype)
         check_tp(tp, [path], "--path")
         check_device_needs(device, "--path", [path])
+        if tp == 1:  # the weights and the decode's cache against the memory, before any weight is allocated
+            check_memory_before_loading(model, [1], [1], max_new_tokens, device, dtype)
         run_as_ranks(tp)
         from sfibench.engine.sampling import SamplingConfig  # loads torch
         from sfibench.runners.generate import GenerateRun, run_generate

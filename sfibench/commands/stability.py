@@ -19,6 +19,7 @@ from sfibench.core.errors import UsageError
 from sfibench.options import (
     check_path,
     check_device_needs,
+    check_memory_before_loading,
     check_session_options,
     check_sfi_settings,
     check_top_p,
@@ -80,6 +81,10 @@ def stability(
         check_device_needs(device, "--path", [path])
         from sfibench.metrics.stability import StabilityConfig  # loads torch
         from sfibench.runners.stability import StabilityRun, run_stability
+
+        # the weights and the longest prompt's cache against the memory, before any weight is allocated
+        longest = max(contexts) - steps if contexts else (StabilityConfig.prefix if prefix is None else prefix)
+        check_memory_before_loading(model, [1], [max(longest, 1)], steps, device, dtype)
 
         registry.check_method(registry.dense().name, path)
         variant = {**({"use_nms": False} if no_nms else {}),

@@ -19,6 +19,7 @@ from sfibench.models.presets import PRESETS
 from sfibench.options import (
     check_device_needs,
     check_dtype,
+    check_memory_before_loading,
     check_path,
     check_session_options,
     device_kind,
@@ -177,6 +178,8 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
                 check_fits(context, PRESETS[model].max_context, model)
     check_engine(engine, model, device, dtype, path)
     check_device_needs(device, "--path", [path])
+    if engine == "sfibench":  # a batch of the longest prompts against the memory, before any weight is allocated
+        check_memory_before_loading(model, [batch], contexts, MAX_MARGIN, device, dtype)
     # the methods' own checks, which load their modules (and torch), before any weights load
     from sfibench.runners.quality_batch import conditions
 
