@@ -131,8 +131,51 @@ def test_throughput_with_tp_writes_one_run_directory_that_records_the_ranks(tmp_
     (["generate", "--path", "optimized"], "--tp 2 runs the reference path only"),
     (["throughput", "--paths", "optimized"], "--tp 2 runs the reference path only"),
     (["throughput", "--graphs"], "--tp 2 runs without CUDA graphs"),
+    (["quality", "--path", "optimized"], "--tp 2 runs the reference path only"),
+    (["quality", "--engine", "transformers"], "--tp 2 splits sfibench's own decoder"),
+    (["profile", "--path", "optimized"], "--tp 2 runs the reference path only"),
 ])
 def test_what_tp_does_not_run_is_refused_in_one_line(args, error):
     result = CliRunner().invoke(app, [*args, "--model", "tiny-qwen3", "--device", "cpu", "--tp", "2"])
     assert result.exit_code == 2
     assert error in result.output
+
+
+def test_quality_with_tp_writes_one_run_directory_with_the_scores_of_one_process(tmp_path):
+    # --no-cross-head: SFI's cross-head stage runs over one rank's KV heads under TP, so it is left out of both
+    args = ["quality", "--model", "tiny-llama", "--methods", "sfi,snapkv", "--tasks", "niah_single,ppl", "--ctx",
+            "600", "--retention", "0.5", "--samples", "2", "--batch", "2", "--no-chat", "--no-cross-head",
+            "--device", "cpu"]
+    one = sfibench_command(*args, "--out", str(tmp_path / "one"))
+    two = sfibench_command(*args, "--tp", "2", "--out", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert two.stdout.count("report: ") == 1  # rank 1 prints nothing
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]
+    ran = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("one", "two")]
+    assert [(r["config"]["tp"], r["config"]["world_size"]) for r in ran] == [(1, 1), (2, 2)]
+    assert len(ran[1]["samples"]) == len(ran[0]["samples"]) == 12  # 2 tasks x 2 samples x 3 conditions
+    for got, want in zip(ran[1]["samples"], ran[0]["samples"]):
+        for exact in ("task", "index", "method", "steps_by_kind", "prediction", "score"):
+            assert got.get(exact) == want.get(exact), (exact, want["task"], want["method"])
+        for close in ("kl", "nll", "top1_agreement"):
+            assert got.get(close) == pytest.approx(want.get(close), abs=1e-4), (close, want["method"])
+
+
+def test_profile_with_tp_writes_one_run_directory_that_records_the_ranks(tmp_path):
+    out = tmp_path / "run"
+    done = sfibench_command("profile", "--model", "tiny-llama", "--device", "cpu", "--tp", "2", "--ctx", "600",
+                            "--steps", "2", "--method", "sfi", "--out", str(out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("wrote ") == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]
+    results = json.loads((out / "results.json").read_text())["results"]
+    assert (results["tp"], results["world_size"]) == (2, 2)
+    assert set(results["by_kind"]) == {"fast", "slow"}
+
+
+def test_env_with_tp_lists_each_ranks_device():
+    result = CliRunner().invoke(app, ["env", "--device", "cpu", "--tp", "2"])
+    assert result.exit_code == 0, result.output
+    assert "--tp 2 rank 0" in result.output and "--tp 2 rank 1" in result.output
+    assert "process 1 of 2 (gloo)" in result.output
+    assert "--tp 1 rank" not in CliRunner().invoke(app, ["env", "--device", "cpu"]).output

@@ -10,11 +10,31 @@ from sfibench.options import THROUGHPUT_STEPS, check_device, device_kind, parse_
 from sfibench.reporting.formatting import styled_table
 
 
-def env(device: str = typer.Option("auto", help=DEVICE_HELP)):
+def env(device: str = typer.Option("auto", help=DEVICE_HELP),
+        tp: int = typer.Option(1, min=1, help="also list the device each rank of a --tp N run would drive")):
     """What this machine is: device, library versions, and on a GPU the measured copy bandwidth."""
     with user_errors():
         resolved = check_device(device)
-    console.print(env_table(resolved))
+        ranks = rank_devices(resolved, tp)
+    table = env_table(resolved)
+    for rank, where in enumerate(ranks if tp > 1 else []):
+        table.add_row(f"--tp {tp} rank {rank}", where)
+    console.print(table)
+
+
+def rank_devices(resolved, tp: int) -> list[str]:
+    """What each of `tp` ranks drives: GPU LOCAL_RANK under torchrun (NCCL between them), or one CPU process
+    each (gloo), sharing the host's cores."""
+    import torch
+
+    from sfibench.core.errors import UsageError
+
+    if resolved.type != "cuda":
+        return [f"cpu, process {rank} of {tp} (gloo)" for rank in range(tp)]
+    if tp > torch.cuda.device_count():
+        raise UsageError(f"--tp {tp} needs {tp} GPUs, one per rank; this machine has {torch.cuda.device_count()}; "
+                         f"use --tp {torch.cuda.device_count()} or fewer")
+    return [f"cuda:{rank} {torch.cuda.get_device_name(rank)} (NCCL)" for rank in range(tp)]
 
 
 def env_table(resolved) -> Table:

@@ -8,6 +8,7 @@ import typer
 
 from sfibench import registry
 from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATH_HELP, console, user_errors
+from sfibench.commands.ranks import TP_HELP, check_tp, run_as_ranks
 from sfibench.options import (
     PROFILE_MARGIN,
     check_path,
@@ -32,6 +33,7 @@ def profile(
     out: Path = typer.Option(None, help="run directory (default runs/profile-<time>)"),
     overwrite: bool = typer.Option(False, help="replace an earlier profile run in --out"),
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
+    tp: int = typer.Option(1, min=1, help=TP_HELP),
 ):
     """Where one decode step's time goes: attention, SFI selector, MLP, other ops, launch gaps."""
     from sfibench.models.presets import PRESETS
@@ -42,17 +44,21 @@ def profile(
         check_path(path, "--path")
         given_context = None if ctx is None else parse_tokens(ctx, "--ctx")
         model, gpu = check_shape_options(model, device, dtype)
+        check_tp(tp, [path], "--path")
         check_device_needs(device, "--path", [path])
         context = given_context or parse_tokens("32k" if gpu else "3k", "--ctx")
         check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)
         check_memory_before_loading(model, [batch], [context], steps + PROFILE_MARGIN, device, dtype,
                                     synthetic_prefill=True)  # the smaller prefill workspace: a lower bound
+        run_as_ranks(tp)
         from sfibench.runners.profile import ProfileRun, run_profile  # loads torch
 
         registry.check_method(method, path)
         run = ProfileRun(model=model, device=device, dtype=dtype, method=method, path=path, context=context,
                          steps=steps, batch=batch, out=out, overwrite=overwrite)
         run_dir = run_profile(run)
+    if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
+        return
     from sfibench.reporting.profile_report import terminal_table
     from sfibench.reporting.results import read_results
 

@@ -21,6 +21,8 @@ from sfibench.commands.common import (
     user_errors,
 )
 from sfibench import registry
+from sfibench.commands.ranks import TP_HELP, check_tp, run_as_ranks
+from sfibench.core.errors import UsageError
 from sfibench.options import check_sfi_settings, split_list
 from sfibench.sfi.config import SelectorConfig, SFIConfig
 
@@ -68,12 +70,16 @@ def quality(
     keep_neighbours: int = typer.Option(None, min=1, help=KEEP_NEIGHBOURS_HELP),
     bridge_steps: int = typer.Option(None, min=0, help=f"{BRIDGE_STEPS_HELP} (default {SFIConfig.bridge_steps})"),
     publish: str = typer.Option(None, help=f"{PUBLISH_HELP} (default {SFIConfig.publish})"),
+    tp: int = typer.Option(1, min=1, help=TP_HELP),
 ):
     """Offline long-context tasks and fidelity to Full-KV, every method from one prefill; Ctrl-C keeps what is done."""
     from sfibench.runners.quality_inputs import quality_run
 
     with user_errors():
         check_sfi_settings(evidence_norm, keep_neighbours, publish, path)
+        check_tp(tp, [path], "--path")
+        if tp > 1 and engine != "sfibench":
+            raise UsageError(f"--tp {tp} splits sfibench's own decoder; use --engine sfibench, or --tp 1")
         variant = {name: False for name, off in (("use_prior", no_prior), ("use_nms", no_nms),
                                                   ("use_cross_head", no_cross_head)) if off}
         # Recorded only when given, so a run at SPEC's settings records no variant.
@@ -87,9 +93,12 @@ def quality(
                           split_list(samples, "--samples"), batch=batch, seed=seed, chat=chat, device=device,
                           dtype=dtype, path=path, engine=engine, longbench=longbench, sfi_variant=variant,
                           sfi_preset=sfi_preset, out=out, overwrite=overwrite, resume=resume)
+        run_as_ranks(tp)
         from sfibench.runners.quality import run_quality  # loads torch
 
         run_dir = run_quality(run, err_console)
+    if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
+        return
     from sfibench.reporting.quality_report import results_table
     from sfibench.reporting.results import read_results
 

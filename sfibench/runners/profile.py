@@ -28,7 +28,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from sfibench import registry
-from sfibench.core.device import idle_cores_only
+from sfibench.core.device import idle_cores_only, resolve_device
+from sfibench.core.parallel import rank_device, ranks
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
@@ -230,23 +231,36 @@ class ProfileRun:
     overwrite: bool = False
 
 
-def run_profile(run: ProfileRun) -> Path:
+def run_profile(run: ProfileRun) -> Path | None:
     """Profile `run.steps` decode steps of `run.batch` sequences into a claimed run directory and return it
-    (results.json, plot, report.md)."""
-    with claimed_run_dir(run.out, "profile", overwrite=run.overwrite) as run_dir:
-        session = Session.open(run.model, run.device, run.dtype)
-        check_context_limit(session.loaded.config, [run.context], run.steps + PROFILE_MARGIN)
-        # steps decoded while looking for every step kind, as many as the model's limit leaves room for
-        search = max(min(SEARCH_STEPS, session.max_tokens - run.context - PROFILE_MARGIN), run.steps + WARMUP)
-        _check_batch_fits(session, run.batch, run.context + search + PROFILE_MARGIN)
-        with idle_cores_only(session.device):  # a busy core would stall every step's threads
-            result = profile_steps(session, registry.spec(run.method, run.path), run.context, run.steps, run.batch,
-                                   search)
+    (results.json, plot, report.md). Under tensor parallelism every rank profiles its own share of the step
+    (their collectives keep them in step) and rank 0 alone claims, writes and returns the directory with its
+    own components; the other ranks return None."""
+    with ranks(rank_device(resolve_device(run.device))) as parallel:
+        if not parallel.is_main:
+            _profile(run, Session.open(run.model, run.device, run.dtype, parallel=parallel))
+            return None
+        with claimed_run_dir(run.out, "profile", overwrite=run.overwrite) as run_dir:
+            session = Session.open(run.model, run.device, run.dtype, parallel=parallel)
+            result = _profile(run, session)
             write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": run.context,
                                                "method": run.method, "path": run.path, "steps": run.steps,
                                                "batch": run.batch}, result)
         render(run_dir)
     return run_dir
+
+
+def _profile(run: ProfileRun, session: Session) -> dict:
+    """The run's profiled steps on this process's session, with the ranks it ran over."""
+    check_context_limit(session.loaded.config, [run.context], run.steps + PROFILE_MARGIN)
+    # steps decoded while looking for every step kind, as many as the model's limit leaves room for
+    search = max(min(SEARCH_STEPS, session.max_tokens - run.context - PROFILE_MARGIN), run.steps + WARMUP)
+    _check_batch_fits(session, run.batch, run.context + search + PROFILE_MARGIN)
+    with idle_cores_only(session.device):  # a busy core would stall every step's threads
+        result = profile_steps(session, registry.spec(run.method, run.path), run.context, run.steps, run.batch,
+                               search)
+    # the ranks (processes) the model was split over; the components are rank 0's share of each step
+    return {**result, "tp": session.parallel.world_size, "world_size": session.parallel.world_size}
 
 
 def _check_batch_fits(session: Session, batch: int, max_seq: int) -> None:

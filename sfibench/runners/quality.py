@@ -16,7 +16,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sfibench import registry
+from sfibench.core.device import resolve_device
 from sfibench.core.errors import RunInterrupted
+from sfibench.core.parallel import TensorParallel, rank_device, ranks
 from sfibench.core.provenance import provenance
 from sfibench.engine.session import Session
 from sfibench.metrics.longbench import DATASETS
@@ -38,61 +40,76 @@ from sfibench.workloads.longbench import PREFIX, dataset_name, longbench_samples
 from sfibench.workloads.tasks import make_samples
 
 
-def run_quality(run: QualityRun, console: Console | None = None) -> Path:
+def run_quality(run: QualityRun, console: Console | None = None) -> Path | None:
     """Run the quality benchmark and return the run directory (results.json, plots, report.md).
 
     `run.resume` continues a stopped run in `run.out` with the same settings: every record its
     results.json holds is kept, and only the missing ones run. Ctrl-C raises RunInterrupted once what
-    is done is saved and rendered.
+    is done is saved and rendered. Under tensor parallelism every rank decodes every condition (their
+    collectives keep them in step) and rank 0 alone claims, writes and returns the directory; the other
+    ranks keep their records in memory only and return None.
     """
     started = time.time()
     console = console or Console(stderr=True)
-    with claimed_run_dir(run.out, "quality", overwrite=run.overwrite, resume=run.resume) as run_dir:
-        earlier = read_results(run_dir) if run.resume else None
-        settings = {"methods": list(run.methods), "tasks": list(run.tasks), "retentions": list(run.retentions),
-                    "samples": list(run.samples), "seed": run.seed, "chat": run.chat, "sfi_variant": run.variant,
-                    "path": run.path, "sfi_preset": run.sfi_preset, "engine": run.engine}
-        if earlier:  # what can be compared before the model loads, so a mismatch costs nothing
-            known = {**settings, **({"contexts": list(run.contexts)} if "max" not in run.contexts else {})}
-            check_resume(earlier["config"], known, run_dir)
-        session = _open_session(run)
-        fmt = PromptFormat(session.loaded.tokenizer, run.chat)
-        contexts = _fit_contexts(session, fmt, run)
-        plan = {c: conditions(list(run.methods), list(run.retentions), c, run.variant, run.path) for c in contexts}
-        model_cfg = session.loaded.config
-        config = {"model": model_cfg.name, **settings, "contexts": contexts, "batch": run.batch,
-                  "device": str(session.device), "dtype": str(session.dtype).replace("torch.", ""),
-                  "threads": torch.get_num_threads(), "longbench": str(run.longbench) if run.longbench else None,
-                  # what a report needs to say what a retention is over and what SFI ran with
-                  "attention_layers": {"layers": model_cfg.num_layers, "global": len(model_cfg.global_layers),
-                                       "sliding_window": model_cfg.sliding_window},
-                  "sfi_settings": [{"context": c, "retention": cond.retention, **cond.spec.config.budget_facts()}
-                                   for c in contexts for cond in plan[c] if cond.method == registry.BUDGET_REFERENCE]}
-        info = provenance()
-        if earlier:
-            check_resume(earlier["config"], {key: config[key] for key in SAME_ON_RESUME}, run_dir)
-            info["resumed_from"] = [*earlier["provenance"].pop("resumed_from", []), earlier["provenance"]]
-        ledger = QualityLedger(run_dir, config, [c.label for c in plan[contexts[0]]], info, earlier, started)
-        try:
-            _run_cells(session, fmt, run, contexts, plan, ledger, console)
-        except KeyboardInterrupt:
-            if not ledger.records:
-                raise  # nothing finished: the claimed directory is removed on the way out
-            render(run_dir)
-            raise RunInterrupted(
-                f"stopped; {len(ledger.records)} of {ledger.total} sample results are saved in {run_dir} and its "
-                f"report.md covers them. To continue, repeat the command with --out {run_dir} --resume") from None
-        ledger.save(complete=True)
-    render(run_dir)
+    with ranks(rank_device(resolve_device(run.device))) as parallel:
+        if not parallel.is_main:
+            earlier = read_results(Path(run.out)) if run.resume else None  # rank 0 checked it is there
+            _evaluate(run, None, earlier, parallel, started, Console(quiet=True))
+            return None
+        with claimed_run_dir(run.out, "quality", overwrite=run.overwrite, resume=run.resume) as run_dir:
+            _evaluate(run, run_dir, read_results(run_dir) if run.resume else None, parallel, started, console)
+        render(run_dir)
     return run_dir
 
 
-def _open_session(run: QualityRun) -> Session:
+def _evaluate(run: QualityRun, run_dir: Path | None, earlier: dict | None, parallel: TensorParallel,
+              started: float, console: Console) -> None:
+    """Every cell the run plans and `earlier` lacks, saved into `run_dir` as each finishes (None: kept in memory,
+    a tensor-parallel rank other than 0)."""
+    settings = {"methods": list(run.methods), "tasks": list(run.tasks), "retentions": list(run.retentions),
+                "samples": list(run.samples), "seed": run.seed, "chat": run.chat, "sfi_variant": run.variant,
+                "path": run.path, "sfi_preset": run.sfi_preset, "engine": run.engine}
+    if earlier:  # what can be compared before the model loads, so a mismatch costs nothing
+        known = {**settings, **({"contexts": list(run.contexts)} if "max" not in run.contexts else {})}
+        check_resume(earlier["config"], known, run.out)
+    session = _open_session(run, parallel)
+    fmt = PromptFormat(session.loaded.tokenizer, run.chat)
+    contexts = _fit_contexts(session, fmt, run)
+    plan = {c: conditions(list(run.methods), list(run.retentions), c, run.variant, run.path) for c in contexts}
+    model_cfg = session.loaded.config  # under tensor parallelism one rank's share of the heads
+    config = {"model": model_cfg.name, **settings, "contexts": contexts, "batch": run.batch,
+              "device": str(session.device), "dtype": str(session.dtype).replace("torch.", ""),
+              "threads": torch.get_num_threads(), "longbench": str(run.longbench) if run.longbench else None,
+              # the ranks (processes) the model was split over, each holding 1/tp of the KV heads
+              "tp": parallel.world_size, "world_size": parallel.world_size,
+              # what a report needs to say what a retention is over and what SFI ran with
+              "attention_layers": {"layers": model_cfg.num_layers, "global": len(model_cfg.global_layers),
+                                   "sliding_window": model_cfg.sliding_window},
+              "sfi_settings": [{"context": c, "retention": cond.retention, **cond.spec.config.budget_facts()}
+                               for c in contexts for cond in plan[c] if cond.method == registry.BUDGET_REFERENCE]}
+    info = provenance()
+    if earlier:
+        check_resume(earlier["config"], {key: config[key] for key in SAME_ON_RESUME}, run.out)
+        info["resumed_from"] = [*earlier["provenance"].pop("resumed_from", []), earlier["provenance"]]
+    ledger = QualityLedger(run_dir, config, [c.label for c in plan[contexts[0]]], info, earlier, started)
+    try:
+        _run_cells(session, fmt, run, contexts, plan, ledger, console)
+    except KeyboardInterrupt:
+        if not ledger.records or run_dir is None:
+            raise  # nothing finished: the claimed directory is removed on the way out
+        render(run_dir)
+        raise RunInterrupted(
+            f"stopped; {len(ledger.records)} of {ledger.total} sample results are saved in {run_dir} and its "
+            f"report.md covers them. To continue, repeat the command with --out {run_dir} --resume") from None
+    ledger.save(complete=True)
+
+
+def _open_session(run: QualityRun, parallel: TensorParallel) -> Session:
     if run.engine == "transformers":
         from sfibench.hf.loading import open_session
 
         return open_session(run.model, run.device, run.dtype)
-    return Session.open(run.model, run.device, run.dtype, run.seed)
+    return Session.open(run.model, run.device, run.dtype, run.seed, parallel=parallel)
 
 
 def _fit_contexts(session: Session, fmt: PromptFormat, inputs: QualityRun) -> list[int]:

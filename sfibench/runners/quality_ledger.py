@@ -23,7 +23,7 @@ def _key(record: dict) -> tuple:
 
 
 class QualityLedger:
-    def __init__(self, run_dir: Path, config: dict, labels: list[str], provenance: dict, earlier: dict | None,
+    def __init__(self, run_dir: Path | None, config: dict, labels: list[str], provenance: dict, earlier: dict | None,
                  started: float):
         self.run_dir, self.config, self.labels, self.provenance = run_dir, config, labels, provenance
         self.records = {_key(r): r for r in earlier["samples"]} if earlier else {}
@@ -49,6 +49,10 @@ class QualityLedger:
         self.save(complete=False)
 
     def save(self, complete: bool) -> None:
+        """Rewrite results.json; a ledger without a run directory (a tensor-parallel rank other than 0) keeps
+        its records in memory only."""
+        if self.run_dir is None:
+            return
         if self.task_clock is not None:
             key, began, before = self.task_clock
             self.timings[key] = before + time.time() - began
