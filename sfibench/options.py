@@ -303,11 +303,12 @@ def config_before_loading(model: str):
 
 
 def check_memory_before_loading(model: str, batches: list[int | str], contexts: list[int | str], decode: int,
-                                device: str, dtype: str, synthetic_prefill: bool = False) -> None:
+                                device: str, dtype: str, synthetic_prefill: bool = False, tp: int = 1) -> None:
     """Refuse, before the model loads or anything is measured, a batch x context whose weights, KV cache
     and workspace cannot fit the device (metrics/memory.py's estimate from the preset's or the checkpoint's
     shape). The methods' own state is added once the run knows its methods; this is the part that needs
-    no model."""
+    no model. Under `--tp` the estimate is one rank's (its share of the weights, its KV heads' cache), against
+    its GPU, or against its share of the host's memory, which CPU ranks divide between them."""
     from sfibench.core.device_facts import host_available_bytes, host_memory_bytes
     from sfibench.metrics.memory import check_fits, estimate_memory, planning_bytes
 
@@ -315,14 +316,19 @@ def check_memory_before_loading(model: str, batches: list[int | str], contexts: 
     sizes = [b for b in batches if b != "max"]
     if config is None or not sizes:
         return
+    if tp > 1:
+        from sfibench.core.parallel import check_divisible, rank_device
+
+        check_divisible(config.name, config.num_kv_heads, config.num_heads, config.intermediate_size, tp)
+        config = config.rank_share(tp)
     kind = device_kind(device)
     if kind == "cuda":
         from sfibench.core.device import available_device_memory, total_device_memory
 
-        resolved = check_device(device)
+        resolved = check_device(device) if tp == 1 else rank_device(check_device(device))  # this rank's GPU
         free, total = available_device_memory(resolved), total_device_memory(resolved)
     else:  # the host's memory, read without torch
-        free, total = host_available_bytes(), host_memory_bytes()
+        free, total = host_available_bytes() // tp, host_memory_bytes() // tp
     longest = max(config.max_context - decode if c == "max" else c for c in contexts)
     planned = planning_bytes(total or free, free)
     dtype_bytes = DTYPE_BYTES[default_dtype(kind) if dtype == "auto" else dtype]

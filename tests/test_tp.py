@@ -24,7 +24,10 @@ from sfibench.cli import app
 from sfibench.core.errors import UsageError
 from sfibench.core.parallel import TensorParallel
 from sfibench.engine.session import Session
+from sfibench.metrics.memory import MARGIN, MemoryEstimateError, estimate_memory
 from sfibench.models.loading import load_for_decode
+from sfibench.models.presets import PRESETS
+from sfibench.options import check_memory_before_loading
 
 RANK_SCRIPT = Path(__file__).with_name("tp_rank.py")
 
@@ -125,6 +128,7 @@ def test_throughput_with_tp_writes_one_run_directory_that_records_the_ranks(tmp_
     results = json.loads((out / "results.json").read_text())["results"]
     assert (results["tp"], results["world_size"]) == (2, 2)
     assert {row["method"] for row in results["rows"]} == {"full_kv", "sfi"}
+    assert "Tensor parallel: tp 2, world size 2" in (out / "report.md").read_text()
 
 
 @pytest.mark.parametrize("args, error", [
@@ -171,6 +175,7 @@ def test_profile_with_tp_writes_one_run_directory_that_records_the_ranks(tmp_pat
     results = json.loads((out / "results.json").read_text())["results"]
     assert (results["tp"], results["world_size"]) == (2, 2)
     assert set(results["by_kind"]) == {"fast", "slow"}
+    assert "Tensor parallel: tp 2, world size 2" in (out / "report.md").read_text()
 
 
 def test_env_with_tp_lists_each_ranks_device():
@@ -179,3 +184,54 @@ def test_env_with_tp_lists_each_ranks_device():
     assert "--tp 2 rank 0" in result.output and "--tp 2 rank 1" in result.output
     assert "process 1 of 2 (gloo)" in result.output
     assert "--tp 1 rank" not in CliRunner().invoke(app, ["env", "--device", "cpu"]).output
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama"])  # an untied LM head, and one tied to the embedding
+def test_a_ranks_share_of_the_shape_counts_the_bytes_its_decoder_holds(model):
+    loaded = load_for_decode(model, torch.device("cpu"), torch.float32, parallel=TensorParallel(0, 2))
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in loaded.model.parameters()}
+    assert sum(storages.values()) == PRESETS[model].rank_share(2).num_params() * 4
+    assert loaded.config == PRESETS[model].rank_share(2)
+
+
+def gpu_of(monkeypatch, gib: float) -> None:
+    """options.check_memory_before_loading sees a GPU with `gib` GiB free, of `gib` GiB."""
+    import sfibench.core.device as device
+    import sfibench.options as options
+
+    monkeypatch.setattr(options, "device_kind", lambda name: "cuda")
+    monkeypatch.setattr(options, "check_device", lambda name: torch.device("cuda", 0))
+    monkeypatch.setattr(device, "available_device_memory", lambda d: int(gib * 2**30))
+    monkeypatch.setattr(device, "total_device_memory", lambda d: int(gib * 2**30))
+
+
+def test_a_shape_that_fits_each_ranks_gpu_is_not_refused(monkeypatch):
+    # qwen3-8b, 4 x 32K: 16.4 GB of weights and 19 GB of KV cache on one GPU; half the heads and the LM head's
+    # vocabulary a rank
+    gpu_of(monkeypatch, 24)
+    with pytest.raises(MemoryEstimateError):
+        check_memory_before_loading("qwen3-8b", [4], [32768], 64, "cuda", "bfloat16")
+    check_memory_before_loading("qwen3-8b", [4], [32768], 64, "cuda", "bfloat16", tp=2)
+
+
+def test_cpu_ranks_share_the_hosts_memory(monkeypatch):
+    import sfibench.core.device_facts as facts
+
+    one = estimate_memory(PRESETS["qwen3-8b"], 1, 4096 + 65, 4)["total"]
+    ranks = 2 * estimate_memory(PRESETS["qwen3-8b"].rank_share(2), 1, 4096 + 65, 4)["total"]
+    host = int((one + ranks) / 2 / MARGIN)  # one process fits; two ranks, each with the whole embedding, do not
+    monkeypatch.setattr(facts, "host_available_bytes", lambda: host)
+    monkeypatch.setattr(facts, "host_memory_bytes", lambda: host)
+    check_memory_before_loading("qwen3-8b", [1], [4096], 64, "cpu", "float32")
+    with pytest.raises(MemoryEstimateError):
+        check_memory_before_loading("qwen3-8b", [1], [4096], 64, "cpu", "float32", tp=2)
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama"])
+def test_a_ranks_weight_bytes_per_step_are_its_share_with_the_lm_head_at_one_over_n(model):
+    from sfibench.metrics.bytes_model import weight_bytes
+    from sfibench.metrics.floor import decode_gemms, gemm_weight_bytes
+
+    loaded = load_for_decode(model, torch.device("cpu"), torch.float32, parallel=TensorParallel(0, 2))
+    norms = sum(p.numel() * 4 for name, p in loaded.model.named_parameters() if "norm" in name)
+    assert weight_bytes(loaded.config, 4) == gemm_weight_bytes(decode_gemms(loaded.model)) + norms

@@ -94,8 +94,8 @@ def generate(
         check_session_options(model, device, dtype)
         check_tp(tp, [path], "--path")
         check_device_needs(device, "--path", [path])
-        if tp == 1:  # the weights and the decode's cache against the memory, before any weight is allocated
-            check_memory_before_loading(model, [1], [1], max_new_tokens, device, dtype)
+        # the weights and the decode's cache against the memory (one rank's under --tp), before any weight loads
+        check_memory_before_loading(model, [1], [1], max_new_tokens, device, dtype, tp=tp)
         run_as_ranks(tp)
         from sfibench.engine.sampling import SamplingConfig  # loads torch
         from sfibench.runners.generate import GenerateRun, run_generate

@@ -49,7 +49,7 @@ def profile(
         context = given_context or parse_tokens("32k" if gpu else "3k", "--ctx")
         check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)
         check_memory_before_loading(model, [batch], [context], steps + PROFILE_MARGIN, device, dtype,
-                                    synthetic_prefill=True)  # the smaller prefill workspace: a lower bound
+                                    synthetic_prefill=True, tp=tp)  # the smaller prefill workspace: a lower bound
         run_as_ranks(tp)
         from sfibench.runners.profile import ProfileRun, run_profile  # loads torch
 

@@ -92,7 +92,7 @@ def quality(
                           None if retention is None else split_list(retention, "--retention"),
                           split_list(samples, "--samples"), batch=batch, seed=seed, chat=chat, device=device,
                           dtype=dtype, path=path, engine=engine, longbench=longbench, sfi_variant=variant,
-                          sfi_preset=sfi_preset, out=out, overwrite=overwrite, resume=resume)
+                          sfi_preset=sfi_preset, out=out, overwrite=overwrite, resume=resume, tp=tp)
         run_as_ranks(tp)
         from sfibench.runners.quality import run_quality  # loads torch
 

@@ -102,7 +102,8 @@ def throughput(
         check_context_limit(PRESETS.get(model), known, steps)
         k_head_budget = parse_k_head(k_head, known)
         # auto counts as synthetic here, the smaller prefill workspace: this check only refuses what cannot fit
-        check_memory_before_loading(model, batches, contexts, steps, device, dtype, synthetic_prefill=prefill != "real")
+        check_memory_before_loading(model, batches, contexts, steps, device, dtype, synthetic_prefill=prefill != "real",
+                                    tp=tp)
         run_as_ranks(tp)
         from sfibench.runners.throughput import ThroughputRun, resolve_methods, run_throughput  # loads torch
 

@@ -58,11 +58,11 @@ class Session:
     def memory_for_estimate(self) -> int:
         """Bytes this process may fill, the weights it already holds included (a memory estimate counts
         them): on a GPU the free memory plus what torch's allocator holds (its cached blocks are reusable),
-        on a CPU the available host memory plus the weights."""
+        on a CPU this process's share of the available host memory (CPU ranks divide it) plus the weights."""
         if self.device.type == "cuda":
             return available_device_memory(self.device) + torch.cuda.memory_reserved(self.device)
         weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
-        return available_device_memory(self.device) + weights
+        return available_device_memory(self.device) // self.parallel.world_size + weights
 
     def prefill(self, prompts: list[list[int]], max_new_tokens: int, evidence_rows: int = 64) -> Prefilled:
         """Check the prompts fit, size the cache for them, and prefill (dense, shared by all methods)."""

@@ -6,7 +6,8 @@ chip, assuming each byte is touched once (perfect caching within a step, no re-r
 
 What counts as a weight read per step:
 - every decoder-layer matrix, bias and norm, and the final norm: read once;
-- the LM head: the full vocab x hidden matrix, read once whether or not it is tied to the embedding;
+- the LM head: the full vocab x hidden matrix, read once whether or not it is tied to the embedding (a
+  tensor-parallel rank's shape, ModelConfig.rank_share: its 1/ranks of the vocabulary rows);
 - the input embedding: NOT read in full. Decode gathers one row per sequence, counted separately as
   per-sequence traffic (`embedding_gather_bytes`). With untied embeddings the rest of the table is
   never touched, so it is excluded from `weight_bytes`; with tied ones the same matrix is the LM
@@ -27,10 +28,10 @@ FLOAT32_BYTES = 4  # evidence logits and cached key norms are kept in float32
 
 def weight_bytes(model_cfg: ModelConfig, dtype_bytes: int = 2) -> int:
     """Weight bytes read once per decode step, independent of batch (see module docstring)."""
-    params_read = model_cfg.num_params()
-    if not model_cfg.tie_word_embeddings:
-        # num_params() counts an untied embedding table; decode only gathers rows from it.
-        params_read -= model_cfg.vocab_size * model_cfg.hidden_size
+    table = model_cfg.vocab_size * model_cfg.hidden_size
+    params_read = model_cfg.num_params() - table  # the embedding table: decode only gathers rows from it
+    if model_cfg.tie_word_embeddings:  # ... unless it is the LM head: a tensor-parallel rank reads its vocabulary
+        params_read += -(-model_cfg.vocab_size // model_cfg.ranks) * model_cfg.hidden_size
     return params_read * dtype_bytes
 
 

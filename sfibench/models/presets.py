@@ -42,6 +42,7 @@ class ModelConfig:
     query_pre_attn_scalar: int = 0  # attention scale is its -0.5 power (Gemma-3); 0: head_dim
     final_logit_softcapping: float = 0.0  # logits = cap * tanh(logits / cap) (Gemma-2 style); 0: none
     source: str = "random"  # random | gguf | hf
+    ranks: int = 1  # tensor-parallel ranks this shape is one share of (models/sharding.py): see rank_share
 
     def __post_init__(self):
         if self.layer_is_global and (len(self.layer_is_global) != self.num_layers or not self.sliding_window):
@@ -61,6 +62,14 @@ class ModelConfig:
         """Query heads per KV head (G)."""
         return self.num_heads // self.num_kv_heads
 
+    def rank_share(self, ranks: int) -> ModelConfig:
+        """One tensor-parallel rank's shape: its 1/ranks of the heads (so of the KV cache and every method's
+        per-KV-head state) and of the MLP rows; what it allocates follows from it (num_params, the estimate)."""
+        if ranks == 1:
+            return self
+        return replace(self, num_heads=self.num_heads // ranks, num_kv_heads=self.num_kv_heads // ranks,
+                       intermediate_size=self.intermediate_size // ranks, ranks=ranks)
+
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """K and V bytes one token occupies across all layers."""
         return self.num_layers * self.num_kv_heads * self.head_dim * 2 * dtype_bytes
@@ -74,8 +83,9 @@ class ModelConfig:
             attn += 2 * d
         norms = 4 * h if self.arch == "gemma3" else 2 * h  # Gemma-3 norms both sides of attention and MLP
         per_layer = attn + 3 * h * i + norms
-        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + embeddings + h
+        # the embedding is whole on every rank; an untied LM head is split by vocabulary (a tied one is a view)
+        lm_head = 0 if self.tie_word_embeddings else -(-self.vocab_size // self.ranks) * h
+        return self.num_layers * per_layer + self.vocab_size * h + lm_head + h
 
     def rope_scaling_dict(self) -> dict | None:
         return dict(self.rope_scaling) if self.rope_scaling else None

@@ -13,7 +13,6 @@ Gemma-3's layers (models/gemma3.py) and the folded norms (Decoder.fold_input_nor
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import torch
 
@@ -72,11 +71,6 @@ def check_shardable(config: ModelConfig, world_size: int) -> None:
     check_divisible(config.name, config.num_kv_heads, config.num_heads, config.intermediate_size, world_size)
 
 
-def local_config(config: ModelConfig, world_size: int) -> ModelConfig:
-    return replace(config, num_heads=config.num_heads // world_size, num_kv_heads=config.num_kv_heads // world_size,
-                   intermediate_size=config.intermediate_size // world_size)
-
-
 @torch.no_grad()
 def shard(full: Decoder, parallel: TensorParallel, device) -> ShardedDecoder:
     """This rank's ShardedDecoder on `device`, its weights copied out of the whole model `full` (same dtype)."""
@@ -84,7 +78,7 @@ def shard(full: Decoder, parallel: TensorParallel, device) -> ShardedDecoder:
     check_shardable(config, parallel.world_size)
     dtype = full.model.embed_tokens.weight.dtype
     with torch.device("meta"):  # built empty, so the rank allocates its share once, in the model's dtype
-        model = ShardedDecoder(local_config(config, parallel.world_size), parallel).to(dtype)
+        model = ShardedDecoder(config.rank_share(parallel.world_size), parallel).to(dtype)
     model = model.to_empty(device=device)
     model.tie_weights()
     source = full.state_dict()

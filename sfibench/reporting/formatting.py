@@ -1,5 +1,6 @@
 """How every report and summary spells a measured number and the commit a run came from, and the one
-style of the rich tables the commands print, and the cores a CPU run used, written once."""
+style of the rich tables the commands print, the cores a CPU run used and the ranks a run was split over,
+written once."""
 
 from __future__ import annotations
 
@@ -40,3 +41,13 @@ def cpu_threads(prov: dict) -> str:
     return (f" on {prov['torch_threads']} torch thread{'s' if prov['torch_threads'] != 1 else ''} of "
             f"{prov.get('cpu_count')} cores (cores busy with other work when the run started are left out: "
             "threads sharing a core stall each other)")
+
+
+def tensor_parallel_lines(results: dict, measured: str) -> list[str]:
+    """A report's line on the ranks a tensor-parallel run split the model over (none for one process);
+    `measured`: what of the run is one rank's."""
+    tp = results.get("tp", 1)
+    if tp == 1:
+        return []
+    return [f"- Tensor parallel: tp {tp}, world size {results['world_size']}: each rank holds 1/{tp} of the "
+            f"attention and KV heads, the MLP rows and the LM head's vocabulary; {measured}."]

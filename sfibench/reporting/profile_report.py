@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from rich.table import Table
 
-from sfibench.reporting.formatting import commit_label, cpu_threads, number, styled_table
+from sfibench.reporting.formatting import commit_label, cpu_threads, number, styled_table, tensor_parallel_lines
 from sfibench.reporting.plot_style import save, wrapped, yerr
 
 
@@ -79,6 +79,8 @@ def markdown(document: dict) -> str:
              f"{commit_label(prov)}, {prov.get('timestamp_utc')}. {result['steps']} "
              f"{'CUDA-graphed' if result['graphs'] else 'eager'} decode steps profiled ({counts}), {result['clock']}.",
              ""]
+    ranks = tensor_parallel_lines(result, "the components are rank 0's share of each step")
+    lines += [*ranks, ""] if ranks else []
     for kind, part in kinds(result).items():
         if len(kinds(result)) > 1:
             lines += [f"## {kind} step", ""]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from sfibench.metrics.nvml import best_energy
-from sfibench.reporting.formatting import commit_label, cpu_threads, styled_table
+from sfibench.reporting.formatting import commit_label, cpu_threads, styled_table, tensor_parallel_lines
 from sfibench.reporting.speedup_claims import (
     half_spread,
     noise_note,
@@ -244,6 +244,7 @@ def markdown(results: dict) -> str:
         f"untimed warm-up pass, median of {cfg['repeats']} timed passes (spread = (max-min)/median/2)"
         + _redone_passes(rows) + ".",
         *_decode_lines(cfg, res, prov, cpu),
+        *tensor_parallel_lines(res, "bytes, floors and memory are one rank's"),
         f"- Prefill: {', '.join(sorted({r['prefill'] for r in rows}))} (synthetic = random K/V written straight into "
         "the cache; speed does not depend on cache contents).",
         f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads right after a "

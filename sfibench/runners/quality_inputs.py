@@ -139,7 +139,8 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
                 retentions=None, samples=DEFAULT_SAMPLES, *, batch: int = 4, seed: int = 0, chat: bool = True,
                 device: str = "auto", dtype: str = "auto", path: str = "reference", engine: str = "sfibench",
                 longbench: Path | str | None = None, sfi_variant: dict | None = None, sfi_preset: str | None = None,
-                out: Path | str | None = None, overwrite: bool = False, resume: bool = False) -> QualityRun:
+                out: Path | str | None = None, overwrite: bool = False, resume: bool = False,
+                tp: int = 1) -> QualityRun:
     """Check a quality run's options as given (strings or numbers) and build the run from them.
 
     `sfi_variant` changes SFI settings for an ablation, e.g. {"use_nms": False}; `sfi_preset`
@@ -179,7 +180,7 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
     check_engine(engine, model, device, dtype, path)
     check_device_needs(device, "--path", [path])
     if engine == "sfibench":  # a batch of the longest prompts against the memory, before any weight is allocated
-        check_memory_before_loading(model, [batch], contexts, MAX_MARGIN, device, dtype)
+        check_memory_before_loading(model, [batch], contexts, MAX_MARGIN, device, dtype, tp=tp)
     # the methods' own checks, which load their modules (and torch), before any weights load
     from sfibench.runners.quality_batch import conditions
 

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from sfibench.core.budget import Budget
 from sfibench.core.device import idle_cores_only, resolve_device
-from sfibench.core.parallel import rank_device, ranks
+from sfibench.core.parallel import launched_ranks, rank_device, ranks
 from sfibench.core.device_facts import DTYPE_BYTES, default_dtype
 from sfibench.engine.session import Session
 from sfibench.metrics.timing import measure_copy_bandwidth
@@ -143,7 +143,8 @@ def check_memory_before_loading(run: ThroughputRun) -> None:
     dims = config_before_loading(run.model)
     if dims is None:
         return
-    device = resolve_device(run.device)
+    dims = dims.rank_share(launched_ranks())  # under tensor parallelism, what one rank holds
+    device = rank_device(resolve_device(run.device))
     dtype_bytes = DTYPE_BYTES[default_dtype(device.type) if run.dtype == "auto" else run.dtype]
     contexts = [dims.max_context - run.steps if c == "max" else c for c in run.contexts]
     cfg = ThroughputConfig(model=dims.name, contexts=contexts, batches=list(run.batches), steps=run.steps,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from sfibench.core.device import available_device_memory, total_device_memory
+from sfibench.core.parallel import launched_ranks
 from sfibench.engine.method import MethodSpec
 from sfibench.engine.session import Session
 from sfibench.metrics.memory import check_fits, estimate_memory, largest_batch, largest_context, planning_bytes
@@ -49,11 +50,14 @@ def planned_bytes(session: Session) -> int:
 
 def planned_before_loading(device: torch.device) -> int:
     """What a run may plan to fill on `device` before its model loads: the estimate counts the weights, so
-    the room is the device's free memory (plus the blocks torch's allocator already holds on a GPU)."""
-    usable = available_device_memory(device)
+    the room is the device's free memory (plus the blocks torch's allocator already holds on a GPU); CPU
+    ranks of a tensor-parallel run each plan with their share of the host's."""
+    usable, total = available_device_memory(device), total_device_memory(device)
     if device.type == "cuda":
         usable += torch.cuda.memory_reserved(device)
-    return planning_bytes(total_device_memory(device) or usable, usable)
+    else:
+        usable, total = usable // launched_ranks(), total // launched_ranks()
+    return planning_bytes(total or usable, usable)
 
 
 def check_shape_fits(dims, specs: list[MethodSpec], batch: int, max_seq: int, dtype_bytes: int, synthetic: bool,
