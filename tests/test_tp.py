@@ -129,6 +129,18 @@ def test_throughput_with_tp_writes_one_run_directory_that_records_the_ranks(tmp_
     assert (results["tp"], results["world_size"]) == (2, 2)
     assert {row["method"] for row in results["rows"]} == {"full_kv", "sfi"}
     assert "Tensor parallel: tp 2, world size 2" in (out / "report.md").read_text()
+    from sfibench.metrics.bytes_model import kv_read_bytes
+
+    rank = PRESETS["tiny-qwen3"].rank_share(2)
+    for row in results["rows"]:  # each floor: the rank's weights, its KV heads' bytes, 2 all-reduces a layer
+        reduce = row["all_reduce"]
+        assert reduce["per_step"] == 2 * rank.num_layers and reduce["bytes"] == rank.hidden_size * 4
+        assert reduce["seconds"] > 0
+        assert reduce["step_seconds"] == pytest.approx(reduce["seconds"] * reduce["per_step"])
+        for kind, read in row["tokens_read_by_kind"].items():
+            kv = kv_read_bytes(rank, read, 1, 4) / (results["copy_bandwidth_gb_s"] * 1e9)
+            assert row["floor_ms"][kind] == pytest.approx((row["weights_floor"]["seconds"] + kv
+                                                           + reduce["step_seconds"]) * 1e3)
 
 
 @pytest.mark.parametrize("args, error", [

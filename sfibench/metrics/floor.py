@@ -8,6 +8,8 @@ weights part is measured: the decoder's own weight matrices, in the stacked form
 (`fused.ops["linear"]`), run back to back at the run's batch from one CUDA graph, so no launch gap or
 Python is timed. `step_floor_seconds` adds the step's K/V bytes at the measured copy bandwidth; what a
 step takes beyond that is engine overhead every method pays (norms, RoPE, cache writes, launches).
+Under tensor parallelism each rank's floor is its own share (its projections, its KV heads) plus the
+all-reduces a step cannot avoid, measured (`all_reduce_seconds`): two a layer, after o_proj and down_proj.
 
 Each product's input is the leading columns of the previous one's output (the q heads of qkv feed
 o_proj, the gate half feeds down_proj), so the chain is ordered like a real step. It reads every byte
@@ -22,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from sfibench.core.parallel import TensorParallel
 from sfibench.metrics.stats import spread
 from sfibench.metrics.timing import time_region
 from sfibench.models import fused
@@ -96,6 +99,19 @@ def weights_floor_seconds(model: Decoder, batch: int, device: torch.device | str
         "weight_bytes": gemm_weight_bytes(gemms), "graphed": graphed,
         "timing": "CUDA-graph replay" if graphed else f"eager on {device.type} (no CUDA graph): indicative only",
     }
+
+
+@torch.no_grad()
+def all_reduce_seconds(parallel: TensorParallel, batch: int, hidden_size: int, per_step: int,
+                       dtype: torch.dtype, device: torch.device, repeats: int = 20) -> dict:
+    """Time the all-reduce of one row-parallel layer's output (`batch` rows of `hidden_size`) over the ranks,
+    every rank calling it together: the median ("seconds") and spread of one, and `step_seconds` for the
+    `per_step` a decode step runs."""
+    rows = torch.randn(batch, hidden_size, device=device, dtype=dtype)
+    seconds = spread(time_region(lambda: parallel.all_reduce(rows), device, warmup=2, repeats=repeats))
+    return {"seconds": seconds["median"], "rel_spread": seconds["rel_spread"], "repeats": repeats,
+            "batch": batch, "bytes": rows.numel() * rows.element_size(), "per_step": per_step,
+            "step_seconds": seconds["median"] * per_step}
 
 
 def step_floor_seconds(floor: dict, kv_bytes: float, copy_bandwidth: float) -> float:

@@ -244,7 +244,8 @@ def markdown(results: dict) -> str:
         f"untimed warm-up pass, median of {cfg['repeats']} timed passes (spread = (max-min)/median/2)"
         + _redone_passes(rows) + ".",
         *_decode_lines(cfg, res, prov, cpu),
-        *tensor_parallel_lines(res, "bytes, floors and memory are one rank's"),
+        *tensor_parallel_lines(res, "bytes, floors and memory are one rank's, and each floor adds the "
+                                   "step's all-reduces (two a layer) at their measured time"),
         f"- Prefill: {', '.join(sorted({r['prefill'] for r in rows}))} (synthetic = random K/V written straight into "
         "the cache; speed does not depend on cache contents).",
         f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads right after a "

@@ -23,7 +23,7 @@ from sfibench.engine.prefill import Prefilled, prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.metrics.bytes_model import kv_read_bytes, roofline_ratio, step_bytes
-from sfibench.metrics.floor import weights_floor_seconds
+from sfibench.metrics.floor import all_reduce_seconds, weights_floor_seconds
 from sfibench.metrics.memory import EVIDENCE_ROWS, MemoryEstimateError, memory_record
 from sfibench.metrics.nvml import NvmlSampler, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
@@ -245,8 +245,9 @@ def add_comparisons(rows: list[dict], cfg: ThroughputConfig, dims, dtype_bytes: 
         row["roofline_ms"] = row["bytes_per_step"]["total"] / bandwidth * 1e3
         row["roofline_efficiency"] = row["roofline_ms"] / row["mean_step_ms"]
         if row.get("weights_floor"):  # SPEC 7: every step kind against weights floor + its K/V at copy bandwidth
-            row["floor_ms"] = {kind: (row["weights_floor"]["seconds"] + kv_read_bytes(dims, read, row["batch"], dtype_bytes)
-                                      / bandwidth) * 1e3 for kind, read in row["tokens_read_by_kind"].items()}
+            fixed = row["weights_floor"]["seconds"] + row.get("all_reduce", {}).get("step_seconds", 0.0)
+            row["floor_ms"] = {kind: (fixed + kv_read_bytes(dims, read, row["batch"], dtype_bytes) / bandwidth)
+                               * 1e3 for kind, read in row["tokens_read_by_kind"].items()}
         claim = speedup_claim(row, rows)
         if claim is None:
             continue
@@ -269,6 +270,9 @@ def measure_all(session: Session, cfg: ThroughputConfig, progress=None) -> list[
     # "max" is the largest batch that fits at the longest context, used at every context
     batches = [largest_batch(session, cfg, max(cfg.contexts)) if b == "max" else int(b) for b in cfg.batches]
     floors = {batch: weights_floor_seconds(session.loaded.model, batch, session.device) for batch in dict.fromkeys(batches)}
+    reduces = {batch: all_reduce_seconds(session.parallel, batch, session.loaded.config.hidden_size,
+                                         2 * session.loaded.config.num_layers, session.dtype, session.device)
+               for batch in dict.fromkeys(batches)} if session.parallel.world_size > 1 else {}
     for context in cfg.contexts:
         for batch in dict.fromkeys(batches):
             if session.device.type == "cuda":
@@ -283,6 +287,8 @@ def measure_all(session: Session, cfg: ThroughputConfig, progress=None) -> list[
                 row["prefill_seconds"] = prefill_seconds
                 row["prefill_peak_memory_bytes"] = prefill_peak  # weights, cache and the prefill's transients
                 row["weights_floor"] = floors[batch]
+                if reduces:  # tensor parallelism: the step's all-reduces, part of its floor
+                    row["all_reduce"] = reduces[batch]
                 rows.append(row)
                 if progress:
                     progress(row)
