@@ -81,6 +81,12 @@ def test_two_ranks_decode_every_method_as_one_process(model, tmp_path):
     assert_ranks_match_one_process(2, model, sorted(SMALL_CONFIGS), tmp_path)
 
 
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-llama"])
+def test_two_ranks_decode_every_method_on_the_optimized_path_as_one_process(model, tmp_path):
+    # each rank runs the Triton kernels (TRITON_INTERPRET, set by conftest.py and inherited) on its KV heads
+    assert_ranks_match_one_process(2, model, [f"{name}/optimized" for name in sorted(SMALL_CONFIGS)], tmp_path)
+
+
 def test_smollm2_split_over_its_three_kv_heads_decodes_as_one_process(tmp_path):
     assert_ranks_match_one_process(3, "smollm2-135m", ["full_kv", "sfi"], tmp_path)
 
@@ -119,6 +125,15 @@ def test_generate_with_tp_launches_the_ranks_and_prints_rank_0s_tokens_once():
     assert json.loads(two.stdout)["generated_ids"] == json.loads(one.stdout)["generated_ids"]
 
 
+def test_generate_with_tp_on_the_optimized_path_prints_the_tokens_of_one_process():
+    # the ranks' Triton kernels run in Triton's interpreter (TRITON_INTERPRET, set by conftest.py, inherited)
+    args = ["generate", "--model", "tiny-llama", "--device", "cpu", "--max-new-tokens", "8", "--json",
+            "--path", "optimized", "--prompt", "The keeper climbed the stairs. He lit the lamp!"]
+    one, two = sfibench_command(*args), sfibench_command(*args, "--tp", "2")
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert json.loads(two.stdout)["generated_ids"] == json.loads(one.stdout)["generated_ids"]
+
+
 def test_throughput_with_tp_writes_one_run_directory_that_records_the_ranks(tmp_path):
     out = tmp_path / "run"
     done = sfibench_command("throughput", "--model", "tiny-qwen3", "--device", "cpu", "--tp", "2", "--ctx", "128",
@@ -144,12 +159,8 @@ def test_throughput_with_tp_writes_one_run_directory_that_records_the_ranks(tmp_
 
 
 @pytest.mark.parametrize("args, error", [
-    (["generate", "--path", "optimized"], "--tp 2 runs the reference path only"),
-    (["throughput", "--paths", "optimized"], "--tp 2 runs the reference path only"),
     (["throughput", "--graphs"], "--tp 2 runs without CUDA graphs"),
-    (["quality", "--path", "optimized"], "--tp 2 runs the reference path only"),
     (["quality", "--engine", "transformers"], "--tp 2 splits sfibench's own decoder"),
-    (["profile", "--path", "optimized"], "--tp 2 runs the reference path only"),
 ])
 def test_what_tp_does_not_run_is_refused_in_one_line(args, error):
     result = CliRunner().invoke(app, [*args, "--model", "tiny-qwen3", "--device", "cpu", "--tp", "2"])
@@ -247,3 +258,12 @@ def test_a_ranks_weight_bytes_per_step_are_its_share_with_the_lm_head_at_one_ove
     loaded = load_for_decode(model, torch.device("cpu"), torch.float32, parallel=TensorParallel(0, 2))
     norms = sum(p.numel() * 4 for name, p in loaded.model.named_parameters() if "norm" in name)
     assert weight_bytes(loaded.config, 4) == gemm_weight_bytes(decode_gemms(loaded.model)) + norms
+
+
+def test_profile_with_tp_refuses_a_gpus_graphed_optimized_profile(monkeypatch):
+    import sfibench.commands.profile as profile_command
+
+    monkeypatch.setattr(profile_command, "check_shape_options", lambda model, device, dtype: ("tiny-qwen3", True))
+    result = CliRunner().invoke(app, ["profile", "--path", "optimized", "--tp", "2"])
+    assert result.exit_code == 2
+    assert "--tp 2 runs without CUDA graphs, and on a GPU the optimized path is profiled CUDA-graphed" in result.output

@@ -3,9 +3,9 @@ the group from the environment as torchrun sets it (RANK, WORLD_SIZE, MASTER_ADD
 
     python tests/tp_rank.py MODEL METHODS OUT [FAIL_RANK]
 
-decodes the shared prompt with each method (comma-separated, reference path, the matrix's small
-settings) and saves each method's tokens, logits and step kinds to OUT/rank{R}.pt; the rank FAIL_RANK
-raises instead, once its share of the model is loaded.
+decodes the shared prompt with each method (comma-separated, NAME or NAME/PATH, the reference path by
+default, the matrix's small settings) and saves each method's tokens, logits and step kinds to
+OUT/rank{R}.pt; the rank FAIL_RANK raises instead, once its share of the model is loaded.
 """
 
 from __future__ import annotations
@@ -35,14 +35,16 @@ def decode_all(session: Session, methods: list[str], cross_head: bool = True) ->
     ids = session.loaded.tokenizer.encode(TEXT)
     prompts = [ids, ids[:-17]]
     results = {}
-    for name in methods:
+    for entry in methods:  # a method's name, or name/path (default: the reference path)
+        name, _, path = entry.partition("/")
+        path = path or "reference"
         prefilled = session.prefill(prompts, STEPS)
-        spec = small_spec(name, "reference")
+        spec = small_spec(name, path)
         if name == "sfi" and not cross_head:
-            spec = small_spec(name, "reference", selector=replace(spec.config.selector, use_cross_head=False))
+            spec = small_spec(name, path, selector=replace(spec.config.selector, use_cross_head=False))
         method = create_method(spec, session.loaded.config, session.loaded.tokenizer)
         trace, _ = session.decode(method, prefilled, STEPS, keep_logits=True)
-        results[name] = (trace.tokens, torch.stack(trace.logits), [step.kinds for step in trace.steps])
+        results[entry] = (trace.tokens, torch.stack(trace.logits), [step.kinds for step in trace.steps])
     return results
 
 

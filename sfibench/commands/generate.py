@@ -22,7 +22,7 @@ from sfibench.commands.common import (
     err_console,
     user_errors,
 )
-from sfibench.commands.ranks import TP_HELP, check_tp, run_as_ranks
+from sfibench.commands.ranks import TP_HELP, run_as_ranks
 from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 from sfibench.options import (
@@ -92,7 +92,6 @@ def generate(
             raise UsageError("--prompt is empty; give some text, or leave it out to continue the shipped essays")
         k_head_budget, budget_tokens = parse_k_head(k_head), None if budget is None else Budget.parse(budget)
         check_session_options(model, device, dtype)
-        check_tp(tp, [path], "--path")
         check_device_needs(device, "--path", [path])
         # the weights and the decode's cache against the memory (one rank's under --tp), before any weight loads
         check_memory_before_loading(model, [1], [1], max_new_tokens, device, dtype, tp=tp)

@@ -8,7 +8,8 @@ import typer
 
 from sfibench import registry
 from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATH_HELP, console, user_errors
-from sfibench.commands.ranks import TP_HELP, check_tp, run_as_ranks
+from sfibench.commands.ranks import TP_HELP, run_as_ranks
+from sfibench.core.errors import UsageError
 from sfibench.options import (
     PROFILE_MARGIN,
     check_path,
@@ -44,7 +45,9 @@ def profile(
         check_path(path, "--path")
         given_context = None if ctx is None else parse_tokens(ctx, "--ctx")
         model, gpu = check_shape_options(model, device, dtype)
-        check_tp(tp, [path], "--path")
+        if tp > 1 and gpu and path == "optimized":  # profile_graphed: a GPU's optimized step is profiled graphed
+            raise UsageError(f"--tp {tp} runs without CUDA graphs, and on a GPU the optimized path is profiled "
+                             "CUDA-graphed; use --path reference, or --tp 1")
         check_device_needs(device, "--path", [path])
         context = given_context or parse_tokens("32k" if gpu else "3k", "--ctx")
         check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)

@@ -21,7 +21,7 @@ from sfibench.commands.common import (
     user_errors,
 )
 from sfibench import registry
-from sfibench.commands.ranks import TP_HELP, check_tp, run_as_ranks
+from sfibench.commands.ranks import TP_HELP, run_as_ranks
 from sfibench.core.errors import UsageError
 from sfibench.options import check_sfi_settings, split_list
 from sfibench.sfi.config import SelectorConfig, SFIConfig
@@ -77,7 +77,6 @@ def quality(
 
     with user_errors():
         check_sfi_settings(evidence_norm, keep_neighbours, publish, path)
-        check_tp(tp, [path], "--path")
         if tp > 1 and engine != "sfibench":
             raise UsageError(f"--tp {tp} splits sfibench's own decoder; use --engine sfibench, or --tp 1")
         variant = {name: False for name, off in (("use_prior", no_prior), ("use_nms", no_nms),

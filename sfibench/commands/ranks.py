@@ -19,17 +19,14 @@ from sfibench.commands.common import err_console
 from sfibench.core.errors import UsageError
 
 TP_HELP = ("tensor-parallel ranks: the model's KV heads split over N processes (N GPUs, or N CPU processes), "
-           "started with torchrun; reference path only")
+           "started with torchrun; every method on either path, without CUDA graphs")
 
 
-def check_tp(tp: int, paths, option: str, graphs: bool = False) -> None:
-    """What runs under tensor parallelism: the reference path of every method, without CUDA graphs.
-    `paths`: the paths asked for ("" where a method is not pinned to one)."""
+def check_tp(tp: int, graphs: bool = False) -> None:
+    """What runs under tensor parallelism: every method on either path, each rank's kernels on its own KV
+    heads, without CUDA graphs."""
     if tp > 1 and graphs:
         raise UsageError(f"--tp {tp} runs without CUDA graphs; use --no-graphs, or --tp 1")
-    if tp > 1 and any(path not in ("", "reference") for path in paths):
-        raise UsageError(f"--tp {tp} runs the reference path only (every method; the optimized path runs on one "
-                         f"device); use {option} reference, or --tp 1")
 
 
 def torchrun_line(tp: int) -> list[str]:

@@ -92,11 +92,11 @@ def throughput(
         contexts, order_note = given_contexts or ordered_contexts(parse_token_list("8k,32k,max" if gpu else "1k,3k",
                                                                                    "--ctx"))
         batches = given_batches or ([1, 4] if gpu else [1])
-        default_paths = "reference,optimized" if gpu and tp == 1 else "reference"
+        default_paths = "reference,optimized" if gpu else "reference"
         path_list = tuple(check_choice(p, PATHS, "--paths")
                           for p in split_list(default_paths if paths is None else paths, "--paths"))
         pinned = tuple(item.partition("/")[2] for item in method_list)
-        check_tp(tp, path_list + pinned, "--paths", bool(graphs))
+        check_tp(tp, bool(graphs))
         check_device_needs(device, "--paths", path_list + pinned, bool(graphs))
         known = [c for c in contexts if c != "max"]
         check_context_limit(PRESETS.get(model), known, steps)
