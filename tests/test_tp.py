@@ -142,8 +142,9 @@ def test_throughput_with_tp_writes_one_run_directory_that_records_the_ranks(tmp_
     assert done.stdout.count("wrote ") == 1
     results = json.loads((out / "results.json").read_text())["results"]
     assert (results["tp"], results["world_size"]) == (2, 2)
+    assert results["interconnect"] == "gloo between CPU processes"
     assert {row["method"] for row in results["rows"]} == {"full_kv", "sfi"}
-    assert "Tensor parallel: tp 2, world size 2" in (out / "report.md").read_text()
+    assert "Tensor parallel: tp 2, world size 2 (gloo between CPU processes)" in (out / "report.md").read_text()
     from sfibench.metrics.bytes_model import kv_read_bytes
 
     rank = PRESETS["tiny-qwen3"].rank_share(2)

@@ -76,6 +76,19 @@ class TensorParallel:
 SINGLE = TensorParallel(rank=0, world_size=1)
 
 
+def interconnect(tp: TensorParallel, device: torch.device) -> str | None:
+    """How the ranks exchange their partial sums (None for one process): the process group's backend, and
+    between GPUs whether each reaches the others' memory directly (NVLink or PCIe peer-to-peer)."""
+    if tp.world_size == 1:
+        return None
+    backend = dist.get_backend(tp.group)
+    if device.type != "cuda":
+        return f"{backend} between CPU processes"
+    peers = all(torch.cuda.can_device_access_peer(a, b) for a in range(tp.world_size)
+                for b in range(tp.world_size) if a != b)
+    return f"{backend} between GPUs, {'peer-to-peer' if peers else 'through host memory (no peer access)'}"
+
+
 def shard_bounds(total: int, rank: int, world_size: int) -> tuple[int, int]:
     """[start, stop) of `rank`'s slice of `total` rows: ceil(total / world_size) each, the last the rest."""
     width = -(-total // world_size)

@@ -49,5 +49,6 @@ def tensor_parallel_lines(results: dict, measured: str) -> list[str]:
     tp = results.get("tp", 1)
     if tp == 1:
         return []
-    return [f"- Tensor parallel: tp {tp}, world size {results['world_size']}: each rank holds 1/{tp} of the "
-            f"attention and KV heads, the MLP rows and the LM head's vocabulary; {measured}."]
+    link = f" ({results['interconnect']})" if results.get("interconnect") else ""
+    return [f"- Tensor parallel: tp {tp}, world size {results['world_size']}{link}: each rank holds 1/{tp} of "
+            f"the attention and KV heads, the MLP rows and the LM head's vocabulary; {measured}."]

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from sfibench.core.budget import Budget
 from sfibench.core.device import idle_cores_only, resolve_device
-from sfibench.core.parallel import launched_ranks, rank_device, ranks
+from sfibench.core.parallel import interconnect, launched_ranks, rank_device, ranks
 from sfibench.core.device_facts import DTYPE_BYTES, default_dtype
 from sfibench.engine.session import Session
 from sfibench.metrics.timing import measure_copy_bandwidth
@@ -208,5 +208,6 @@ def measure(run: ThroughputRun, session: Session, console: Console) -> tuple[Thr
             # heads; the rows' bytes and floors are one rank's
             "tp": session.parallel.world_size,
             "world_size": session.parallel.world_size,
+            "interconnect": interconnect(session.parallel, session.device),
         }
         return cfg, results
