@@ -286,19 +286,18 @@ def distinct_counts(counts: list[int | str], option: str) -> list[int | str]:
 
 
 def config_before_loading(model: str):
-    """The model's shape without loading it: a preset's, or a checkpoint directory's config.json; None for
-    a .gguf file, whose shape is known only once transformers reads it."""
-    import json
-
+    """The model's shape without loading it: a preset's, or a checkpoint directory's config.json (a damaged one
+    is refused in one line now); None for a .gguf file, whose shape is known only once transformers reads it,
+    and for a directory without config.json, which the loader refuses."""
     from sfibench.models.presets import PRESETS
 
     if model in PRESETS:
         return PRESETS[model]
-    path = Path(model)
-    if path.is_dir():
-        from sfibench.models.loading import config_from_hf
+    config_file = Path(model) / "config.json"
+    if config_file.is_file():
+        from sfibench.models.loading import checkpoint_config
 
-        return config_from_hf(json.loads((path / "config.json").read_text(encoding="utf-8")), path.name, "hf")
+        return checkpoint_config(config_file)
     return None
 
 

@@ -243,6 +243,11 @@ def _from_state_dict(config: ModelConfig, state: dict, device, dtype, source: Pa
     return _place(model, device, dtype)
 
 
+def checkpoint_config(config_file: Path) -> ModelConfig:
+    """A checkpoint directory's shape from its config.json, each setting checked (one line naming a bad one)."""
+    return _config(read_config_json(config_file), config_file.parent.name, "hf", config_file)
+
+
 def _config(hf: dict, name: str, source: str, path: Path) -> ModelConfig:
     check_sizes(hf, path)
     with reading_config(path):
@@ -259,7 +264,7 @@ def _load_hf_dir(path: Path, device, dtype) -> LoadedModel:
     shards = sorted(path.glob("*.safetensors"))
     if not config_file.exists() or not shards:
         raise MissingWeightsError(f"{path} is not a checkpoint directory: it needs config.json and *.safetensors")
-    config = _config(read_config_json(config_file), path.name, "hf", config_file)
+    config = checkpoint_config(config_file)
     state: dict = {}
     for shard in shards:
         with reading(shard, "a safetensors file", REDOWNLOAD):

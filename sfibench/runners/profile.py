@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from sfibench import registry
 from sfibench.core.device import idle_cores_only, resolve_device
+from sfibench.core.provenance import provenance
 from sfibench.core.parallel import rank_device, ranks
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import batch_step_kind
@@ -242,16 +243,17 @@ def run_profile(run: ProfileRun) -> Path | None:
             return None
         with claimed_run_dir(run.out, "profile", overwrite=run.overwrite) as run_dir:
             session = Session.open(run.model, run.device, run.dtype, parallel=parallel)
-            result = _profile(run, session)
+            result, ran_with = _profile(run, session)
             write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": run.context,
                                                "method": run.method, "path": run.path, "steps": run.steps,
-                                               "batch": run.batch}, result)
+                                               "batch": run.batch}, result, provenance_info=ran_with)
         render(run_dir)
     return run_dir
 
 
-def _profile(run: ProfileRun, session: Session) -> dict:
-    """The run's profiled steps on this process's session, with the ranks it ran over."""
+def _profile(run: ProfileRun, session: Session) -> tuple[dict, dict]:
+    """The run's profiled steps on this process's session, with the ranks it ran over, and the provenance
+    (taken while the steps' thread count holds)."""
     check_context_limit(session.loaded.config, [run.context], run.steps + PROFILE_MARGIN)
     # steps decoded while looking for every step kind, as many as the model's limit leaves room for
     search = max(min(SEARCH_STEPS, session.max_tokens - run.context - PROFILE_MARGIN), run.steps + WARMUP)
@@ -259,8 +261,9 @@ def _profile(run: ProfileRun, session: Session) -> dict:
     with idle_cores_only(session.device):  # a busy core would stall every step's threads
         result = profile_steps(session, registry.spec(run.method, run.path), run.context, run.steps, run.batch,
                                search)
+        ran_with = provenance()
     # the ranks (processes) the model was split over; the components are rank 0's share of each step
-    return {**result, "tp": session.parallel.world_size, "world_size": session.parallel.world_size}
+    return {**result, "tp": session.parallel.world_size, "world_size": session.parallel.world_size}, ran_with
 
 
 def _check_batch_fits(session: Session, batch: int, max_seq: int) -> None:

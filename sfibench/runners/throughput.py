@@ -16,6 +16,7 @@ from rich.console import Console
 
 from sfibench.core.budget import Budget
 from sfibench.core.device import idle_cores_only, resolve_device
+from sfibench.core.provenance import provenance
 from sfibench.core.parallel import interconnect, launched_ranks, rank_device, ranks
 from sfibench.core.device_facts import DTYPE_BYTES, default_dtype
 from sfibench.engine.session import Session
@@ -167,14 +168,15 @@ def run_throughput(run: ThroughputRun, console: Console) -> Path | None:
             return None
         with claimed_run_dir(run.out, "throughput", overwrite=run.overwrite) as run_dir:
             session = Session.open(run.model, run.device, run.dtype, parallel=parallel)
-            cfg, results = measure(run, session, console)
-            write_results(run_dir, "throughput", cfg, results)
+            cfg, results, ran_with = measure(run, session, console)
+            write_results(run_dir, "throughput", cfg, results, provenance_info=ran_with)
             render(run_dir)
     return run_dir
 
 
-def measure(run: ThroughputRun, session: Session, console: Console) -> tuple[ThroughputConfig, dict]:
-    """Every method at every shape of the run: results.json's config and results."""
+def measure(run: ThroughputRun, session: Session, console: Console) -> tuple[ThroughputConfig, dict, dict]:
+    """Every method at every shape of the run: results.json's config, results and provenance (taken while the
+    steps' thread count holds)."""
     with idle_cores_only(session.device):  # a busy core would stall every step's threads
         steps = run.steps
         check_context_limit(session.loaded.config, [c for c in run.contexts if c != "max"], steps)
@@ -210,4 +212,4 @@ def measure(run: ThroughputRun, session: Session, console: Console) -> tuple[Thr
             "world_size": session.parallel.world_size,
             "interconnect": interconnect(session.parallel, session.device),
         }
-        return cfg, results
+        return cfg, results, provenance()
