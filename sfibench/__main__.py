@@ -1,5 +1,5 @@
 """`python -m sfibench ...` is the same as the `sfibench` console script."""
 
-from sfibench.cli import app
+from sfibench.cli import main
 
-app()
+main()

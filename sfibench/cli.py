@@ -14,6 +14,7 @@ from sfibench.commands.generate import generate
 from sfibench.commands.info import env, models
 from sfibench.commands.profile import profile
 from sfibench.commands.quality import quality
+from sfibench.commands.ranks import leave_rank
 from sfibench.commands.report import check, report
 from sfibench.commands.stability import stability
 from sfibench.commands.throughput import throughput
@@ -33,4 +34,8 @@ def _writable_caches():
 
 
 def main():  # pragma: no cover - console-script entry
-    app()
+    try:
+        app()
+    except SystemExit as done:  # every run ends here: click exits with the command's status
+        leave_rank(done.code)
+        raise

@@ -52,3 +52,17 @@ def run_as_ranks(tp: int) -> None:
     if os.environ.get("RANK", "0") != "0":  # stdout goes nowhere; a rank's traceback still reaches stderr
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
         err_console.quiet = True
+
+
+def leave_rank(code) -> None:
+    """A tensor-parallel rank (launched by torchrun) ends here with the command's status, its output flushed,
+    without running the interpreter's teardown: torch's process-group objects destroyed during that teardown
+    can abort a rank whose work is done ("terminate called without an active exception", or a segfault),
+    which torchrun reports as the run failing. One process (no torchrun) returns and exits normally."""
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return
+    if code is not None and not isinstance(code, int):  # sys.exit("message"): the message, status 1
+        print(code, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
