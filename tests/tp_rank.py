@@ -10,7 +10,9 @@ OUT/rank{R}.pt; the rank FAIL_RANK raises instead, once its share of the model i
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from dataclasses import replace
 
 import torch
@@ -61,4 +63,14 @@ def main(model: str, methods: str, out: str, fail_rank: int = -1) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4], *map(int, sys.argv[4:]))
+    # A rank ends with its status and flushed output, without the interpreter's teardown, as sfibench's own
+    # ranks do (commands/ranks.leave_rank): gloo's objects destroyed there can abort a finished rank.
+    try:
+        main(*sys.argv[1:4], *map(int, sys.argv[4:]))
+        status = 0
+    except BaseException:  # noqa: BLE001 (reported as the traceback a normal exit would print)
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
