@@ -10,7 +10,6 @@ OUT/rank{R}.pt; the rank FAIL_RANK raises instead, once its share of the model i
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from dataclasses import replace
@@ -21,6 +20,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])  # method_matrix beside this file
 
 from method_matrix import small_spec  # noqa: E402
 
+from sfibench.commands.ranks import leave_rank  # noqa: E402
 from sfibench.core import parallel  # noqa: E402
 from sfibench.engine.session import Session  # noqa: E402
 from sfibench.registry import create_method  # noqa: E402
@@ -63,14 +63,12 @@ def main(model: str, methods: str, out: str, fail_rank: int = -1) -> None:
 
 
 if __name__ == "__main__":
-    # A rank ends with its status and flushed output, without the interpreter's teardown, as sfibench's own
-    # ranks do (commands/ranks.leave_rank): gloo's objects destroyed there can abort a finished rank.
+    # A rank ends as sfibench's own ranks do (commands/ranks.leave_rank: its status, without the interpreter's
+    # teardown, where gloo's objects destroyed can abort a finished rank)
     try:
         main(*sys.argv[1:4], *map(int, sys.argv[4:]))
         status = 0
     except BaseException:  # noqa: BLE001 (reported as the traceback a normal exit would print)
         traceback.print_exc()
         status = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    leave_rank(status)
