@@ -37,7 +37,7 @@ def fitting_methods(model: str, context: int, batch: int, steps: int, planned: i
     for method in optimized_methods():
         cfg = ThroughputConfig(model=model, contexts=[context], batches=[batch], methods=[method], steps=steps)
         total = shape_estimate(dims, method_specs(cfg, context), batch, context + steps + 1, DTYPE_BYTES, True,
-                               True)["total"]
+                               True, steps)["total"]
         if total <= planned:
             kept.append(method[0])
         else:

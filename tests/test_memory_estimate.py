@@ -3,6 +3,7 @@ one-line refusal naming what fits, and the estimate against the CPU allocator's 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import re
 import sys
@@ -51,10 +52,16 @@ def test_the_parts_by_hand():
     assert est["snapshot"] == 2 * (2 * 4 * 64 * 16 * 2 + 320 * 4)  # the last 64 prompt queries + logits
     assert est["method_state"] == 2 * (100 * 8 + 50)
     assert est["decode_workspace"] == 1000 + 2 * 320 * 4  # the method's, then a logits row per sequence
-    assert est["prefill_workspace"] == 100 * 17 * 4  # synthetic: one chunk of float32 key norms
+    assert est["prefill_workspace"] == 100 * 17 * 4  # synthetic: one chunk of keys widened, and their norms
+    assert estimate_memory(TINY, batch=2, max_seq=100, dtype_bytes=4)["prefill_workspace"] == 100 * 4  # no widening
     assert est["workspace"] == max(est["decode_workspace"], est["prefill_workspace"])
-    parts = ("weights", "kv_cache", "key_norms", "snapshot", "method_state", "workspace")
-    assert est["total"] == sum(est[part] for part in parts)
+    held = sum(est[part] for part in ("weights", "kv_cache", "key_norms", "snapshot"))
+    assert est["decode_total"] == held + est["method_state"] + est["decode_workspace"]
+    assert est["total"] == max(held + est["prefill_workspace"], est["decode_total"])  # the state comes after prefill
+    real = estimate_memory(TINY, batch=2, max_seq=3000, dtype_bytes=2, synthetic_prefill=False, method_token_bytes=8)
+    assert real["prefill_workspace"] > real["method_state"] + real["decode_workspace"]
+    assert real["total"] == sum(real[part] for part in ("weights", "kv_cache", "key_norms", "snapshot",
+                                                        "prefill_workspace"))
     gpu = estimate_memory(TINY, batch=2, max_seq=100, dtype_bytes=2, gpu=True)
     assert gpu["weights"] == est["weights"] + 4096 * 2 * 16 * 2  # the position table decode gathers from
 
@@ -79,15 +86,15 @@ def test_the_largest_batch_at_128k_on_an_h200(model, expected):
     specs, slots = method_specs(cfg, LONGEST), LONGEST + STEPS + 1
 
     def method_at(batch, max_seq):
-        return method_bytes(specs, dims, 2, batch, max_seq)
+        return method_bytes(specs, dims, 2, batch, max_seq, STEPS)
 
     planned = planning_bytes(H200_BYTES, H200_BYTES)
     assert planned == int(MARGIN * H200_BYTES)
-    first = estimate_memory(dims, 1, slots, 2, gpu=True, **method_at(1, slots))
+    first = estimate_memory(dims, 1, slots, 2, gpu=True, steps=STEPS, **method_at(1, slots))
     batch = largest_batch(first, planned, method_at)
     assert batch == expected
-    fits = estimate_memory(dims, batch, slots, 2, gpu=True, **method_at(batch, slots))
-    over = estimate_memory(dims, batch + 1, slots, 2, gpu=True, **method_at(batch + 1, slots))
+    fits = estimate_memory(dims, batch, slots, 2, gpu=True, steps=STEPS, **method_at(batch, slots))
+    over = estimate_memory(dims, batch + 1, slots, 2, gpu=True, steps=STEPS, **method_at(batch + 1, slots))
     assert fits["total"] <= planned < over["total"]
     kv_only = (planned - dims.num_params() * 2) // (slots * dims.kv_bytes_per_token(2))
     assert batch <= kv_only
@@ -134,7 +141,8 @@ def test_qwen3_32b_at_128k_batch_8_is_refused_before_any_weight_is_allocated(tmp
                                           methods=[(name, "optimized") for name in registry.names()]), LONGEST)
 
     def total(batch, max_seq):
-        return estimate_memory(dims, batch, max_seq, 2, **method_bytes(specs, dims, 2, batch, max_seq))["total"]
+        return estimate_memory(dims, batch, max_seq, 2, steps=STEPS,
+                               **method_bytes(specs, dims, 2, batch, max_seq, STEPS))["total"]
 
     batch, tokens = int(fits[1]), int(fits[3])
     assert total(batch, slots) <= planned < total(batch + 1, slots)
@@ -162,8 +170,8 @@ def test_models_prints_what_fits_in_a_named_memory_without_the_device():
                                               steps=steps), longest)
 
         def fits(batch, context):
-            estimate = estimate_memory(dims, batch, context + steps + 1, 2, gpu=True,
-                                       **method_bytes(specs, dims, 2, batch, context + steps + 1))
+            estimate = estimate_memory(dims, batch, context + steps + 1, 2, gpu=True, steps=steps,
+                                       **method_bytes(specs, dims, 2, batch, context + steps + 1, steps))
             return estimate["total"] <= planned
 
         *prompts, at_32k, at_max = (int(cell.replace(",", "")) for cell in cells)
@@ -185,8 +193,8 @@ def test_the_family_scripts_fit_plan_asks_only_for_what_fits(capsys):
     def fits(model, method, context, batch):
         cfg = ThroughputConfig(model=model, contexts=[context], batches=[batch], methods=[method], steps=steps)
         specs, dims = method_specs(cfg, context), get_preset(model)
-        return estimate_memory(dims, batch, context + steps + 1, 2, gpu=True,
-                               **method_bytes(specs, dims, 2, batch, context + steps + 1))["total"] <= planned
+        return estimate_memory(dims, batch, context + steps + 1, 2, gpu=True, steps=steps,
+                               **method_bytes(specs, dims, 2, batch, context + steps + 1, steps))["total"] <= planned
 
     fit_plan.main(["methods", "qwen3-0.6b", str(LONGEST), "9", str(steps), "--memory", "139.8GiB"])
     kept = capsys.readouterr().out.strip().split(",")
@@ -199,30 +207,52 @@ def test_the_family_scripts_fit_plan_asks_only_for_what_fits(capsys):
     assert not all(fits("qwen3-32b", method, context + 1024, 3) for method in methods)
 
 
-CONTEXT, BATCH = 3072, 2  # tiny models at a context where the cache, not Python's small tensors, is most
-# tiny-qwen3 (3 layers, one KV head per query head) runs by default; tiny-llama (two query heads per KV head,
-# all of its layers dense for Quest) in the full run
-MODELS = [pytest.param("tiny-qwen3"), pytest.param("tiny-llama", marks=pytest.mark.full)]
+# (model, prefill, context, batch). tiny-qwen3 (3 layers, one KV head per query head) runs by default: a
+# synthetic prefill, and a real one of two chunks (the second masked against the first). The full run adds
+# tiny-llama (two query heads per KV head, all of its layers dense for Quest) and tiny-gemma3 (sliding-window
+# layers beside a global one), and prompts the budget holds whole (SnapKV compresses nothing and reads the
+# prompt through its tail) and of one chunk.
+SHAPES = [pytest.param("tiny-qwen3", "synthetic", 3072, 2), pytest.param("tiny-qwen3", "real", 3072, 2)] + [
+    pytest.param(model, prefill, context, batch, marks=pytest.mark.full)
+    for model in ("tiny-llama", "tiny-gemma3") for prefill in ("synthetic", "real")
+    for context, batch in ((1024, 1), (3072, 2))] + [pytest.param("tiny-qwen3", "real", 2048, 2, marks=pytest.mark.full)]
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model, prefill, context, batch", SHAPES)
 @pytest.mark.parametrize("name, path", [case for case in registry.available() if case[1] == "reference"])
-def test_the_estimate_is_the_cpu_allocators_peak(model, name, path):
-    """A throughput run of each method (synthetic prefill, then the method's bootstrap and decode steps) on a
-    tiny model in float32: the peak of torch's CPU allocator from before the cache is allocated to the end,
-    plus the weights already held, is the estimate within 10%, each method's state and transients declared
-    by its own MethodConfig. The optimized paths run Triton's interpreter here, whose buffers are not the
-    GPU's; the GPU test (tests/test_memory_gpu.py) checks those."""
+def test_the_estimate_is_the_cpu_allocators_peak(model, prefill, context, batch, name, path):
+    """A throughput run of each method (the prefill, then the method's bootstrap and decode steps) on a tiny
+    model in float32: the peak of torch's CPU allocator from before the cache is allocated to the end, plus
+    the weights already held, is the estimate within 10%, each method's state and transients declared by its
+    own MethodConfig. The optimized paths run Triton's interpreter here, whose buffers are not the GPU's;
+    the GPU test (tests/test_memory_gpu.py) checks those."""
     session = Session.open(model, "cpu", dtype="float32")
-    cfg = ThroughputConfig(model=model, contexts=[CONTEXT], batches=[BATCH], methods=[(name, path)],
-                           steps=8, repeats=1, prefill="synthetic", graphs=False)
+    cfg = ThroughputConfig(model=model, contexts=[context], batches=[batch], methods=[(name, path)],
+                           steps=8, repeats=1, prefill=prefill, graphs=False)
     stream, tokenizer = load_replay(session.loaded.config.vocab_size, session.loaded.tokenizer)
-    inputs = step_inputs(take_rows(stream, CONTEXT, BATCH, cfg.steps + 1), session.device)
-    specs = method_specs(cfg, CONTEXT)
+    inputs = step_inputs(take_rows(stream, context, batch, cfg.steps + 1), session.device)
+    specs = method_specs(cfg, context)
     with AllocatorPeak() as run:
-        prefilled, _, _ = prepare_cache(session, cfg, CONTEXT, BATCH, stream, seed=0)
+        prefilled, synthetic, _ = prepare_cache(session, cfg, context, batch, stream, seed=0)
         for spec in specs:
-            measure(session, prefilled, spec, cfg, inputs, tokenizer, CONTEXT)
+            measure(session, prefilled, spec, cfg, inputs, tokenizer, context)
+    assert synthetic == (prefill == "synthetic")
     weights = session.loaded.config.num_params() * 4
-    estimate = run_estimate(session, specs, BATCH, CONTEXT + cfg.steps + 1, synthetic=True)["total"]
+    estimate = run_estimate(session, specs, batch, context + cfg.steps + 1, synthetic, cfg.steps)["total"]
     assert run.peak + weights == pytest.approx(estimate, rel=0.10)
+
+
+def test_a_real_prefill_plans_for_its_widest_chunk_mask():
+    """The real prefill's workspace follows the prompt, not the cache: past one chunk, a chunk's additive mask
+    on a global layer spans every key so far, the widest where the last whole chunk ends; a sliding layer's is
+    two bands of the chunk and its window, however long the prompt."""
+    qwen, gemma, chunk = get_preset("qwen3-0.6b"), get_preset("gemma3-270m"), 2048
+
+    def workspace(cfg, prompt, steps=128):
+        return estimate_memory(cfg, 1, prompt + steps + 1, 2, synthetic_prefill=False, steps=steps)["prefill_workspace"]
+
+    assert workspace(qwen, chunk, steps=0) == workspace(qwen, chunk)  # decode steps do not widen the prompt's mask
+    assert workspace(qwen, 64 * 1024) - workspace(qwen, 32 * 1024) == chunk * 32 * 1024 * 2  # bfloat16 entries
+    assert workspace(qwen, 32 * 1024 + 100) == workspace(qwen, 32 * 1024)  # a short last chunk: fewer queries
+    sliding = dataclasses.replace(gemma, layer_is_global=(False,) * gemma.num_layers)
+    assert workspace(sliding, 8 * chunk) == workspace(sliding, 16 * chunk) < workspace(gemma, 16 * chunk)

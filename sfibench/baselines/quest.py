@@ -67,7 +67,8 @@ class QuestConfig(MethodConfig):
         slots = mc.num_kv_heads * (self.pages + 1) * self.page * INDEX_BYTES
         return -(-(per_page + mc.num_kv_heads * FLOAT32_BYTES) // self.page), slots
 
-    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
+    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int,
+                        prompt: int) -> int:
         """Both paths bound the prompt's pages one (layer, sequence) at a time (`page_bounds`: a padded copy
         of its keys and its masked copy, beside its new bounds). The reference step also scores
         every page in float32 (two bound products per query head and their maximum) and gathers the pages

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from sfibench.baselines.tail_segment import TwoSegmentPath
 from sfibench.core.budget import BudgetError
 from sfibench.engine.method import AttentionMethod, AttentionView, MethodConfig, MethodDef, RecallMemory
+from sfibench.engine.workspace import FLOAT32_BYTES, LENGTH_BUCKET, gather_attention_bytes
 from sfibench.optimized.decode_attention import tile_rows
 from sfibench.optimized.triton_device import require_triton_device
 from sfibench.reference.sparse_memory import TailPlan, attend_fixed_plus_tail
@@ -49,14 +50,28 @@ class SnapKVConfig(MethodConfig):
     def recall_memory(self, selection_budget) -> RecallMemory:
         return SnapKVRecall(self)
 
-    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
-        """The bootstrap's votes of one (layer, sequence, KV head) (window_votes, float32): the head's keys in
-        float32, its group's logits over the window, their masked copy and their softmax, beside the causal
-        mask and the layer's votes."""
-        mc, rows = model_config, max_seq
-        keys = rows * mc.head_dim * 4
-        logits = mc.group_size * self.window * rows * 4
-        return keys + 3 * logits + self.window * rows + mc.num_kv_heads * rows * 4
+    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int,
+                        prompt: int) -> int:
+        """The larger of the bootstrap's votes and, on the reference path, a step's gathers.
+
+        A prompt longer than the budget is voted on one (layer, sequence, KV head) at a time (window_votes):
+        the head's keys widened to float32, its group's float32 logits over the window, their masked copy and
+        its softmax, the causal mask and its negation, beside the layer's votes and their pooled copy. The
+        reference step gathers the kept positions and the tail after them: since the observation window on a
+        compressed prompt, the whole sequence on one the budget holds; the tail is rounded up to the default
+        length bucket of a graphed step (at most the cache's slots, see `plan`)."""
+        mc, keep = model_config, self.budget - self.window
+        votes = 0
+        if prompt > self.budget:
+            widened = prompt * mc.head_dim * FLOAT32_BYTES if dtype_bytes != FLOAT32_BYTES else 0
+            logits = mc.group_size * self.window * prompt * FLOAT32_BYTES
+            votes = widened + 3 * logits + 2 * self.window * prompt + 2 * mc.num_kv_heads * prompt * FLOAT32_BYTES
+        if path != "reference":
+            return votes
+        tail = max_seq - prompt + self.window if prompt > self.budget else max_seq
+        tail = min(-(-tail // LENGTH_BUCKET) * LENGTH_BUCKET, max_seq)
+        gather = gather_attention_bytes(batch, mc.num_heads, mc.num_kv_heads, keep + tail, mc.head_dim, dtype_bytes)
+        return max(votes, gather)
 
     def state_bytes(self, model_config, path: str, dtype_bytes: int, tile_rows: int) -> tuple[int, int]:
         mc, keep = model_config, self.budget - self.window
@@ -156,6 +171,7 @@ class SnapKV(AttentionMethod):
                 top = votes.topk(keep, dim=-1).indices  # [H_kv, keep]
                 self.kept[layer, row] = top.sort(dim=-1).values
         self.tail_start_host = self.tail_start.cpu()
+        self.slots = cache.max_seq
 
     def _votes(self, cache, prefilled, layer: int, row: int, prefix: int) -> torch.Tensor:
         count = int(prefilled.query_counts[row])
@@ -163,7 +179,9 @@ class SnapKV(AttentionMethod):
         return window_votes(q, cache.k[layer, row, :, :prefix + self.cfg.window], self.cfg)
 
     def plan(self, ctx) -> TailPlan:
-        return TailPlan(tail_width=ctx.bucketed(int((ctx.kv_lengths_host - self.tail_start_host).max())))
+        # the tail never holds more than the cache's slots, however far its length bucket rounds up
+        tail = ctx.bucketed(int((ctx.kv_lengths_host - self.tail_start_host).max()))
+        return TailPlan(tail_width=min(tail, self.slots))
 
     def attend(self, q: torch.Tensor, cache, ctx, plan: TailPlan) -> torch.Tensor:
         kept = self.kept[ctx.layer]

@@ -36,7 +36,8 @@ class StreamingLLMConfig(MethodConfig):
     def tokens_read(self, context: int) -> int:
         return min(self.budget, context)
 
-    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
+    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int,
+                        prompt: int) -> int:
         """The reference path gathers the sinks and window of every sequence and KV head each layer; the
         optimized kernel reads them in place."""
         if path != "reference":

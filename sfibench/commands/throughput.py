@@ -18,14 +18,15 @@ from sfibench.commands.common import (
 )
 from sfibench.commands.ranks import TP_HELP, check_tp, run_as_ranks
 from sfibench.core.errors import UsageError
+from sfibench.engine.workspace import LENGTH_BUCKET
 from sfibench.options import (
     PREFILL_MODES,
     THROUGHPUT_STEPS,
     check_choice,
-    check_path,
     check_context_limit,
     check_device_needs,
     check_memory_before_loading,
+    check_path,
     check_sfi_settings,
     check_shape_options,
     check_trigger,
@@ -51,7 +52,7 @@ def throughput(
     repeats: int = typer.Option(3, min=1, help="timed passes (median and spread reported)"),
     prefill: str = typer.Option("auto", help="real, synthetic, or auto (synthetic from 16K tokens)"),
     graphs: bool = typer.Option(None, "--graphs/--no-graphs", help="CUDA graphs (default: on with a GPU)"),
-    length_bucket: int = typer.Option(256, min=1, help="graphed steps read up to a multiple of this"),
+    length_bucket: int = typer.Option(LENGTH_BUCKET, min=1, help="graphed steps read up to a multiple of this"),
     dense_kernels: bool = typer.Option(True, help="time Full-KV's kernel against every SDPA backend (GPU)"),
     k_head: str = typer.Option("2048", help="SFI: selected tokens per KV head, whole tokens or a percentage of each "
                                             "context (10%)"),

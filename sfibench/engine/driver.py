@@ -28,9 +28,10 @@ from sfibench.core.labels import label
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.memory_phases import on_cache
+from sfibench.engine.method import AttentionMethod, StepPlan
 from sfibench.engine.prefill import Prefilled, restore
 from sfibench.engine.sliding import window_decode_attention, window_tokens_read
-from sfibench.engine.method import AttentionMethod, StepPlan
+from sfibench.engine.workspace import LENGTH_BUCKET
 from sfibench.models.decoder import Decoder
 
 
@@ -49,7 +50,7 @@ class _Captured:
 
 class StepDriver:
     def __init__(self, model: Decoder | None, cache: KVCache, method: AttentionMethod, use_graphs: bool = False,
-                 length_bucket: int = 256):
+                 length_bucket: int = LENGTH_BUCKET):
         device = cache.k.device
         if use_graphs and device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; run with --no-graphs on this machine")

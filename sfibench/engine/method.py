@@ -55,9 +55,11 @@ class MethodConfig:
         """Device bytes of the method's own state: (per sequence and cached token, per sequence)."""
         return 0, 0
 
-    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
-        """Device bytes of the method's largest transient (a bootstrap's or a refresh's scores), beside its
-        state, at `batch` sequences of `max_seq` cache slots: the memory estimate plans for it."""
+    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int,
+                        prompt: int) -> int:
+        """Device bytes of the method's largest transient (a bootstrap's or a refresh's scores, a reference
+        step's gathers), beside its state, at `batch` sequences of `max_seq` cache slots whose first `prompt`
+        were prefilled: the memory estimate plans for it."""
         return 0
 
     def step_bytes(self, model_config, context: int, dtype_bytes: int) -> float:

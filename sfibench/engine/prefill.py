@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from sfibench.engine.cache import KVCache
 from sfibench.engine.memory_phases import on_cache
-from sfibench.engine.sliding import window_prefill_attention
+from sfibench.engine.sliding import additive_mask, window_prefill_attention
 from sfibench.models.decoder import Decoder
 
 
@@ -37,8 +37,7 @@ def causal_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """Queries at positions [start, start + T) over keys [0, start + T) with a causal mask."""
     if start == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    t, s = q.shape[2], k.shape[2]
-    visible = torch.arange(s, device=q.device)[None, :] <= (start + torch.arange(t, device=q.device))[:, None]
+    visible = additive_mask(q.shape[2], k.shape[2], start, None, q.dtype, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=True)
 
 

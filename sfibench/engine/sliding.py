@@ -35,10 +35,21 @@ def window_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """Queries at positions [start, start + T) over keys [0, start + T): causal, and each query sees
     only the `window` positions ending at its own (keys before the chunk's first window are not read)."""
     first = max(start - window + 1, 0)
-    keys = torch.arange(first, k.shape[2], device=q.device)
-    queries = start + torch.arange(q.shape[2], device=q.device)
-    visible = (keys[None, :] <= queries[:, None]) & (keys[None, :] > queries[:, None] - window)
+    visible = additive_mask(q.shape[2], k.shape[2] - first, start - first, window, q.dtype, q.device)
     return F.scaled_dot_product_attention(q, k[:, :, first:], v[:, :, first:], attn_mask=visible, enable_gqa=True)
+
+
+def additive_mask(queries: int, keys: int, offset: int, window: int | None, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
+    """A prefill chunk's mask `[queries, keys]` as SDPA adds it: 0 where query i sees key c, -inf elsewhere.
+    `offset` is the first query's position minus the first key's: query i sees key c when c - i <= offset
+    and, with a `window`, c - i > offset - window. Built in place in the queries' dtype, so SDPA takes it as
+    is: a boolean mask would be converted to this one beside it, and the comparisons building it are more
+    tensors of the same size (a chunk of 2048 queries against 128K keys is 256M entries)."""
+    mask = torch.full((queries, keys), float("-inf"), dtype=dtype, device=device).triu_(offset + 1)
+    if window is not None:  # the keys that fell out of each query's window: a second band, added
+        mask += torch.full_like(mask, float("-inf")).tril_(offset - window)
+    return mask
 
 
 def window_tokens_read(kv_lengths: torch.Tensor, window: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 FLOAT32_BYTES = 4
 INDEX_BYTES = 8  # int64 positions
+LENGTH_BUCKET = 256  # graphed steps read up to a multiple of this many slots (the default --length-bucket)
 NORM_CHUNK = 8192  # cached keys whose float32 norms a synthetic prefill computes at once (engine/synthetic.py)
 
 

@@ -14,6 +14,9 @@ The estimate counts what a decode run allocates, part by part:
   transients, MethodConfig.workspace_bytes, and the decode step's own, which CUDA graphs keep in their
   pool: one float32 logits row per sequence for each captured plan).
 
+The total is the larger phase: the prefill's transients, or the method's state with the decode phase's
+(the state is allocated when the method starts, after the prefill).
+
 A run plans with MARGIN of the device's memory: the rest is the CUDA context, cuBLAS and Triton's
 workspaces and the caching allocator's fragmentation, none of which torch's allocator counts.
 """
@@ -48,21 +51,56 @@ class RunShape:
     method_sequence_bytes: int = 0  # ... and per sequence
     method_workspace_bytes: int = 0  # the method's largest transient, at this batch and context
     synthetic_prefill: bool = True  # False: the prompt runs through the model (engine/prefill.py)
+    steps: int = 0  # decode steps: the prompt is max_seq - steps - 1 tokens (0: as long as the cache allows)
     gpu: bool = False  # the RoPE table and the CUDA graphs' pool exist only on a GPU
 
 
 def prefill_workspace(cfg: ModelConfig, shape: RunShape) -> int:
-    """The prefill's largest transient. Synthetic: one chunk of float32 key norms of one KV head. Real: one
-    layer's activations for one chunk of one sequence (residual, norm, qkv, rotated q/k, attention output,
-    gate/up and the activated MLP, their float32 norm temporaries), the attention mask of the chunk against
-    the cache so far, and the last token's float32 logits."""
+    """The prefill's largest transient. Synthetic: the float32 norms of one chunk of one KV head's keys,
+    and those keys widened to float32 when the cache is narrower. Real (engine/prefill.py, one chunk of one
+    sequence at a time): the largest of a chunk layer's two peaks, beside the RoPE tables and the last
+    token's float32 logits (see `chunk_peak`)."""
     if shape.synthetic_prefill:
-        return min(NORM_CHUNK, shape.max_seq) * (cfg.head_dim + 1) * FLOAT32_BYTES
-    tokens = min(PREFILL_CHUNK, shape.max_seq)
-    qkv_width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
-    width = 3 * cfg.hidden_size + 2 * qkv_width + 2 * cfg.num_heads * cfg.head_dim + 4 * cfg.intermediate_size
-    norms = 2 * tokens * cfg.hidden_size * FLOAT32_BYTES
-    return tokens * width * shape.dtype_bytes + norms + tokens * shape.max_seq + cfg.vocab_size * FLOAT32_BYTES
+        widened = cfg.head_dim if shape.dtype_bytes != FLOAT32_BYTES else 0
+        return min(NORM_CHUNK, shape.max_seq) * (widened + 1) * FLOAT32_BYTES
+    prompt = max(shape.max_seq - shape.steps - 1, 1)
+    full, rest = divmod(prompt, PREFILL_CHUNK)
+    # the chunks whose peaks differ: the first, the last whole one (the widest mask of whole chunks) and
+    # the shorter last one (against the whole prompt)
+    chunks = {(min(PREFILL_CHUNK, prompt), 0)}
+    if full >= 2:
+        chunks.add((PREFILL_CHUNK, (full - 1) * PREFILL_CHUNK))
+    if full >= 1 and rest:
+        chunks.add((rest, full * PREFILL_CHUNK))
+    tables = (2 if cfg.sliding_window else 1) * 2 * min(PREFILL_CHUNK, prompt) * cfg.head_dim * shape.dtype_bytes
+    return max(chunk_peak(cfg, tokens, start, shape.dtype_bytes) for tokens, start in chunks) + tables \
+        + cfg.vocab_size * FLOAT32_BYTES
+
+
+def chunk_peak(cfg: ModelConfig, tokens: int, start: int, dtype_bytes: int) -> int:
+    """The larger of one layer's two peaks on a prefill chunk of `tokens` queries at positions from `start`:
+
+    - attention: the embeddings (held for the whole forward), the stream and its norm entering the layer,
+      the qkv product, the rotated q and k (and Gemma's rescaled q), the attention output, and the chunk's
+      additive mask (engine/sliding.additive_mask): against every key so far on a global layer after the
+      first chunk (which is causal without one), two bands of the chunk and its window while one is built
+      on a sliding layer;
+    - MLP: five rows of the stream (the embeddings, the stream and its norm entering and leaving the
+      attention block), the attention output, and the gate/up product beside its activation and their
+      product.
+
+    Counted in the model's dtype; in a narrower one than float32 the attention kernel's own float32 buffers
+    (on a CPU, a score block per thread and the output's accumulators) come on top."""
+    h, q_width, kv_width = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    scaled_q = q_width if (cfg.query_pre_attn_scalar or cfg.head_dim) != cfg.head_dim else 0
+    rows = 3 * h + (q_width + 2 * kv_width) + (q_width + kv_width) + scaled_q + q_width
+    mask = 0
+    if start and cfg.global_layers:
+        mask = tokens * (start + tokens)
+    if cfg.sliding_window:
+        mask = max(mask, 2 * tokens * (tokens + min(cfg.sliding_window - 1, start)))
+    mlp = tokens * (5 * h + q_width + 4 * cfg.intermediate_size)
+    return max(tokens * rows + mask, mlp) * dtype_bytes
 
 
 def estimate_memory(model_cfg: ModelConfig, batch: int, max_seq: int, dtype_bytes: int = 2, **choices) -> dict:
@@ -87,11 +125,13 @@ def _estimate(cfg: ModelConfig, shape: RunShape) -> dict:
     step = batch * cfg.vocab_size * FLOAT32_BYTES * (GRAPH_PLANS if shape.gpu else 1)
     prefill, decode = prefill_workspace(cfg, shape), shape.method_workspace_bytes + step
     workspace = max(prefill, decode)
-    total = weights + kv_cache + key_norms + snapshot + method_state + workspace
+    # the method's state is allocated when its decode starts, after the prefill's transients are gone
+    total = weights + kv_cache + key_norms + snapshot + max(prefill, method_state + decode)
     return {"batch": batch, "max_seq": slots, "weights": weights, "kv_cache": kv_cache, "key_norms": key_norms,
             "snapshot": snapshot, "method_state": method_state, "workspace": workspace,
             "prefill_workspace": prefill, "decode_workspace": decode, "total": total,
-            "decode_total": total - workspace + decode, "shape": shape, "model": cfg}
+            "decode_total": weights + kv_cache + key_norms + snapshot + method_state + decode, "shape": shape,
+            "model": cfg}
 
 
 def memory_record(estimate: dict) -> dict:

@@ -22,6 +22,7 @@ from sfibench.engine.method import MethodConfig, MethodSpec
 from sfibench.engine.prefill import Prefilled, prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
+from sfibench.engine.workspace import LENGTH_BUCKET
 from sfibench.metrics.bytes_model import kv_read_bytes, roofline_ratio, step_bytes
 from sfibench.metrics.floor import all_reduce_seconds, weights_floor_seconds
 from sfibench.metrics.memory import EVIDENCE_ROWS, MemoryEstimateError, memory_record
@@ -50,7 +51,7 @@ class ThroughputConfig:
     repeats: int = 3
     prefill: str = "auto"  # real | synthetic | auto (synthetic from 16K tokens)
     graphs: bool = True
-    length_bucket: int = 256
+    length_bucket: int = LENGTH_BUCKET
     sfi: MethodConfig = field(default_factory=lambda: registry.default_config(registry.BUDGET_REFERENCE))
 
 
@@ -73,9 +74,9 @@ def largest_batch(session: Session, cfg: ThroughputConfig, context: int) -> int:
     max_seq = context + cfg.steps + 1
     synthetic = _synthetic(cfg, context)
     specs = method_specs(cfg, context)
-    batch = largest_fitting_batch(session, specs, max_seq, synthetic)
+    batch = largest_fitting_batch(session, specs, max_seq, synthetic, cfg.steps)
     if batch < 1:
-        _check_session_fits(session, specs, 1, max_seq, synthetic)
+        _check_session_fits(session, specs, 1, max_seq, synthetic, cfg.steps)
     return batch
 
 
@@ -86,13 +87,13 @@ def check_before_loading(cfg: ThroughputConfig, context: int, dims, dtype_bytes:
     what fits. A "max" batch is checked at one sequence, the least it will run."""
     specs, max_seq, synthetic = method_specs(cfg, context), context + cfg.steps + 1, _synthetic(cfg, context)
     for batch in sorted({1 if b == "max" else int(b) for b in cfg.batches}):
-        check_shape_fits(dims, specs, batch, max_seq, dtype_bytes, synthetic, gpu, planned)
+        check_shape_fits(dims, specs, batch, max_seq, dtype_bytes, synthetic, gpu, planned, cfg.steps)
 
 
 def _check_session_fits(session: Session, specs: list[MethodSpec], batch: int, max_seq: int,
-                        synthetic: bool) -> None:
+                        synthetic: bool, steps: int) -> None:
     check_shape_fits(session.loaded.config, specs, batch, max_seq, session.cache_dtype_bytes, synthetic,
-                     session.device.type == "cuda", planned_bytes(session))
+                     session.device.type == "cuda", planned_bytes(session), steps)
 
 
 def _synthetic(cfg: ThroughputConfig, context: int) -> bool:
@@ -111,7 +112,7 @@ def prepare_cache(session: Session, cfg: ThroughputConfig, context: int, batch: 
     session.cache = None
     if session.device.type == "cuda":
         torch.cuda.empty_cache()
-    _check_session_fits(session, method_specs(cfg, context), batch, max_seq, _synthetic(cfg, context))
+    _check_session_fits(session, method_specs(cfg, context), batch, max_seq, _synthetic(cfg, context), steps)
     if context + steps > session.max_tokens:
         raise MemoryEstimateError(f"context {context} + {steps} steps exceeds the model's limit of "
                                   f"{session.max_tokens} tokens; use a shorter --ctx")
@@ -230,7 +231,7 @@ def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: 
         "peak_memory_bytes": torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None,
         # beside the peak of this method's decode: what the estimate planned for it (metrics/memory.py)
         "memory_estimate": memory_record(run_estimate(session, [spec], batch, session.cache.max_seq,
-                                                      _synthetic(cfg, context))),
+                                                      _synthetic(cfg, context), cfg.steps)),
         # the sampler also ran through the redone passes
         "energy": energy | energy_per_token(energy, batch * cfg.steps * (cfg.repeats + facts["passes_redone"])),
     }

@@ -10,18 +10,26 @@ from sfibench.core.device import available_device_memory, total_device_memory
 from sfibench.core.parallel import launched_ranks
 from sfibench.engine.method import MethodSpec
 from sfibench.engine.session import Session
-from sfibench.metrics.memory import check_fits, estimate_memory, largest_batch, largest_context, planning_bytes
+from sfibench.metrics.memory import (
+    check_fits,
+    estimate_memory,
+    largest_batch,
+    largest_context,
+    planning_bytes,
+)
 from sfibench.optimized.decode_attention import tile_rows
 
 
-def method_bytes(specs: list[MethodSpec], dims, dtype_bytes: int, batch: int, max_seq: int) -> dict:
+def method_bytes(specs: list[MethodSpec], dims, dtype_bytes: int, batch: int, max_seq: int, steps: int) -> dict:
     """The state and workspace of the run's largest method at this shape (one method runs at a time): the
-    method's own MethodConfig.state_bytes and workspace_bytes."""
+    method's own MethodConfig.state_bytes and workspace_bytes. `steps`: the decode steps among the
+    `max_seq` slots (one more is the prompt's last token's successor); the prompt is the rest."""
     tile = tile_rows(dims.head_dim, dtype_bytes)
     best = {"method_token_bytes": 0, "method_sequence_bytes": 0, "method_workspace_bytes": 0}
     for spec in specs:
         token, sequence = spec.config.state_bytes(dims, spec.path, dtype_bytes, tile)
-        workspace = spec.config.workspace_bytes(dims, spec.path, dtype_bytes, batch, max_seq)
+        workspace = spec.config.workspace_bytes(dims, spec.path, dtype_bytes, batch, max_seq,
+                                                max(max_seq - steps - 1, 1))
         if batch * (max_seq * token + sequence) + workspace > \
                 batch * (max_seq * best["method_token_bytes"] + best["method_sequence_bytes"]) \
                 + best["method_workspace_bytes"]:
@@ -31,16 +39,17 @@ def method_bytes(specs: list[MethodSpec], dims, dtype_bytes: int, batch: int, ma
 
 
 def shape_estimate(dims, specs: list[MethodSpec], batch: int, max_seq: int, dtype_bytes: int, synthetic: bool,
-                   gpu: bool) -> dict:
+                   gpu: bool, steps: int) -> dict:
     """The estimate of a run of `specs` on a model of shape `dims` (a ModelConfig) at this shape."""
-    return estimate_memory(dims, batch, max_seq, dtype_bytes, synthetic_prefill=synthetic, gpu=gpu,
-                           **method_bytes(specs, dims, dtype_bytes, batch, max_seq))
+    return estimate_memory(dims, batch, max_seq, dtype_bytes, synthetic_prefill=synthetic, gpu=gpu, steps=steps,
+                           **method_bytes(specs, dims, dtype_bytes, batch, max_seq, steps))
 
 
-def run_estimate(session: Session, specs: list[MethodSpec], batch: int, max_seq: int, synthetic: bool) -> dict:
+def run_estimate(session: Session, specs: list[MethodSpec], batch: int, max_seq: int, synthetic: bool,
+                 steps: int) -> dict:
     """The estimate of a run of `specs` at this shape, on the session's device."""
     return shape_estimate(session.loaded.config, specs, batch, max_seq, session.cache_dtype_bytes, synthetic,
-                          session.device.type == "cuda")
+                          session.device.type == "cuda", steps)
 
 
 def planned_bytes(session: Session) -> int:
@@ -61,23 +70,25 @@ def planned_before_loading(device: torch.device) -> int:
 
 
 def check_shape_fits(dims, specs: list[MethodSpec], batch: int, max_seq: int, dtype_bytes: int, synthetic: bool,
-                     gpu: bool, planned: int) -> None:
+                     gpu: bool, planned: int, steps: int) -> None:
     """MemoryEstimateError, one line naming the batch and the context that would fit with these methods,
     unless `batch` sequences of `max_seq` slots fit in `planned` bytes."""
     def method_at(sequences: int, slots: int) -> dict:
-        return method_bytes(specs, dims, dtype_bytes, sequences, slots)
+        return method_bytes(specs, dims, dtype_bytes, sequences, slots, steps)
 
-    check_fits(shape_estimate(dims, specs, batch, max_seq, dtype_bytes, synthetic, gpu), planned, method_at)
+    check_fits(shape_estimate(dims, specs, batch, max_seq, dtype_bytes, synthetic, gpu, steps), planned, method_at)
 
 
-def largest_fitting_batch(session: Session, specs: list[MethodSpec], max_seq: int, synthetic: bool) -> int:
+def largest_fitting_batch(session: Session, specs: list[MethodSpec], max_seq: int, synthetic: bool,
+                          steps: int) -> int:
     """The largest batch whose estimate fits the planned bytes at `max_seq` cache slots (0: none)."""
     dims, nbytes = session.loaded.config, session.cache_dtype_bytes
 
     def method_at(batch: int, slots: int) -> dict:
-        return method_bytes(specs, dims, nbytes, batch, slots)
+        return method_bytes(specs, dims, nbytes, batch, slots, steps)
 
-    return largest_batch(run_estimate(session, specs, 1, max_seq, synthetic), planned_bytes(session), method_at)
+    return largest_batch(run_estimate(session, specs, 1, max_seq, synthetic, steps), planned_bytes(session),
+                         method_at)
 
 
 def capacity(dims, specs: list[MethodSpec], dtype_bytes: int, gpu: bool, planned: int, steps: int,
@@ -86,11 +97,11 @@ def capacity(dims, specs: list[MethodSpec], dtype_bytes: int, gpu: bool, planned
     each of `batches`, the longest prompt (0: not one token), and for each prompt length in `contexts`, the
     largest batch (0: not one sequence; None: beyond the model's limit)."""
     def method_at(batch: int, slots: int) -> dict:
-        return method_bytes(specs, dims, dtype_bytes, batch, slots)
+        return method_bytes(specs, dims, dtype_bytes, batch, slots, steps)
 
     longest = dims.max_context - steps  # what --ctx max gives
-    widest = shape_estimate(dims, specs, 1, longest + steps + 1, dtype_bytes, True, gpu)
+    widest = shape_estimate(dims, specs, 1, longest + steps + 1, dtype_bytes, True, gpu, steps)
     prompts = [max(largest_context(widest, batch, planned, method_at) - steps - 1, 0) for batch in batches]
-    sequences = [largest_batch(shape_estimate(dims, specs, 1, context + steps + 1, dtype_bytes, True, gpu), planned,
-                               method_at) if context <= longest else None for context in contexts]
+    sequences = [largest_batch(shape_estimate(dims, specs, 1, context + steps + 1, dtype_bytes, True, gpu, steps),
+                               planned, method_at) if context <= longest else None for context in contexts]
     return prompts, sequences

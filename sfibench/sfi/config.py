@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from sfibench.core.budget import BudgetError
 from sfibench.core.errors import UsageError
 from sfibench.engine.method import MethodConfig, MethodDef
-from sfibench.engine.workspace import gather_attention_bytes
+from sfibench.engine.workspace import LENGTH_BUCKET, gather_attention_bytes
 from sfibench.sfi import geometry, traffic
 from sfibench.sfi.selector_config import SelectorConfig
 
@@ -80,18 +80,28 @@ class SFIConfig(MethodConfig):
         positions = 2 * mc.num_layers * mc.num_kv_heads * self.k_head * 8
         return 0, positions + mc.num_layers * mc.num_heads * mc.head_dim * dtype_bytes
 
-    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int) -> int:
-        """A refresh's float32 evidence, one chunk of layers at a time (SFIMethod.refresh), bootstrap's
-        `w_prefill` query rows the widest. The optimized Selector's scores over it are one more of the same
-        size; the reference Selector's pooling holds several (REFERENCE_SELECTOR_COPIES), and the reference
-        fast step gathers the sparse memory's K/V."""
+    def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int,
+                        prompt: int) -> int:
+        """A refresh's float32 evidence, one chunk of layers at a time (SFIMethod.refresh): the bootstrap's
+        `w_prefill` query rows over the prompt's candidates, or a decode refresh's one row over the longest
+        history's (the whole history with `evidence_norm="visible"`). The optimized Selector's scores over it
+        are one more of the same size; the reference Selector's pooling holds several
+        (REFERENCE_SELECTOR_COPIES), and the reference fast step gathers the sparse memory's K/V."""
         mc = model_config
-        evidence = len(mc.global_layers) * mc.num_heads * self.w_prefill * max_seq * 4
-        per_layer = mc.num_heads * self.w_prefill * max_seq * 4
+
+        def width(length: int) -> int:
+            return length if self.selector.evidence_norm == "visible" else max(geometry.candidates(length, self), 1)
+
+        per_layer = mc.num_heads * max(self.w_prefill * width(prompt), width(max_seq)) * 4
+        evidence = len(mc.global_layers) * per_layer
         chunk = max(min(evidence, EVIDENCE_CHUNK_BYTES), per_layer)
         if path != "reference":
             return 2 * chunk
-        read = min(self.n_sink + self.k_head + self.n_recent, max_seq)
+        # the fast step gathers every sink and pick slot (masked where unused, so at any context) and the tail
+        # since the last refresh's recent window: that window, a partial page and the steps decoded since,
+        # rounded up to the default length bucket of a graphed step
+        tail = min(self.n_recent + self.page + max_seq - prompt, max_seq)
+        read = self.n_sink + self.k_head + -(-tail // LENGTH_BUCKET) * LENGTH_BUCKET
         gather = gather_attention_bytes(batch, mc.num_heads, mc.num_kv_heads, read, mc.head_dim, dtype_bytes)
         return max(REFERENCE_SELECTOR_COPIES * chunk, gather)
 
