@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from sfibench.baselines.tail_segment import TwoSegmentPath
 from sfibench.core.budget import BudgetError
 from sfibench.engine.method import AttentionMethod, AttentionView, MethodConfig, MethodDef, RecallMemory
-from sfibench.engine.workspace import FLOAT32_BYTES, LENGTH_BUCKET, gather_attention_bytes
+from sfibench.engine.workspace import FLOAT32_BYTES, bucketed_slots, gather_attention_bytes
 from sfibench.optimized.decode_attention import tile_rows
 from sfibench.optimized.triton_device import require_triton_device
 from sfibench.reference.sparse_memory import TailPlan, attend_fixed_plus_tail
@@ -58,8 +58,8 @@ class SnapKVConfig(MethodConfig):
         the head's keys widened to float32, its group's float32 logits over the window, their masked copy and
         its softmax, the causal mask and its negation, beside the layer's votes and their pooled copy. The
         reference step gathers the kept positions and the tail after them: since the observation window on a
-        compressed prompt, the whole sequence on one the budget holds; the tail is rounded up to the default
-        length bucket of a graphed step (at most the cache's slots, see `plan`)."""
+        compressed prompt, the whole sequence on one the budget holds, rounded up to the default length bucket
+        of a graphed step."""
         mc, keep = model_config, self.budget - self.window
         votes = 0
         if prompt > self.budget:
@@ -68,8 +68,7 @@ class SnapKVConfig(MethodConfig):
             votes = widened + 3 * logits + 2 * self.window * prompt + 2 * mc.num_kv_heads * prompt * FLOAT32_BYTES
         if path != "reference":
             return votes
-        tail = max_seq - prompt + self.window if prompt > self.budget else max_seq
-        tail = min(-(-tail // LENGTH_BUCKET) * LENGTH_BUCKET, max_seq)
+        tail = bucketed_slots(max_seq - prompt + self.window if prompt > self.budget else max_seq, max_seq)
         gather = gather_attention_bytes(batch, mc.num_heads, mc.num_kv_heads, keep + tail, mc.head_dim, dtype_bytes)
         return max(votes, gather)
 
@@ -171,7 +170,6 @@ class SnapKV(AttentionMethod):
                 top = votes.topk(keep, dim=-1).indices  # [H_kv, keep]
                 self.kept[layer, row] = top.sort(dim=-1).values
         self.tail_start_host = self.tail_start.cpu()
-        self.slots = cache.max_seq
 
     def _votes(self, cache, prefilled, layer: int, row: int, prefix: int) -> torch.Tensor:
         count = int(prefilled.query_counts[row])
@@ -179,9 +177,7 @@ class SnapKV(AttentionMethod):
         return window_votes(q, cache.k[layer, row, :, :prefix + self.cfg.window], self.cfg)
 
     def plan(self, ctx) -> TailPlan:
-        # the tail never holds more than the cache's slots, however far its length bucket rounds up
-        tail = ctx.bucketed(int((ctx.kv_lengths_host - self.tail_start_host).max()))
-        return TailPlan(tail_width=min(tail, self.slots))
+        return TailPlan(tail_width=ctx.bucketed(int((ctx.kv_lengths_host - self.tail_start_host).max())))
 
     def attend(self, q: torch.Tensor, cache, ctx, plan: TailPlan) -> torch.Tensor:
         kept = self.kept[ctx.layer]

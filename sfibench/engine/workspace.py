@@ -26,3 +26,9 @@ def gather_attention_bytes(batch: int, q_heads: int, kv_heads: int, tokens: int,
 def keys_bytes(batch: int, kv_heads: int, slots: int, head_dim: int, dtype_bytes: int) -> int:
     """`slots` key vectors per (sequence, KV head) of one layer: the size of a copy of a layer's keys."""
     return batch * kv_heads * slots * head_dim * dtype_bytes
+
+
+def bucketed_slots(length: int, max_seq: int) -> int:
+    """The most slots a graphed step with the default length bucket sizes a read of at most `length` slots
+    to, in a cache of `max_seq` (StepContext.bucketed of the longest length it can see)."""
+    return -(-min(length, max_seq) // LENGTH_BUCKET) * LENGTH_BUCKET

@@ -55,6 +55,12 @@ class RunShape:
     gpu: bool = False  # the RoPE table and the CUDA graphs' pool exist only on a GPU
 
 
+def prompt_tokens(max_seq: int, steps: int) -> int:
+    """The prompt of a run of `max_seq` cache slots decoding `steps` tokens (the last slot holds the token
+    the last step samples)."""
+    return max(max_seq - steps - 1, 1)
+
+
 def prefill_workspace(cfg: ModelConfig, shape: RunShape) -> int:
     """The prefill's largest transient. Synthetic: the float32 norms of one chunk of one KV head's keys,
     and those keys widened to float32 when the cache is narrower. Real (engine/prefill.py, one chunk of one
@@ -63,7 +69,7 @@ def prefill_workspace(cfg: ModelConfig, shape: RunShape) -> int:
     if shape.synthetic_prefill:
         widened = cfg.head_dim if shape.dtype_bytes != FLOAT32_BYTES else 0
         return min(NORM_CHUNK, shape.max_seq) * (widened + 1) * FLOAT32_BYTES
-    prompt = max(shape.max_seq - shape.steps - 1, 1)
+    prompt = prompt_tokens(shape.max_seq, shape.steps)
     full, rest = divmod(prompt, PREFILL_CHUNK)
     # the chunks whose peaks differ: the first, the last whole one (the widest mask of whole chunks) and
     # the shorter last one (against the whole prompt)

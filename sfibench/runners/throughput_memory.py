@@ -16,20 +16,20 @@ from sfibench.metrics.memory import (
     largest_batch,
     largest_context,
     planning_bytes,
+    prompt_tokens,
 )
 from sfibench.optimized.decode_attention import tile_rows
 
 
 def method_bytes(specs: list[MethodSpec], dims, dtype_bytes: int, batch: int, max_seq: int, steps: int) -> dict:
     """The state and workspace of the run's largest method at this shape (one method runs at a time): the
-    method's own MethodConfig.state_bytes and workspace_bytes. `steps`: the decode steps among the
-    `max_seq` slots (one more is the prompt's last token's successor); the prompt is the rest."""
+    method's own MethodConfig.state_bytes and workspace_bytes, `steps` of the `max_seq` slots decoded."""
     tile = tile_rows(dims.head_dim, dtype_bytes)
     best = {"method_token_bytes": 0, "method_sequence_bytes": 0, "method_workspace_bytes": 0}
     for spec in specs:
         token, sequence = spec.config.state_bytes(dims, spec.path, dtype_bytes, tile)
         workspace = spec.config.workspace_bytes(dims, spec.path, dtype_bytes, batch, max_seq,
-                                                max(max_seq - steps - 1, 1))
+                                                prompt_tokens(max_seq, steps))
         if batch * (max_seq * token + sequence) + workspace > \
                 batch * (max_seq * best["method_token_bytes"] + best["method_sequence_bytes"]) \
                 + best["method_workspace_bytes"]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from sfibench.core.budget import BudgetError
 from sfibench.core.errors import UsageError
 from sfibench.engine.method import MethodConfig, MethodDef
-from sfibench.engine.workspace import LENGTH_BUCKET, gather_attention_bytes
+from sfibench.engine.workspace import bucketed_slots, gather_attention_bytes
 from sfibench.sfi import geometry, traffic
 from sfibench.sfi.selector_config import SelectorConfig
 
@@ -100,8 +100,7 @@ class SFIConfig(MethodConfig):
         # the fast step gathers every sink and pick slot (masked where unused, so at any context) and the tail
         # since the last refresh's recent window: that window, a partial page and the steps decoded since,
         # rounded up to the default length bucket of a graphed step
-        tail = min(self.n_recent + self.page + max_seq - prompt, max_seq)
-        read = self.n_sink + self.k_head + -(-tail // LENGTH_BUCKET) * LENGTH_BUCKET
+        read = self.n_sink + self.k_head + bucketed_slots(self.n_recent + self.page + max_seq - prompt, max_seq)
         gather = gather_attention_bytes(batch, mc.num_heads, mc.num_kv_heads, read, mc.head_dim, dtype_bytes)
         return max(REFERENCE_SELECTOR_COPIES * chunk, gather)
 
