@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from sfibench.engine.workspace import round_up
+
 
 @dataclass
 class StepContext:
@@ -37,4 +39,4 @@ class StepContext:
 
     def bucketed(self, length: int) -> int:
         """`length` rounded up to the step's length bucket (the static size a kernel is given)."""
-        return -(-length // self.length_bucket) * self.length_bucket
+        return round_up(length, self.length_bucket)

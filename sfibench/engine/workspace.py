@@ -28,7 +28,13 @@ def keys_bytes(batch: int, kv_heads: int, slots: int, head_dim: int, dtype_bytes
     return batch * kv_heads * slots * head_dim * dtype_bytes
 
 
+def round_up(length: int, bucket: int) -> int:
+    """`length` rounded up to a multiple of `bucket`: the static size a step's kernel is given
+    (StepContext.bucketed)."""
+    return -(-length // bucket) * bucket
+
+
 def bucketed_slots(length: int, max_seq: int) -> int:
     """The most slots a graphed step with the default length bucket sizes a read of at most `length` slots
-    to, in a cache of `max_seq` (StepContext.bucketed of the longest length it can see)."""
-    return -(-min(length, max_seq) // LENGTH_BUCKET) * LENGTH_BUCKET
+    to, in a cache of `max_seq`."""
+    return round_up(min(length, max_seq), LENGTH_BUCKET)
