@@ -47,6 +47,22 @@ def test_page_scores_match_the_reference_and_fold_the_new_key(dtype, lengths):
     torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-4)
 
 
+def test_page_scores_reference_is_the_per_head_maximum_of_the_bound_products():
+    """The reference scores with two products per KV head (sum_g q_g+ . M, sum_g q_g- . m); that is Quest's
+    bound as written, sum_g sum_i max(q_gi M_i, q_gi m_i), for every page before the current one."""
+    batch, kv_heads, group, dim, page, slots = 2, 3, 4, 16, 8, 100
+    lengths = torch.tensor([100, 43], device=DEVICE)
+    keys, highest, lowest = keys_and_bounds(batch, kv_heads, slots, dim, page, lengths, torch.float32, seed=4)
+    q = torch.randn(batch, kv_heads * group, dim, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    scores = page_scores_reference(q, highest, lowest, keys, lengths, page)  # folds the new key into its page
+    grouped = q.view(batch, kv_heads, group, 1, dim)
+    literal = torch.maximum(grouped * highest[:, :, None], grouped * lowest[:, :, None]).sum(dim=(2, 4))
+    before = torch.arange(highest.shape[2], device=DEVICE)[None, :] < ((lengths - 1) // page)[:, None]
+    torch.testing.assert_close(scores[before[:, None].expand_as(scores)],
+                               literal[before[:, None].expand_as(literal)], rtol=1e-5, atol=1e-4)
+    assert torch.isneginf(scores[~before[:, None].expand_as(scores)]).all()
+
+
 def test_a_pages_bound_is_never_below_the_score_of_its_keys():
     """Quest's premise: the page holding a query's top-1 key is among those whose bound reaches its score."""
     batch, kv_heads, group, dim, page, slots = 1, 2, 2, 32, 16, 160

@@ -71,7 +71,7 @@ class QuestConfig(MethodConfig):
                         prompt: int) -> int:
         """Both paths bound the prompt's pages one (layer, sequence) at a time (`page_bounds`: a padded copy
         of its keys and its masked copy, beside its new bounds). The reference step also scores
-        every page in float32 (two bound products per query head and their maximum) and gathers the pages
+        every page in float32 (the bounds widened, a score per page and query head) and gathers the pages
         it reads."""
         mc = model_config
         if not self.sparse_layers(mc):
@@ -84,7 +84,7 @@ class QuestConfig(MethodConfig):
             return bootstrap
         widened = 2 * keys_bytes(batch, mc.num_kv_heads, pages, mc.head_dim, FLOAT32_BYTES) \
             if dtype_bytes != FLOAT32_BYTES else 0
-        scoring = 3 * batch * mc.num_heads * pages * mc.head_dim * FLOAT32_BYTES + widened
+        scoring = batch * mc.num_heads * pages * FLOAT32_BYTES + widened
         read = min(self.pages * self.page + self.page, max_seq)
         gather = gather_attention_bytes(batch, mc.num_heads, mc.num_kv_heads, read, mc.head_dim, dtype_bytes)
         return max(bootstrap, scoring, gather)

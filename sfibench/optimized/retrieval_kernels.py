@@ -40,9 +40,12 @@ def page_scores_reference(q, highest, lowest, keys, lengths, page: int) -> torch
     old_high, old_low = highest[rows, :, current], lowest[rows, :, current]
     highest[rows, :, current] = torch.where(fresh, new_key, torch.maximum(old_high, new_key))
     lowest[rows, :, current] = torch.where(fresh, new_key, torch.minimum(old_low, new_key))
-    grouped = q.float().view(batch, kv_heads, q_heads // kv_heads, 1, dim)
-    bound = torch.maximum(grouped * highest.float()[:, :, None], grouped * lowest.float()[:, :, None])
-    scores = bound.sum(dim=-1).sum(dim=2)
+    # max(q_i M_i, q_i m_i) is q_i M_i where q_i >= 0 and q_i m_i elsewhere (M >= m), so the bound summed over
+    # the group is two products per KV head: sum_g q_g+ with M, sum_g q_g- with m (no [G, P, D] temporary)
+    grouped = q.float().view(batch, kv_heads, q_heads // kv_heads, dim)
+    positive, negative = grouped.clamp(min=0).sum(dim=2), grouped.clamp(max=0).sum(dim=2)  # [B, H_kv, D]
+    scores = torch.einsum("bhd,bhpd->bhp", positive, highest.float()) \
+        + torch.einsum("bhd,bhpd->bhp", negative, lowest.float())  # pages past the current one: nan, masked below
     before = torch.arange(pages, device=q.device)[None, :] < current[:, None]
     return scores.masked_fill(~before[:, None], float("-inf"))
 
