@@ -112,6 +112,8 @@ def prepare_cache(session: Session, cfg: ThroughputConfig, context: int, batch: 
     session.cache = None
     if session.device.type == "cuda":
         torch.cuda.empty_cache()
+        # the prefill's peak counts from here, the previous shape's cache freed: the weights, then this shape
+        torch.cuda.reset_peak_memory_stats(session.device)
     _check_session_fits(session, method_specs(cfg, context), batch, max_seq, _synthetic(cfg, context), steps)
     if context + steps > session.max_tokens:
         raise MemoryEstimateError(f"context {context} + {steps} steps exceeds the model's limit of "
@@ -276,17 +278,7 @@ def measure_all(session: Session, cfg: ThroughputConfig, progress=None) -> list[
                for batch in dict.fromkeys(batches)} if session.parallel.world_size > 1 else {}
     for context in cfg.contexts:
         for batch in dict.fromkeys(batches):
-            if session.device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(session.device)
-            prefilled, synthetic, prefill_seconds = prepare_cache(session, cfg, context, batch, stream, seed=0)
-            prefill_peak = torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None
-            # every sequence replays its own stretch of text, starting where its prompt would end
-            inputs = step_inputs(take_rows(stream, context, batch, cfg.steps + 1), session.device)
-            for spec in method_specs(cfg, context):
-                row = measure(session, prefilled, spec, cfg, inputs, tokenizer, context)
-                row["prefill"] = "synthetic" if synthetic else "real"
-                row["prefill_seconds"] = prefill_seconds
-                row["prefill_peak_memory_bytes"] = prefill_peak  # weights, cache and the prefill's transients
+            for row in measure_shape(session, cfg, context, batch, stream, tokenizer):
                 row["weights_floor"] = floors[batch]
                 if reduces:  # tensor parallelism: the step's all-reduces, part of its floor
                     row["all_reduce"] = reduces[batch]
@@ -294,3 +286,19 @@ def measure_all(session: Session, cfg: ThroughputConfig, progress=None) -> list[
                 if progress:
                     progress(row)
     return rows
+
+
+def measure_shape(session: Session, cfg: ThroughputConfig, context: int, batch: int, stream: torch.Tensor,
+                  tokenizer):
+    """Prefill one (context, batch) and yield a row per method spec. Its snapshot and inputs live only here,
+    so the next shape's prefill starts with nothing of this one's allocated."""
+    prefilled, synthetic, prefill_seconds = prepare_cache(session, cfg, context, batch, stream, seed=0)
+    prefill_peak = torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None
+    # every sequence replays its own stretch of text, starting where its prompt would end
+    inputs = step_inputs(take_rows(stream, context, batch, cfg.steps + 1), session.device)
+    for spec in method_specs(cfg, context):
+        row = measure(session, prefilled, spec, cfg, inputs, tokenizer, context)
+        row["prefill"] = "synthetic" if synthetic else "real"
+        row["prefill_seconds"] = prefill_seconds
+        row["prefill_peak_memory_bytes"] = prefill_peak  # weights, cache and the prefill's transients
+        yield row
