@@ -20,6 +20,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sfibench.optimized.decode_attention import (  # after the env setup, on purpose
+    FILLED_SMS,
     KernelConfig,
     default_config,
     default_num_splits,
@@ -174,6 +175,18 @@ def test_split_count_fills_the_gpu_but_keeps_splits_long_enough():
     assert default_num_splits(5, 8, 131072, sm_count=132) == 3  # 120, not 200 (one wave and a half)
     assert default_num_splits(8, 8, 131072, sm_count=132) == 2
     assert default_num_splits(64, 8, 131072, sm_count=132) == 1
+    assert default_num_splits(9, 8, 131072, sm_count=132) == 3  # 216 in two waves of 108, not 72 or 144
+    assert default_num_splits(6, 8, 131072, sm_count=132) == 5  # 240 in two waves of 120, not 96
+
+
+@pytest.mark.parametrize("sm_count", [108, 132])
+def test_the_default_split_count_keeps_most_sms_busy_in_every_wave(sm_count):
+    for batch in range(1, 65):
+        for kv_heads in (2, 4, 8):
+            splits = default_num_splits(batch, kv_heads, 131072, sm_count=sm_count)
+            programs = batch * kv_heads * splits
+            waves = -(-programs // sm_count)
+            assert programs / waves >= FILLED_SMS * sm_count, (batch, kv_heads, splits)
     assert default_num_splits(1, 8, 1024, sm_count=132) == 8  # >= 128 keys per split at capacity
     assert default_num_splits(4, 4, 100) == 1
 

@@ -70,6 +70,9 @@ def default_config(head_dim: int, dtype: torch.dtype, shared_memory: int = 227 *
     return KernelConfig(block_n=block_n, num_warps=8 if head_dim >= 256 else 4, num_stages=stages)
 
 
+FILLED_SMS = 0.8  # fewest programs per wave, as a share of the SMs, that keep a decode read at the copy bandwidth
+
+
 def default_num_splits(batch: int, kv_heads: int, max_len: int, sm_count: int = 132) -> int:
     """Splits per (sequence, KV head) so the grid holds about one program per SM, in one wave.
 
@@ -83,9 +86,24 @@ def default_num_splits(batch: int, kv_heads: int, max_len: int, sm_count: int = 
     A fast step passes the rows it reads (~2.3K) as `max_len`: measured on an H200
     (benchmarks/bench_fast_path.py, 36 layers graphed), one program per
     SM was best there too (B = 1: 16 splits 0.47 ms, 4 splits 0.58, 1 split 1.36; B = 5: 3 splits).
+
+    One program per SM can still leave SMs idle: B = 9 on 8 KV heads is 72 programs at one split (55% of 132
+    SMs) and 144 at two (a second wave of 12). One SM streams only about 1/105 of the copy bandwidth (in whole
+    qwen3 128K Full-KV steps: 72 programs ran at 1.45x the step's floor, 96 at 1.10x, 128 at 0.95x), so where
+    the grid's waves average fewer than FILLED_SMS of the SMs, the count rises to the smallest that fills
+    them (B = 9: 3 splits, two waves of 108 programs; B = 6: 5 splits, two of 120).
     """
-    wanted = sm_count // (batch * kv_heads)
-    return max(1, min(wanted, max_len // 128))
+    pairs, most = batch * kv_heads, max(1, max_len // 128)
+
+    def programs_per_wave(splits: int) -> float:
+        programs = pairs * splits
+        return programs / -(-programs // sm_count)
+
+    first = max(1, min(sm_count // pairs, most))
+    for splits in range(first, most + 1):
+        if programs_per_wave(splits) >= FILLED_SMS * sm_count:
+            return splits
+    return first
 
 
 @functools.cache
