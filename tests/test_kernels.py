@@ -177,6 +177,8 @@ def test_split_count_fills_the_gpu_but_keeps_splits_long_enough():
     assert default_num_splits(64, 8, 131072, sm_count=132) == 1
     assert default_num_splits(9, 8, 131072, sm_count=132) == 3  # 216 in two waves of 108, not 72 or 144
     assert default_num_splits(6, 8, 131072, sm_count=132) == 5  # 240 in two waves of 120, not 96
+    assert default_num_splits(1, 8, 1024, sm_count=132) == 8  # >= 128 keys per split at capacity
+    assert default_num_splits(4, 4, 100) == 1
 
 
 @pytest.mark.parametrize("sm_count", [108, 132])
@@ -187,8 +189,6 @@ def test_the_default_split_count_keeps_most_sms_busy_in_every_wave(sm_count):
             programs = batch * kv_heads * splits
             waves = -(-programs // sm_count)
             assert programs / waves >= FILLED_SMS * sm_count, (batch, kv_heads, splits)
-    assert default_num_splits(1, 8, 1024, sm_count=132) == 8  # >= 128 keys per split at capacity
-    assert default_num_splits(4, 4, 100) == 1
 
 
 def test_repeated_launches_merge_correctly_and_leave_the_counters_zeroed():

@@ -45,7 +45,7 @@ def page_scores_reference(q, highest, lowest, keys, lengths, page: int) -> torch
     grouped = q.float().view(batch, kv_heads, q_heads // kv_heads, dim)
     positive, negative = grouped.clamp(min=0).sum(dim=2), grouped.clamp(max=0).sum(dim=2)  # [B, H_kv, D]
     scores = torch.einsum("bhd,bhpd->bhp", positive, highest.float()) \
-        + torch.einsum("bhd,bhpd->bhp", negative, lowest.float())  # pages past the current one: nan, masked below
+        + torch.einsum("bhd,bhpd->bhp", negative, lowest.float())  # empty pages (+-inf bounds) may give nan: masked below
     before = torch.arange(pages, device=q.device)[None, :] < current[:, None]
     return scores.masked_fill(~before[:, None], float("-inf"))
 
