@@ -93,6 +93,7 @@ BAD_INPUT = {
     "unknown trigger": (["generate", "--trigger", "sometimes"], "--trigger 'sometimes' is not one of"),
     "unknown prefill mode": (["throughput", "--prefill", "maybe"], "--prefill 'maybe' is not one of"),
     "graphs on a cpu": (["throughput", "--graphs"], "--graphs needs a CUDA device"),
+    "quality graphs on a cpu": (["quality", "--graphs", "--device", "cpu"], "--graphs needs a CUDA device"),
     # budgets: one spelling per meaning
     "budget with decimals": (["generate", "--budget", "300.9"], "tokens are whole numbers, e.g. 300"),
     "budget 1.5": (["generate", "--budget", "1.5"], "tokens are whole numbers, e.g. 1"),

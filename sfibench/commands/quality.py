@@ -25,15 +25,14 @@ from sfibench.commands.ranks import TP_HELP, run_as_ranks
 from sfibench.core.errors import UsageError
 from sfibench.options import check_sfi_settings, split_list
 from sfibench.sfi.config import SelectorConfig, SFIConfig
+from sfibench.workloads.tasks import task_names
 
 
 def quality(
     model: str = typer.Option("smollm2-135m", help="preset name, HF checkpoint directory or .gguf file"),
     methods: str = typer.Option(",".join(registry.names()), help="comma-separated; Full-KV always runs (it is "
                                                                   "the reference)"),
-    tasks: str = typer.Option("niah_single,niah_multiturn,ppl", help="comma-separated: passkey, niah_single, "
-                              "niah_single_word, niah_multikey, niah_multivalue, niah_multiquery, niah_multiturn, "
-                              "vt, cwe, fwe, ppl"),
+    tasks: str = typer.Option("niah_single,niah_multiturn,ppl", help=f"comma-separated: {task_names()}"),
     ctx: str = typer.Option("2k", help="prompt lengths in the model's tokens: whole tokens or k = 1,024 tokens, "
                                        "e.g. 2k,4k,8000, or max"),
     retention: str = typer.Option(None, help="budgets as fractions of the context, each in (0, 1] "
@@ -71,6 +70,8 @@ def quality(
     bridge_steps: int = typer.Option(None, min=0, help=f"{BRIDGE_STEPS_HELP} (default {SFIConfig.bridge_steps})"),
     publish: str = typer.Option(None, help=f"{PUBLISH_HELP} (default {SFIConfig.publish})"),
     tp: int = typer.Option(1, min=1, help=TP_HELP),
+    graphs: bool = typer.Option(None, "--graphs/--no-graphs", help="replay decode steps from CUDA graphs "
+                                "(default: on with a GPU, except --engine transformers and --tp)"),
 ):
     """Offline long-context tasks and fidelity to Full-KV, every method from one prefill; Ctrl-C keeps what is done."""
     from sfibench.runners.quality_inputs import quality_run
@@ -91,7 +92,8 @@ def quality(
                           None if retention is None else split_list(retention, "--retention"),
                           split_list(samples, "--samples"), batch=batch, seed=seed, chat=chat, device=device,
                           dtype=dtype, path=path, engine=engine, longbench=longbench, sfi_variant=variant,
-                          sfi_preset=sfi_preset, out=out, overwrite=overwrite, resume=resume, tp=tp)
+                          sfi_preset=sfi_preset, out=out, overwrite=overwrite, resume=resume, tp=tp,
+                          graphs=graphs)
         run_as_ranks(tp)
         from sfibench.runners.quality import run_quality  # loads torch
 

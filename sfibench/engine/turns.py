@@ -45,6 +45,9 @@ class Stream:
     # method, so a budget's retention is that of the layers holding a selection (SPEC 2)
     retention_global: list[float] = field(default_factory=list)
     kinds: dict[str, int] = field(default_factory=dict)  # decode steps by kind (dense, slow, fast, ...)
+    # index of each slow step among this row's decode steps: decode step j feeds tokens[j], so a slow step at j
+    # is the one that reads the first token of a new sentence densely and refreshes the selection
+    slow_steps: list[int] = field(default_factory=list)
 
     @property
     def answer_tokens(self) -> list[int]:
@@ -92,13 +95,14 @@ class _Row:
 @torch.no_grad()
 def run_scripts(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled: Prefilled,
                 scripts: list[Script], teacher: list[Stream] | None = None, keep_logits: bool = False,
-                pad_id: int = 0, on_step=None) -> list[Stream]:
+                pad_id: int = 0, on_step=None, use_graphs: bool = False) -> list[Stream]:
     """Decode every row along its script (or the teacher's stream); returns one Stream per row.
 
     The cache must have room for the longest script. Rows that finish early keep being fed `pad_id`
-    (their outputs are ignored) until every row is done.
+    (their outputs are ignored) until every row is done. With `use_graphs` (a GPU) each step is replayed
+    from a CUDA graph; its logits are the graph's buffer, read before the next step overwrites them.
     """
-    driver = StepDriver(model, cache, method)
+    driver = StepDriver(model, cache, method, use_graphs)
     driver.start(prefilled)
     rows = [_Row(s, None if teacher is None else teacher[i]) for i, s in enumerate(scripts)]
     logits, step, tokens = prefilled.last_logits, 0, None
@@ -131,3 +135,5 @@ def _record(rows: list[_Row], ctx, method: AttentionMethod, active: list[bool], 
             row.stream.retention_global.append(float(read_global[i]) / int(lengths[i]))
             kind = kinds[i]
             row.stream.kinds[kind] = row.stream.kinds.get(kind, 0) + 1
+            if kind == "slow":
+                row.stream.slow_steps.append(len(row.stream.retention) - 1)

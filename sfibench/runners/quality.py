@@ -77,7 +77,11 @@ def _evaluate(run: QualityRun, run_dir: Path | None, earlier: dict | None, paral
     contexts = _fit_contexts(session, fmt, run)
     plan = {c: conditions(list(run.methods), list(run.retentions), c, run.variant, run.path) for c in contexts}
     model_cfg = session.loaded.config  # under tensor parallelism one rank's share of the heads
-    config = {"model": model_cfg.name, **settings, "contexts": contexts, "batch": run.batch,
+    # CUDA graphs by default wherever the engine's own decoder runs on one GPU (SPEC 7: an eager step measures
+    # launches, and at quality's sample counts it costs most of the run)
+    graphs = run.graphs if run.graphs is not None else (
+        session.device.type == "cuda" and run.engine == "sfibench" and parallel.world_size == 1)
+    config = {"model": model_cfg.name, **settings, "graphs": graphs, "contexts": contexts, "batch": run.batch,
               "device": str(session.device), "dtype": str(session.dtype).replace("torch.", ""),
               "threads": torch.get_num_threads(), "longbench": str(run.longbench) if run.longbench else None,
               # the ranks (processes) the model was split over, each holding 1/tp of the KV heads
@@ -93,7 +97,7 @@ def _evaluate(run: QualityRun, run_dir: Path | None, earlier: dict | None, paral
         info["resumed_from"] = [*earlier["provenance"].pop("resumed_from", []), earlier["provenance"]]
     ledger = QualityLedger(run_dir, config, [c.label for c in plan[contexts[0]]], info, earlier, started)
     try:
-        _run_cells(session, fmt, run, contexts, plan, ledger, console)
+        _run_cells(session, fmt, run, contexts, plan, ledger, console, graphs)
     except KeyboardInterrupt:
         if not ledger.records or run_dir is None:
             raise  # nothing finished: the claimed directory is removed on the way out
@@ -115,7 +119,9 @@ def _open_session(run: QualityRun, parallel: TensorParallel) -> Session:
 def _fit_contexts(session: Session, fmt: PromptFormat, inputs: QualityRun) -> list[int]:
     """Resolve --ctx max and check every context leaves room for the longest answer (needs the tokenizer)."""
     limit, name = session.max_tokens, session.loaded.config.name
-    probe = min(1024, limit // 2)  # decode budgets do not depend on the context length
+    # decode budgets do not depend on the context length; the smallest one asked for holds every task's needles
+    # (a long-answer task's many needles need more than a short probe), and one that cannot fails here, clearly
+    probe = min([c for c in inputs.contexts if c != "max"] or [limit // 2])
     reserve = max([make_samples(t, fmt, probe, 1, inputs.seed)[0].decode_budget for t in inputs.tasks
                    if not t.startswith(PREFIX)] + [DATASETS[dataset_name(f)][1] for f in inputs.files])
     contexts = [largest_context(limit, reserve) if c == "max" else c for c in inputs.contexts]
@@ -126,7 +132,7 @@ def _fit_contexts(session: Session, fmt: PromptFormat, inputs: QualityRun) -> li
 
 
 def _run_cells(session: Session, fmt: PromptFormat, inputs: QualityRun, contexts: list[int], plan: dict,
-               ledger: QualityLedger, console: Console) -> None:
+               ledger: QualityLedger, console: Console, graphs: bool) -> None:
     """Every (context, task, batch, condition) the ledger does not hold yet, saving as each finishes."""
     labels, batch, seed = ledger.labels, inputs.batch, inputs.seed
     total = sum(-(-n // batch) for n in inputs.samples) * len(inputs.tasks) * len(labels)
@@ -161,7 +167,7 @@ def _run_cells(session: Session, fmt: PromptFormat, inputs: QualityRun, contexts
                             progress.advance(bar)
                         progress.update(bar, description=f"{task} @ {context} #{start}: {label}")
 
-                    evaluate_batch(session, chunk, plan[context], on_decode=on_decode, done=done,
+                    evaluate_batch(session, chunk, plan[context], on_decode=on_decode, done=done, graphs=graphs,
                                    on_records=lambda records, context=context: ledger.add(
                                        [{**record, "context": context} for record in records]))
                     if not console.is_terminal:  # a log file gets no live bar: one line per batch instead

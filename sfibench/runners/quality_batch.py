@@ -15,6 +15,7 @@ which is what plots put on the x axis.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 
@@ -74,19 +75,21 @@ def _teacher_streams(samples: list[Sample]) -> list[Stream] | None:
     return [Stream(tokens=list(s.teacher), is_answer=[True] * len(s.teacher)) for s in samples]
 
 
-def _decode(session: Session, condition: Condition, prefilled, scripts, teacher, keep_logits, on_step):
+def _decode(session: Session, condition: Condition, prefilled, scripts, teacher, keep_logits, on_step, graphs):
     method = registry.create_method(condition.spec, session.loaded.config, session.loaded.tokenizer)
     return run_scripts(session.loaded.model, session.cache, method, prefilled, scripts, teacher=teacher,
-                       keep_logits=keep_logits, pad_id=session.loaded.tokenizer.eos_token_id or 0, on_step=on_step)
+                       keep_logits=keep_logits, pad_id=session.loaded.tokenizer.eos_token_id or 0, on_step=on_step,
+                       use_graphs=graphs)
 
 
 def evaluate_batch(session: Session, samples: list[Sample], conds: list[Condition], on_decode=None,
-                   on_step=None, on_records=None, done: frozenset[str] = frozenset()) -> list[dict]:
+                   on_step=None, on_records=None, done: frozenset[str] = frozenset(),
+                   graphs: bool = False) -> list[dict]:
     """One record per (sample, condition) not in `done` (labels of conditions a resumed run already has).
 
     `on_decode(label)` is called before each decode pass, `on_records(records)` with each condition's
     records as soon as they exist (so they can be saved). Full-KV is decoded even when done: every
-    other condition is compared with its logits.
+    other condition is compared with its logits. `graphs` replays each decode step from a CUDA graph.
     """
     tokenizer = session.loaded.tokenizer
     stop = frozenset({tokenizer.eos_token_id} - {None})
@@ -101,15 +104,15 @@ def evaluate_batch(session: Session, samples: list[Sample], conds: list[Conditio
         if on_decode:
             on_decode(condition.label)
         if full is None:  # Full-KV: free run (or the given continuation), logits kept as the reference
-            full = _decode(session, condition, prefilled, scripts, forced, True, on_step)
+            full = _decode(session, condition, prefilled, scripts, forced, True, on_step, graphs)
             runs = (full, full)
         else:
-            taught = _decode(session, condition, prefilled, scripts, full, True, on_step)
+            taught = _decode(session, condition, prefilled, scripts, full, True, on_step, graphs)
             free = taught
             if forced is None and any(_diverges(t, f) for t, f in zip(taught, full)):
                 if on_decode:
                     on_decode(condition.label + " (free)")
-                free = _decode(session, condition, prefilled, scripts, None, False, on_step)
+                free = _decode(session, condition, prefilled, scripts, None, False, on_step, graphs)
             runs = (taught, free)
         if condition.label in done:
             continue
@@ -141,6 +144,7 @@ def _record(tokenizer, sample: Sample, condition: Condition, full: Stream, taugh
         "measured_retention_global": (sum(free.retention_global) / len(free.retention_global)
                                       if free.retention_global else 1.0),
         "steps_by_kind": free.kinds,
+        **refresh_fields(free),
     }
     if sample.teacher is not None:
         targets = torch.tensor(sample.teacher[1:])
@@ -155,5 +159,20 @@ def _record(tokenizer, sample: Sample, condition: Condition, full: Stream, taugh
     record.update({
         "prediction": texts, "answers": sample.answers, "turn_scores": turn_scores,
         "score": sum(turn_scores) / len(turn_scores), "token_agreement": matches / total if total else 1.0,
+        # whether an answer ran into max_answer_tokens instead of ending with the end-of-turn token
+        "answer_capped": any(len(ids) >= sample.max_answer_tokens and ids[-1] not in stop for ids in free.answers),
     })
+    exact = [quality.exact_list(sample.scorer, text, refs) for text, refs in zip(texts, sample.answers)]
+    if None not in exact:
+        record["exact_match"] = float(all(e == 1.0 for e in exact))
     return record
+
+
+def refresh_fields(stream: Stream) -> dict:
+    """How often a method refreshed its selection along a row's decode steps: the slow steps, the mean number
+    of decode steps between consecutive ones (None with fewer than two), and the answer's length in tokens
+    (the end-of-turn token included where the model wrote one; forced question tokens excluded)."""
+    slow = stream.slow_steps
+    gaps = [b - a for a, b in pairwise(slow)]
+    return {"slow_steps": len(slow), "slow_interval": sum(gaps) / len(gaps) if gaps else None,
+            "answer_tokens": len(stream.answer_tokens)}

@@ -39,8 +39,9 @@ DEFAULT_RETENTIONS = (0.15, 0.5)  # the paper: SFI matches Full-KV at 15-20%, ev
 DEFAULT_SAMPLES = (4,)
 MAX_MARGIN = 8  # tokens kept free below the model's limit by --ctx max, beyond the answer budget
 SAME_ON_RESUME = ("model", "methods", "tasks", "contexts", "retentions", "samples", "seed", "chat", "dtype",
-                  "sfi_variant", "path", "engine")
-BEFORE_OPTION = {"path": "reference", "engine": "sfibench"}  # what runs written before an option existed ran with
+                  "sfi_variant", "path", "engine", "graphs")
+# what runs written before an option existed ran with
+BEFORE_OPTION = {"path": "reference", "engine": "sfibench", "graphs": False}
 # What decodes: sfibench's own decoder, or the model loaded by transformers with the methods applied through
 # sfibench.hf (any architecture transformers runs through its attention interface; the reference path)
 ENGINES = ("sfibench", "transformers")
@@ -122,6 +123,7 @@ class QualityRun:
     dtype: str = "auto"
     path: str = "reference"  # the implementation path every method runs on
     engine: str = "sfibench"  # one of ENGINES
+    graphs: bool | None = None  # decode steps replayed from CUDA graphs; None: on with a GPU (engine sfibench)
     longbench: Path | None = None
     sfi_variant: tuple[tuple[str, object], ...] = ()  # SFI settings changed for an ablation (sfi/config.with_variant)
     sfi_preset: str | None = None  # the authors' operating point(s) the retentions came from
@@ -140,7 +142,7 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
                 device: str = "auto", dtype: str = "auto", path: str = "reference", engine: str = "sfibench",
                 longbench: Path | str | None = None, sfi_variant: dict | None = None, sfi_preset: str | None = None,
                 out: Path | str | None = None, overwrite: bool = False, resume: bool = False,
-                tp: int = 1) -> QualityRun:
+                tp: int = 1, graphs: bool | None = None) -> QualityRun:
     """Check a quality run's options as given (strings or numbers) and build the run from them.
 
     `sfi_variant` changes SFI settings for an ablation, e.g. {"use_nms": False}; `sfi_preset`
@@ -178,7 +180,10 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
             if context != "max":
                 check_fits(context, PRESETS[model].max_context, model)
     check_engine(engine, model, device, dtype, path)
-    check_device_needs(device, "--path", [path])
+    check_device_needs(device, "--path", [path], graphs=bool(graphs))
+    if graphs and (engine != "sfibench" or tp > 1):
+        raise UsageError("--graphs replays sfibench's own decoder on one GPU; use --no-graphs with "
+                         f"{'--engine transformers' if engine != 'sfibench' else f'--tp {tp}'}")
     if engine == "sfibench":  # a batch of the longest prompts against the memory, before any weight is allocated
         check_memory_before_loading(model, [batch], contexts, MAX_MARGIN, device, dtype, tp=tp)
     # the methods' own checks, which load their modules (and torch), before any weights load
@@ -193,7 +198,7 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
                 conditions(methods, retentions, context, variant or None, path)  # every budget fits its method
     return QualityRun(model, tuple(methods), tuple(tasks), tuple(files), tuple(contexts), tuple(retentions),
                       tuple(samples), batch=batch, seed=seed, chat=chat, device=device, dtype=dtype, path=path,
-                      engine=engine,
+                      engine=engine, graphs=graphs,
                       longbench=None if longbench is None else Path(longbench), sfi_variant=tuple(variant.items()),
                       sfi_preset=sfi_preset, out=None if out is None else Path(out), overwrite=overwrite,
                       resume=resume)
