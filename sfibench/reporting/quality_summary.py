@@ -1,8 +1,8 @@
 """From per-sample quality records to cells (task x context x method x retention), the claim check, report.md.
 
 The claim under test (SPEC 9): SFI at 15-20% retention matches Full-KV while StreamingLLM and SnapKV
-need ~50%. "Matches" is made precise here: accuracy at least Full-KV's minus `MATCH_TOLERANCE` (point
-estimates; the 95% intervals in the tables say how much the sample sizes allow). Only tasks Full-KV
+need ~50%. "Matches" is made precise here: the paired 95% interval of (method - Full-KV) on the same
+prompts excludes a drop larger than `MATCH_MARGIN` (reporting/quality_paired.py). Only tasks Full-KV
 itself solves (accuracy >= `SOLVED`) support a conclusion; the others are listed, not interpreted.
 """
 
@@ -15,9 +15,7 @@ from functools import partial
 from sfibench import registry
 from sfibench.metrics.quality import mean_ci
 from sfibench.reporting.formatting import commit_label, number
-
-MATCH_TOLERANCE = 0.05
-SOLVED = 0.8
+from sfibench.reporting.quality_paired import MATCH_MARGIN, SOLVED, claim_text, comparisons, paired_section
 
 
 def _mean(values: list[float]) -> float | None:
@@ -59,21 +57,24 @@ def summarise(records: list[dict]) -> list[dict]:
                                         c["retention"] or 0))
 
 
-def claim_check(cells: list[dict]) -> tuple[list[dict], list[str]]:
-    """Per solved (task, context): the smallest retention at which each method matches Full-KV."""
+def claim_check(cells: list[dict], records: list[dict] | None) -> tuple[list[dict], list[str]]:
+    """Per solved (task, context): the smallest retention at which each method matches Full-KV (paired, on the
+    same prompts), or why none does; `records` are the run's per-sample records (None: none recorded)."""
+    paired = comparisons(records, cells) if records else []
+    largest = max((c["retention"] for c in cells if c["retention"] is not None), default=1.0)
     rows, unsolved = [], []
     for full in (c for c in cells if c["method"] == registry.dense().name and c["accuracy"] is not None):
         key = (full["task"], full["context"])
         if full["accuracy"] < SOLVED:
             unsolved.append(f"{key[0]} @ {key[1]} (Full-KV {full['accuracy']:.2f})")
             continue
-        row = {"task": key[0], "context": key[1], "dense": full["accuracy"], "smallest_matching_retention": {}}
-        for c in cells:
-            if (c["task"], c["context"]) == key and c["method"] != registry.dense().name:
-                best = row["smallest_matching_retention"].get(c["method"])
-                if c["accuracy"] >= full["accuracy"] - MATCH_TOLERANCE and (best is None or c["retention"] < best):
-                    row["smallest_matching_retention"][c["method"]] = c["retention"]
-                row["smallest_matching_retention"].setdefault(c["method"], None)
+        row = {"task": key[0], "context": key[1], "dense": full["accuracy"], "verdicts": {}}
+        for method in dict.fromkeys(c["method"] for c in cells
+                                    if (c["task"], c["context"]) == key and c["method"] != registry.dense().name):
+            against_full = [r for r in paired if (r["task"], r["context"], r["method"]) == (*key, method)
+                            and r["against"] == registry.dense().name]
+            row["verdicts"][method] = (claim_text(against_full, largest) if records
+                                       else "undecided (no per-sample records to pair)")
         rows.append(row)
     return rows, unsolved
 
@@ -179,20 +180,19 @@ def markdown(results: dict, plots: list[str]) -> str:
              *_sfi_lines(cfg, per_layer),
              f"- read (measured retention): {scope['label']}.",
              (f"- accuracy: mean score with a 95% interval (Wilson for 0/1 scores, bootstrap for partial credit); "
-             f"'matches' = accuracy >= Full-KV - {MATCH_TOLERANCE}; conclusions only where Full-KV >= {SOLVED}."),
+             f"'matches' = the paired 95% interval of (method - Full-KV) on the same prompts excludes a drop larger "
+             f"than {MATCH_MARGIN:g} (Paired comparisons); conclusions only where Full-KV >= {SOLVED:g}."),
              ("- fidelity: each method teacher-forced on Full-KV's own greedy continuation; KL(full || method) and "
              "top-1 agreement per decode step (the first answer token comes from the shared prefill and is "
              "excluded); greedy-token agreement = position-wise match of the free-running answers."), "",
              "## Claim check", ""]
-    checks, unsolved = claim_check(cells)
+    checks, unsolved = claim_check(cells, results.get("samples"))
     if checks:
         lines += ["| task | context | Full-KV | " + " | ".join(f"{m}: smallest matching retention" for m in methods) + " |",
                   "|---|---|---|" + "---|" * len(methods)]
         for row in checks:
-            found = [row["smallest_matching_retention"].get(m) for m in methods]
             lines.append(f"| {row['task']} | {row['context']} | {row['dense']:.2f} | "
-                         + " | ".join(f"none up to {max(cfg['retentions']):g}" if r is None else f"{r:g}"
-                                      for r in found) + " |")
+                         + " | ".join(row["verdicts"].get(m, "–") for m in methods) + " |")
     else:
         lines.append("Full-KV solved no scored task here, so this run supports no conclusion about the methods' "
                      "accuracy" + (" (it scores none: ppl is measured by fidelity and perplexity)."
@@ -224,6 +224,8 @@ def markdown(results: dict, plots: list[str]) -> str:
                 lines.append(f"| {c['method']} | {c['retention'] or 1:g} | {c['context']} | "
                              + " | ".join(cell(a, 2) for a in c["turn_accuracy"]) + " |")
         lines.append("")
+    if any(c["accuracy"] is not None for c in cells):
+        lines += ["", *paired_section(results.get("samples"), cells)]
     both = scope["key"] == "measured_retention_global"  # then the figure over all layers is shown beside it
     lines += ["", "## Fidelity to Full-KV (mean over samples)", "",
               f"| task | method | retention | context | {scope['short']} |" + (" read, all layers |" if both else "")
