@@ -5,6 +5,9 @@ are whole-token (a reference digit string inside a longer number does not count)
 not accepted for the reference "499238" and neither is "49923830" for "4992383": a sparse method
 that drops or repeats one digit must score zero, not pass a substring test.
 
+A list answer (`ordered_list`) earns the share of its values recalled in the requested order, and a reasoned
+answer (`final_answer`) is scored on what follows its last "Answer:".
+
 Fidelity compares a method's next-token distributions with Full-KV's on the same token stream
 (teacher forcing on the Full-KV continuation): KL(full || method), top-1 agreement, perplexity.
 """
@@ -31,6 +34,40 @@ def string_match_all(prediction: str, references: list[str]) -> float:
     if not references:
         raise ValueError("a sample needs at least one reference answer to be scored")
     return sum(_contains_whole(prediction, ref) for ref in references) / len(references)
+
+
+def numbers_in(text: str) -> list[str]:
+    """Every maximal run of digits in `text`, in order ("1,234" is two numbers: 1 and 234)."""
+    return re.findall(r"[0-9]+", text)
+
+
+def _common_subsequence(a: list[str], b: list[str]) -> int:
+    """Length of the longest common subsequence of two sequences."""
+    previous = [0] * (len(b) + 1)
+    for x in a:
+        current = [0]
+        for j, y in enumerate(b):
+            current.append(previous[j] + 1 if x == y else max(previous[j + 1], current[j]))
+        previous = current
+    return previous[-1]
+
+
+def ordered_recall(prediction: str, references: list[str]) -> float:
+    """Share of the references recalled in their order: LCS(numbers of the prediction, references) / N.
+
+    A value counts where it stands in the requested order relative to the others: a value missing, wrong
+    or out of place costs one (two swapped values cost one: one of them can stay in order), numbers of
+    chatter cost nothing unless they displace a value.
+    """
+    if not references:
+        raise ValueError("a sample needs at least one reference answer to be scored")
+    return _common_subsequence(numbers_in(prediction), [r.strip() for r in references]) / len(references)
+
+
+def ordered_exact(prediction: str, references: list[str]) -> float:
+    """1.0 when the prediction's first N numbers are the N references in order, else 0.0 (what follows the
+    list, such as a base model continuing past it, is not judged)."""
+    return float(numbers_in(prediction)[:len(references)] == [r.strip() for r in references])
 
 
 def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
@@ -132,10 +169,32 @@ def negative_log_likelihood(logits: torch.Tensor, targets: torch.Tensor) -> torc
     return torch.nn.functional.cross_entropy(logits.float(), targets.long(), reduction="none")
 
 
+def final_answer_text(prediction: str) -> str | None:
+    """The text after the last "Answer:" of a reasoned answer (case-insensitive); None when there is none."""
+    found = list(re.finditer(r"answer\s*:", prediction, flags=re.IGNORECASE))
+    return prediction[found[-1].end():] if found else None
+
+
+def final_answer(prediction: str, references: list[str]) -> float:
+    """`string_match_all` on the final answer only: reasoning before it may name anything, and a prediction
+    without an "Answer:" line scores 0."""
+    text = final_answer_text(prediction)
+    return 0.0 if text is None else string_match_all(text, references)
+
+
+def exact_list(scorer: str, prediction: str, references: list[str]) -> float | None:
+    """Exact match of a whole list answer (scorers that list values in order), else None."""
+    return ordered_exact(prediction, references) if scorer == "ordered_list" else None
+
+
 def score_answer(scorer: str, prediction: str, references: list[str], meta: dict | None = None) -> float:
     """Score one turn's prediction with the sample's scorer: `string_match_all` or `longbench:<dataset>`."""
     if scorer == "string_match_all":
         return string_match_all(prediction, references)
+    if scorer == "ordered_list":
+        return ordered_recall(prediction, references)
+    if scorer == "final_answer":
+        return final_answer(prediction, references)
     if scorer.startswith("longbench:"):
         from sfibench.metrics import longbench
 

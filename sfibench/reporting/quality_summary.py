@@ -15,6 +15,7 @@ from functools import partial
 from sfibench import registry
 from sfibench.metrics.quality import mean_ci
 from sfibench.reporting.formatting import commit_label, number
+from sfibench.reporting.quality_refresh import refresh_cell, refresh_section
 from sfibench.reporting.quality_paired import MATCH_MARGIN, SOLVED, claim_text, comparisons, paired_section
 
 
@@ -52,6 +53,7 @@ def summarise(records: list[dict]) -> list[dict]:
         nlls = [r["nll"] for r in rows if "nll" in r]
         if nlls:
             cell["perplexity"] = math.exp(sum(nlls) / len(nlls))
+        cell.update(refresh_cell(rows))
         cells.append(cell)
     return sorted(cells, key=lambda c: (c["task"], c["context"], c["method"] != registry.dense().name, c["method"],
                                         c["retention"] or 0))
@@ -240,5 +242,6 @@ def markdown(results: dict, plots: list[str]) -> str:
     fulls = [c for c in cells if c["method"] == registry.dense().name and c["perplexity"] is not None]
     if fulls:
         lines += ["", "Full-KV perplexity: " + ", ".join(f"{c['context']} tok {c['perplexity']:.2f}" for c in fulls) + "."]
+    lines += ["", *refresh_section(results.get("samples") or [])]
     lines += [""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"

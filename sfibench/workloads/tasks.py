@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import random
 
-from sfibench.workloads import multiturn, needles, perplexity, variables, words  # noqa: F401  (they register)
+from sfibench.workloads import (  # noqa: F401  (they register)
+    multiturn,
+    needle_list,
+    needles,
+    perplexity,
+    variables,
+    words,
+)
 from sfibench.workloads.base import TASKS, PromptFormat, Sample, TaskSpec, UnknownTaskError
 
 
@@ -17,6 +24,11 @@ def get_task(name: str) -> TaskSpec:
         raise UnknownTaskError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))} "
                                "(LongBench tasks come from --longbench PATH)")
     return TASKS[name]
+
+
+def task_names() -> str:
+    """The built-in tasks, comma-separated in registration order (what `--tasks` accepts)."""
+    return ", ".join(TASKS)
 
 
 def make_samples(task: str, fmt: PromptFormat, target: int, count: int, seed: int) -> list[Sample]:

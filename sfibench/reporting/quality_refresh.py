@@ -1,0 +1,107 @@
+"""Whether a method's refresh fired: slow steps per answer, their spacing and the answer length, per cell.
+
+SFI refreshes its selection on slow steps (SPEC 3), which fire at the first token of a new generated
+sentence. An answer of a few tokens has none, so its score judges only the selection made at the prompt;
+the report says so in words for every (task, method) where no answer had one. Records written before
+these fields existed carry none; their cells show a dash and the report says they were not recorded.
+"""
+
+from __future__ import annotations
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def refresh_cell(rows: list[dict]) -> dict:
+    """The refresh figures of one cell's records: slow steps per answer, the mean interval between consecutive
+    slow steps (pooled over the answers: every gap counts once), the mean answer length and the share of
+    answers that ran into the cap. Records from before these fields give their slow steps from
+    `steps_by_kind` and None for the rest."""
+    if not rows:
+        return {}
+    slow = [r.get("slow_steps", r.get("steps_by_kind", {}).get("slow", 0)) for r in rows]
+    cell = {"slow_steps_per_answer": sum(slow) / len(rows), "answers_with_slow_steps": sum(s > 0 for s in slow),
+            "slow_interval": None, "answer_tokens": None, "capped_share": None}
+    if all("slow_interval" in r for r in rows):
+        timed = [r for r in rows if r["slow_interval"] is not None]
+        gaps = sum(r["slow_steps"] - 1 for r in timed)
+        cell["slow_interval"] = sum(r["slow_interval"] * (r["slow_steps"] - 1) for r in timed) / gaps if gaps else None
+    if all("answer_tokens" in r for r in rows):
+        cell["answer_tokens"] = _mean([r["answer_tokens"] for r in rows])
+    if all("answer_capped" in r for r in rows):
+        cell["capped_share"] = _mean([float(r["answer_capped"]) for r in rows])
+    exact = [r["exact_match"] for r in rows if "exact_match" in r]
+    if exact:
+        cell["exact_match"] = sum(exact) / len(exact)
+    return cell
+
+
+REFRESHING_KINDS = {"slow", "bridge", "fast"}  # the step kinds of a method with slow steps (engine/decode.step_kinds)
+
+
+def _slow_methods(cells: list[dict]) -> list[dict]:
+    """Cells of methods that have slow steps (Full-KV reads densely and the baselines never refresh)."""
+    return [c for c in cells if c["kinds"] & REFRESHING_KINDS]
+
+
+def refresh_cells(samples: list[dict]) -> list[dict]:
+    """One cell of refresh figures per (task, context, method, retention), from a run's per-sample records."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in samples:
+        groups.setdefault((r["task"], r["context"], r["method"], r["retention"]), []).append(r)
+    cells = []
+    for (task, context, method, retention), rows in groups.items():
+        kinds: set[str] = set().union(*(r.get("steps_by_kind", {}) for r in rows))
+        cells.append({"task": task, "context": context, "method": method, "retention": retention, "n": len(rows),
+                      "kinds": kinds, **refresh_cell(rows)})
+    return sorted(cells, key=lambda c: (c["task"], c["context"], c["retention"] is not None, c["method"],
+                                        c["retention"] or 0))
+
+
+def refresh_section(samples: list[dict]) -> list[str]:
+    """report.md's section on slow steps, from the per-sample records: a sentence per (task, method) whose
+    refresh never fired, one per (task, method) whose refresh did, and a table per cell."""
+    recorded = refresh_cells(samples)
+    if not recorded:
+        return []
+    lines = ["## Refresh: slow steps per answer", ""]
+    sparse = _slow_methods(recorded)
+    never = sorted({(c["task"], c["method"]) for c in sparse}
+                   - {(c["task"], c["method"]) for c in sparse if c["answers_with_slow_steps"] > 0})
+    fired = sorted({(c["task"], c["method"]) for c in sparse if c["answers_with_slow_steps"] > 0})
+    for task, method in never:
+        lines.append(f"- {method}'s refresh never fired on {task}: 0 slow steps in every answer, so its score "
+                     "there judges only the selection made at the prompt.")
+    for task, method in fired:
+        per = [c for c in sparse if (c["task"], c["method"]) == (task, method)]
+        lines.append(f"- {method} refreshed on {task}: "
+                     + "; ".join(f"{c['slow_steps_per_answer']:.1f} slow steps per answer at retention "
+                                 f"{c['retention']:g}, {c['context']} tokens" for c in per) + ".")
+    if not sparse:
+        lines.append("No method in this run has slow steps.")
+    lines += ["", ("Slow steps per answer (mean; a multi-turn sample counts the steps of the questions forced "
+                   "between its answers too), the mean interval between consecutive slow steps (decode steps; – "
+                   "with fewer than two in every answer), the mean answer length (tokens) and the share of answers "
+                   "that reached the answer cap:")]
+    if any(c["answer_tokens"] is None for c in recorded):
+        lines.append("Rows with a dash for the length: their records predate these figures, so their slow steps "
+                     "come from the step kinds and their interval, length and cap were not recorded.")
+    lines += ["", ("| task | context | method | retention | slow steps / answer | answers with one | mean interval | "
+                   "answer tokens | capped |"), "|---|---|---|---|---|---|---|---|---|"]
+    for c in recorded:
+        retention = "1" if c["retention"] is None else f"{c['retention']:g}"
+        interval = "–" if c["slow_interval"] is None else f"{c['slow_interval']:.1f}"
+        length = "–" if c["answer_tokens"] is None else f"{c['answer_tokens']:.1f}"
+        capped = "–" if c["capped_share"] is None else f"{c['capped_share']:.2f}"
+        lines.append(f"| {c['task']} | {c['context']} | {c['method']} | {retention} | "
+                     f"{c['slow_steps_per_answer']:.2f} | {c['answers_with_slow_steps']}/{c['n']} | {interval} | "
+                     f"{length} | {capped} |")
+    exact = [c for c in recorded if "exact_match" in c]
+    if exact:
+        lines += ["", "Exact match of the whole list (every value, in the requested order): "
+                  + "; ".join(f"{c['task']} @ {c['context']} {c['method']}"
+                              f"{'' if c['retention'] is None else '@' + format(c['retention'], 'g')} "
+                              f"{c['exact_match']:.2f}" for c in exact) + "."]
+    return lines + [""]
+
