@@ -167,6 +167,14 @@ def test_claim_check_matches_only_where_the_interval_excludes_a_drop_beyond_the_
     assert claim_check(summarise(worse), worse)[0][0]["verdicts"]["sfi"] == (
         f"none up to 0.5 (each drops more than {MATCH_MARGIN:g})")
     assert claim_text([], 0.5) == "undecided (no paired prompts)"
+    # 0 of 4 against 4 of 4: Newcombe's interval lies below 0, but exact McNemar gives p = 0.125, so no
+    # direction is stated and the claim check calls it undecided rather than a drop
+    few = [_record("niah_single", "full_kv", None, i, 1) for i in range(4)]
+    few += [_record("niah_single", "sfi", 0.5, i, 0) for i in range(4)]
+    assert compare([0.0] * 4, [1.0] * 4)["high"] < 0
+    section = "\n".join(paired_section(few, summarise(few)))
+    assert "| 0.12 | -1.00 [-1.00, -0.31] | excludes a drop larger than 1.00 |" in section
+    assert claim_check(summarise(few), few)[0][0]["verdicts"]["sfi"].startswith("undecided at 0.5")
 
 
 def test_markdown_carries_the_section_and_the_paired_claim_check():

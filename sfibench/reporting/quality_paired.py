@@ -16,6 +16,7 @@ from sfibench.metrics.paired import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, compare
 
 SOLVED = 0.8  # Full-KV accuracy from which a (task, context) decides anything
 MATCH_MARGIN = 0.05  # "matches Full-KV": the paired interval excludes a drop larger than this
+ALPHA = 0.05  # a direction (higher / lower) needs the interval to exclude 0 and the exact test to agree
 
 
 def _scored(records: list[dict]) -> dict[tuple, dict[int, float]]:
@@ -63,6 +64,11 @@ def matches_full_kv(row: dict) -> bool:
     return row["decides"] and row["comparison"] is not None and row["comparison"]["low"] >= -MATCH_MARGIN
 
 
+def _lower_by_more_than(comparison: dict, margin: float) -> bool:
+    """Decided lower: the interval lies below -margin and the exact test rejects equality at ALPHA."""
+    return comparison["high"] < -margin and comparison["p"] < ALPHA
+
+
 def claim_text(rows: list[dict], largest_retention: float) -> str:
     """A method's entry in the claim check, from its comparisons against Full-KV at every retention of one
     solved (task, context): the smallest retention that matches, or why none does."""
@@ -73,7 +79,7 @@ def claim_text(rows: list[dict], largest_retention: float) -> str:
     if matching is not None:
         return f"{matching['retention']:g}"
     # Not matching: either the interval still allows a small drop (n too small) or it excludes one.
-    open_rows = [r for r in rows if r["comparison"]["high"] >= -MATCH_MARGIN]
+    open_rows = [r for r in rows if not _lower_by_more_than(r["comparison"], MATCH_MARGIN)]
     if not open_rows:
         return f"none up to {largest_retention:g} (each drops more than {MATCH_MARGIN:g})"
     best = min(open_rows, key=lambda r: -r["comparison"]["low"])
@@ -91,8 +97,8 @@ def _verdict(row: dict) -> str:
     comparison, dense = row["comparison"], registry.dense().name
     drop = excluded_drop(comparison)
     if comparison["low"] > 0:
-        return "higher; excludes any drop"
-    head = ("lower; " if comparison["high"] < 0 else
+        return ("higher; " if comparison["p"] < ALPHA else "") + "excludes any drop"
+    head = ("lower; " if _lower_by_more_than(comparison, 0.0) else
             f"matches Full-KV (margin {MATCH_MARGIN:g}); " if row["against"] == dense and matches_full_kv(row) else "")
     return head + ("excludes any drop" if drop is None else f"excludes a drop larger than {drop:.2f}")
 
@@ -109,7 +115,8 @@ def paired_section(records: list[dict] | None, cells: list[dict]) -> list[str]:
         f"Each method against Full-KV and, where the run has SFI, against SFI at the same retention, on the same "
         f"prompts (paired by task, context and sample index). Difference = method - reference with its 95% "
         f"interval; \"excludes a drop larger than X\": X = minus the interval's lower end. Only a task and "
-        f"context where Full-KV scores >= {SOLVED:g} decide anything. 0/1 scores: b = prompts the method gets "
+        f"context where Full-KV scores >= {SOLVED:g} decide anything; higher / lower where the interval excludes 0 "
+        f"and p < {ALPHA:g}. 0/1 scores: b = prompts the method gets "
         f"right and the reference wrong, c = the reverse, p = exact McNemar (b of b + c at 1/2), interval = "
         f"Newcombe's paired score interval (1998, method 10). Partial credit: b / c = prompts where the method "
         f"scores above / below the reference (ties dropped), p = exact sign test, interval = percentile "
