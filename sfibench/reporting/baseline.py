@@ -22,6 +22,7 @@ from pathlib import Path
 from sfibench.core.errors import UsageError
 from sfibench.reporting.results import to_jsonable, write_text_atomically
 from sfibench.reporting.run_files import load_run, require_writable
+from sfibench.reporting.schema import validate_baseline
 
 MANIFEST = "baseline.json"
 FORMAT = 1  # bump when an older sfibench would misread the manifest; load() refuses newer ones
@@ -97,11 +98,14 @@ def load(directory: Path | str) -> Baseline:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise BaselineError(f"{path} is not valid JSON ({error}); restore it from version control") from None
+    except OSError as error:
+        raise BaselineError(f"{path} cannot be read ({error.strerror}); fix its permissions") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("runs"), dict) or not manifest["runs"]:
         raise BaselineError(f"{path} names no runs (a 'runs' object with at least one entry is needed)")
-    if manifest.get("format", 0) > FORMAT:
+    if isinstance(manifest.get("format"), int) and manifest["format"] > FORMAT:
         raise BaselineError(f"{path} is baseline format {manifest['format']}, but this sfibench reads up to "
                             f"{FORMAT}; upgrade sfibench to check against it")
+    validate_baseline(manifest, path)  # every run's recipe and every tolerance rule, before any is used
     return Baseline(directory, manifest)
 
 

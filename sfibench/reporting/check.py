@@ -30,7 +30,7 @@ from sfibench.reporting.run_files import load_run
 from sfibench.reporting.run_metrics import Metric, device_identity
 
 STYLES = {"ok": "green", "improved": "cyan", "regressed": "bold red", "changed": "bold red", "missing": "bold red",
-          "skipped": "yellow", "untracked": "dim", "new": "dim"}
+          "non-finite": "bold red", "skipped": "yellow", "untracked": "dim", "new": "dim"}
 LOG_WIDTH = 180
 
 
@@ -85,7 +85,8 @@ def run_check(baseline_dir: Path, current_dir: Path | None, update: bool, reason
         return 0
     failed = sum(v.failed for v in verdicts)
     if failed:
-        console.print(f"[bold red]FAIL:[/] {failed} of {len(verdicts)} metrics regressed, changed or went missing "
+        console.print(f"[bold red]FAIL:[/] {failed} of {len(verdicts)} metrics regressed, changed, went missing or "
+                      f"became non-finite "
                       f"(current runs in {current_dir}). If the change is intended, bless it: sfibench check "
                       f"--baseline {baseline.directory} --current {current_dir} --update --reason TEXT",
                       highlight=False, soft_wrap=True)

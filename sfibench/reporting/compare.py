@@ -46,7 +46,9 @@ def compare_runs(run_dirs: list[Path], out: Path | None, overwrite: bool) -> Pat
     with claimed_run_dir(out, "report", overwrite=overwrite) as run_dir:
         write_results(run_dir, "report", {"runs": [str(d) for d in run_dirs], "compared_command": commands[0]},
                       {"runs": runs, "rows": rows, "differing_settings": settings})
-        render_comparison(run_dir)
+        from sfibench.reporting.report_run import render  # report_run picks this module's renderer
+
+        render(run_dir)
     return run_dir
 
 

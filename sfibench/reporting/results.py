@@ -23,6 +23,7 @@ from typing import Any
 
 from sfibench.core.errors import UsageError
 from sfibench.core.provenance import provenance, sfibench_version
+from sfibench.reporting.schema import SchemaError, validate_results
 
 __all__ = [
     "RESULTS_FILENAME",
@@ -94,11 +95,16 @@ def write_results(
 
 
 def write_text_atomically(target: Path, text: str) -> None:
-    """Readers (and a Ctrl-C) see either the old complete file or the new one, never a mixture."""
+    """Readers (and a Ctrl-C) see either the old complete file or the new one, never a mixture.
+
+    A write that fails (a full disk, a file-size limit, an I/O error) leaves the old file as it was and raises
+    OSError; the new file gets the permissions any file the user creates gets (mkstemp's are owner-only).
+    """
     # The temp file lives beside the target so os.replace stays a same-filesystem atomic rename.
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o666 & ~current_umask())
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
@@ -108,8 +114,23 @@ def write_text_atomically(target: Path, text: str) -> None:
         raise
 
 
-def read_results(path: Path | str) -> dict:
-    """Load a results.json, given the file itself or the run directory holding it."""
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (/proc), else by setting it back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def read_results(path: Path | str, whole: bool = True) -> dict:
+    """Load a results.json, given the file itself or the run directory holding it. Every field its readers
+    need is checked (reporting/schema.py); `whole` False checks only that it is an sfibench results file of a
+    version this sfibench reads (what deciding whether a folder holds a run needs)."""
     path = Path(path)
     file = path / RESULTS_FILENAME if path.is_dir() else path
     if not file.is_file():
@@ -126,6 +147,9 @@ def read_results(path: Path | str) -> dict:
         ) from error
     except UnicodeDecodeError as error:
         raise InvalidResultsError(f"{file} is not UTF-8 text; is it really a {RESULTS_FILENAME}?") from error
+    except OSError as error:
+        raise InvalidResultsError(f"{file} cannot be read ({error.strerror}); fix its permissions or copy the run "
+                                  "somewhere readable") from None
 
     if not isinstance(document, dict) or not isinstance(document.get("schema_version"), int):
         raise InvalidResultsError(
@@ -137,7 +161,12 @@ def read_results(path: Path | str) -> dict:
             f"{file} uses results schema version {version}, but this sfibench "
             f"({sfibench_version()}) reads versions up to {SCHEMA_VERSION}; upgrade sfibench to read it"
         )
-    return document
+    if not whole:
+        return document
+    try:
+        return validate_results(document, file)
+    except SchemaError as error:
+        raise InvalidResultsError(str(error)) from None
 
 
 # --------------------------------------------------------------------------------------------------

@@ -188,7 +188,7 @@ def _check_existing(run_dir: Path, command: str, overwrite: bool, resume: bool) 
                               "(--overwrite replaces only an earlier sfibench run)")
         return
     try:
-        earlier = read_results(run_dir)
+        earlier = read_results(run_dir, whole=resume)  # only a run to continue must be readable throughout
     except InvalidResultsError as error:
         raise RunDirError(f"--out {run_dir}: {error}; move that file away or choose another --out") from None
     if earlier.get("command") != command:

@@ -12,6 +12,8 @@ passes of a run disagree so much (a busy CPU) that no figure of it can be read t
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from sfibench import registry
@@ -73,6 +75,10 @@ def speedup_claim(row: dict, rows: list[dict]) -> SpeedupClaim | None:
     if reference is None:
         return None
     mine, theirs = row["tokens_per_s_spread"], reference["tokens_per_s_spread"]
+    figures = (row["tokens_per_s"], reference["tokens_per_s"], mine["min"], mine["max"], theirs["min"], theirs["max"],
+               row["tokens_read_mean"], reference["tokens_read_mean"])
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) and x != 0 for x in figures[:6]) or None in figures:
+        return None  # a speed that was not measured as a number (saved as null) supports no claim
     ratio = row["tokens_per_s"] / reference["tokens_per_s"]
     low, high = mine["min"] / theirs["max"], mine["max"] / theirs["min"]
     if row is reference:
