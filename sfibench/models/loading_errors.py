@@ -25,6 +25,10 @@ SIZES = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate
          "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim", "max_context": "max_position_embeddings"}
 
 
+class MissingWeightsError(FileNotFoundError):
+    """A preset's real weights are not installed; the message names the command that installs them."""
+
+
 def _passes_through(error: BaseException) -> bool:
     """Errors that say nothing about the file: running out of memory while reading a large one, and the
     equally specific errors sfibench raised itself."""

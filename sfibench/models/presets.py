@@ -1,5 +1,5 @@
-"""Model shapes by name: tiny random models for tests, the real smollm2-135m and gemma3-270m, and Qwen3
-shapes for speed.
+"""Model shapes by name: tiny random models for tests, the real smollm2-135m, gemma3-270m and
+qwen2.5-coder-1.5b, and Qwen3 shapes for speed.
 
 The Qwen3 shapes are the published config.json values of Qwen/Qwen3-* (layers, hidden, FFN, q/KV
 heads, head_dim, vocabulary and embedding tying cross-checked against a public Megatron recipe for
@@ -11,6 +11,10 @@ Gemma-3 interleaves sliding-window layers (attend to the last `sliding_window` t
 global ones; `layer_is_global` says which is which, and every attention method selects on the global
 layers only (engine/sliding.py). The gemma3-270m values are those of its GGUF, as transformers reads
 them (tests/test_gemma3.py holds the preset equal to the loaded config).
+
+qwen2.5-coder-1.5b is Qwen2.5-Coder-1.5B-Instruct as its Q4_K_M GGUF gives it: every layer attends the whole
+history, and the GGUF stores the LM head apart from the embedding (untied), as transformers reads it
+(tests/test_qwen25_coder.py holds the preset equal to the loaded config).
 """
 
 from __future__ import annotations
@@ -140,6 +144,11 @@ PRESETS: dict[str, ModelConfig] = {
         rope_local_theta=1e4, rms_norm_eps=1e-6, tie_word_embeddings=True, qk_norm=True, sliding_window=512,
         layer_is_global=tuple((layer + 1) % 6 == 0 for layer in range(18)), query_pre_attn_scalar=256,
         source="gguf",
+    ),
+    "qwen2.5-coder-1.5b": ModelConfig(
+        name="qwen2.5-coder-1.5b", arch="qwen2", vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+        num_layers=28, num_heads=12, num_kv_heads=2, head_dim=128, max_context=32768, rope_theta=1e6,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, qkv_bias=True, source="gguf",
     ),
     "qwen3-0.6b": _qwen3("qwen3-0.6b", 1024, 3072, 28, 16, tie=True),
     "qwen3-1.7b": _qwen3("qwen3-1.7b", 2048, 6144, 28, 16, tie=True),
