@@ -167,6 +167,13 @@ def test_claim_check_matches_only_where_the_interval_excludes_a_drop_beyond_the_
     assert claim_check(summarise(worse), worse)[0][0]["verdicts"]["sfi"] == (
         f"none up to 0.5 (each drops more than {MATCH_MARGIN:g})")
     assert claim_text([], 0.5) == "undecided (no paired prompts)"
+    # partial credit tied on every prompt: the bootstrap has no width, so only the prompt count keeps the
+    # claim check from calling 8 prompts a match
+    tied = [_record("niah_multiturn", m, r, i, 0.5 + 0.5 * (i % 2)) for m, r in (("full_kv", None), ("sfi", 0.2))
+            for i in range(8)]
+    tied = [{**r, "score": 1.0} if r["index"] == 0 else r for r in tied]
+    assert compare([1.0, 0.5], [1.0, 0.5])["low"] == 0.0
+    assert claim_check(summarise(tied), tied)[0][0]["verdicts"]["sfi"] == "undecided at 0.2 (n = 8 < 100 prompts)"
     # 0 of 4 against 4 of 4: Newcombe's interval lies below 0, but exact McNemar gives p = 0.125, so no
     # direction is stated and the claim check calls it undecided rather than a drop
     few = [_record("niah_single", "full_kv", None, i, 1) for i in range(4)]

@@ -16,6 +16,7 @@ from sfibench.metrics.paired import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, compare
 
 SOLVED = 0.8  # Full-KV accuracy from which a (task, context) decides anything
 MATCH_MARGIN = 0.05  # "matches Full-KV": the paired interval excludes a drop larger than this
+MIN_MATCH_PAIRS = 100  # SPEC 9: a claim of no drop needs n >= 100 (a bootstrap over a few tied prompts has no width)
 ALPHA = 0.05  # a direction (higher / lower) needs the interval to exclude 0 and the exact test to agree
 
 
@@ -60,8 +61,11 @@ def comparisons(records: list[dict], cells: list[dict]) -> list[dict]:
 
 
 def matches_full_kv(row: dict) -> bool:
-    """The claim "matches Full-KV": Full-KV solves the task and the interval excludes a drop > MATCH_MARGIN."""
-    return row["decides"] and row["comparison"] is not None and row["comparison"]["low"] >= -MATCH_MARGIN
+    """The claim "matches Full-KV": Full-KV solves the task, at least MIN_MATCH_PAIRS prompts pair, and the
+    interval excludes a drop larger than MATCH_MARGIN."""
+    comparison = row["comparison"]
+    return (row["decides"] and comparison is not None and comparison["n"] >= MIN_MATCH_PAIRS
+            and comparison["low"] >= -MATCH_MARGIN)
 
 
 def _lower_by_more_than(comparison: dict, margin: float) -> bool:
@@ -83,6 +87,8 @@ def claim_text(rows: list[dict], largest_retention: float) -> str:
     if not open_rows:
         return f"none up to {largest_retention:g} (each drops more than {MATCH_MARGIN:g})"
     best = min(open_rows, key=lambda r: -r["comparison"]["low"])
+    if best["comparison"]["low"] >= -MATCH_MARGIN:  # within the margin, but on too few prompts
+        return f"undecided at {best['retention']:g} (n = {best['comparison']['n']} < {MIN_MATCH_PAIRS} prompts)"
     return (f"undecided at {best['retention']:g} (n too small: excludes only drops > "
             f"{-best['comparison']['low']:.2f})")
 
@@ -116,7 +122,8 @@ def paired_section(records: list[dict] | None, cells: list[dict]) -> list[str]:
         f"prompts (paired by task, context and sample index). Difference = method - reference with its 95% "
         f"interval; \"excludes a drop larger than X\": X = minus the interval's lower end. Only a task and "
         f"context where Full-KV scores >= {SOLVED:g} decide anything; higher / lower where the interval excludes 0 "
-        f"and p < {ALPHA:g}. 0/1 scores: b = prompts the method gets "
+        f"and p < {ALPHA:g}; \"matches Full-KV\" where the interval excludes a drop larger than {MATCH_MARGIN:g} "
+        f"on >= {MIN_MATCH_PAIRS} prompts. 0/1 scores: b = prompts the method gets "
         f"right and the reference wrong, c = the reverse, p = exact McNemar (b of b + c at 1/2), interval = "
         f"Newcombe's paired score interval (1998, method 10). Partial credit: b / c = prompts where the method "
         f"scores above / below the reference (ties dropped), p = exact sign test, interval = percentile "

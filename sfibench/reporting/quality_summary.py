@@ -2,8 +2,9 @@
 
 The claim under test (SPEC 9): SFI at 15-20% retention matches Full-KV while StreamingLLM and SnapKV
 need ~50%. "Matches" is made precise here: the paired 95% interval of (method - Full-KV) on the same
-prompts excludes a drop larger than `MATCH_MARGIN` (reporting/quality_paired.py). Only tasks Full-KV
-itself solves (accuracy >= `SOLVED`) support a conclusion; the others are listed, not interpreted.
+prompts, at least `MIN_MATCH_PAIRS` of them, excludes a drop larger than `MATCH_MARGIN`
+(reporting/quality_paired.py). Only tasks Full-KV itself solves (accuracy >= `SOLVED`) support a
+conclusion; the others are listed, not interpreted.
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ from functools import partial
 from sfibench import registry
 from sfibench.metrics.quality import mean_ci
 from sfibench.reporting.formatting import commit_label, number
+from sfibench.reporting.quality_paired import (
+    MATCH_MARGIN,
+    MIN_MATCH_PAIRS,
+    SOLVED,
+    claim_text,
+    comparisons,
+    paired_section,
+)
 from sfibench.reporting.quality_refresh import refresh_cell, refresh_section
-from sfibench.reporting.quality_paired import MATCH_MARGIN, SOLVED, claim_text, comparisons, paired_section
 
 
 def _mean(values: list[float]) -> float | None:
@@ -182,8 +190,9 @@ def markdown(results: dict, plots: list[str]) -> str:
              *_sfi_lines(cfg, per_layer),
              f"- read (measured retention): {scope['label']}.",
              (f"- accuracy: mean score with a 95% interval (Wilson for 0/1 scores, bootstrap for partial credit); "
-             f"'matches' = the paired 95% interval of (method - Full-KV) on the same prompts excludes a drop larger "
-             f"than {MATCH_MARGIN:g} (Paired comparisons); conclusions only where Full-KV >= {SOLVED:g}."),
+             f"'matches' = the paired 95% interval of (method - Full-KV) on the same prompts, >= {MIN_MATCH_PAIRS} "
+             f"of them, excludes a drop larger than {MATCH_MARGIN:g} (Paired comparisons); conclusions only where "
+             f"Full-KV >= {SOLVED:g}."),
              ("- fidelity: each method teacher-forced on Full-KV's own greedy continuation; KL(full || method) and "
              "top-1 agreement per decode step (the first answer token comes from the shared prefill and is "
              "excluded); greedy-token agreement = position-wise match of the free-running answers."), "",
