@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
+import os
 import signal
 import sys
 import threading
@@ -25,24 +28,111 @@ def user_errors():
     """Turn the errors a user can fix into one red line and exit status 2 (no traceback).
 
     Only errors raised by validation are caught: UsageError and the equally specific classes other
-    modules raise. Anything else is a bug or an environment failure and keeps its traceback. Ctrl-C
-    prints what was kept and exits 130, the shell's status for an interrupt. SIGTERM (what `timeout`,
-    SLURM and Kubernetes send) stops the command the same way and exits 143 (128 + SIGTERM).
+    modules raise, and a write the disk refused (full, over a size or quota limit, read-only, failing).
+    Anything else is a bug or an environment failure and keeps its traceback. Ctrl-C prints what was kept
+    and exits 130, the shell's status for an interrupt. SIGTERM (what `timeout`, SLURM and Kubernetes send)
+    stops the command the same way and exits 143 (128 + SIGTERM). What was kept is read from the run folder
+    the command saved last, so a stop after the last write says the run is whole. A standard output closed
+    early (`| head`) stops the printing only: the run goes on, and the end says what was kept (exit 1).
     """
     terminated: list[int] = []
     restore = _stop_on_sigterm(terminated)
+    forget_saved_run()
+    guard = ClosedPipeGuard.install()
     try:
         yield
     except (UsageError, *loaded_user_errors()) as error:  # evaluated once an error is raised
         print_error(error)
         raise typer.Exit(code=2) from None
     except KeyboardInterrupt as interrupt:
-        kept = str(interrupt) if isinstance(interrupt, RunInterrupted) else "nothing was saved"
+        kept = str(interrupt) if isinstance(interrupt, RunInterrupted) else kept_by_this_command()
         how = "terminated (SIGTERM)" if terminated else "interrupted"
         err_console.print(f"\n[bold yellow]{how}:[/] {kept}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=128 + signal.SIGTERM if terminated else 130) from None
+    except OSError as error:
+        if error.errno not in WRITE_FAILURES:
+            raise
+        where = error.filename or "a file"  # a plotting library's write error may not name its file
+        print_error(f"cannot write {where} ({error.strerror}); {kept_by_this_command()}; {WRITE_FIXES[error.errno]}")
+        raise typer.Exit(code=2) from None
     finally:
         restore()
+        guard.remove()
+    if guard.closed:
+        err_console.print(f"[bold yellow]standard output was closed[/] before sfibench finished printing; "
+                          f"{kept_by_this_command()}", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1)  # as Python's own handling of a closed pipe exits
+
+
+# A write the disk refused, each with what frees the way; any other OSError keeps its traceback
+WRITE_FAILURES = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO)
+WRITE_FIXES = {errno.ENOSPC: "free some space (or pass --out DIR on another disk) first",
+               errno.EDQUOT: "free some of your quota (or pass --out DIR on another disk) first",
+               errno.EFBIG: "raise the file-size limit (ulimit -f) first",
+               errno.EROFS: "pass --out DIR on a writable disk",
+               errno.EIO: "check the disk (an I/O error), or pass --out DIR on another disk"}
+
+
+def forget_saved_run() -> None:
+    results = sys.modules.get("sfibench.reporting.results")  # not loaded: no run was saved
+    if results is not None:
+        results.forget_saved_run()
+
+
+def kept_by_this_command() -> str:
+    """What the run folder this command saved last holds, and the command that continues from it."""
+    results = sys.modules.get("sfibench.reporting.results")
+    run_dir = None if results is None else results.last_saved_run()
+    if run_dir is None:
+        return "nothing was saved"
+    from sfibench.reporting.run_files import describe_kept
+
+    return describe_kept(run_dir)
+
+
+class ClosedPipeGuard:
+    """Stands in for sys.stdout while a command runs: once the reader of a pipe has gone (EPIPE), what is
+    printed is dropped (the descriptor is pointed at /dev/null, so Python's own flush at exit is quiet too)
+    and the command carries on, so a finished run is never lost to a closed `| head`."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.closed = False
+
+    @classmethod
+    def install(cls) -> ClosedPipeGuard:
+        guard = cls(sys.stdout)
+        sys.stdout = guard
+        return guard
+
+    def remove(self) -> None:
+        if sys.stdout is self:
+            sys.stdout = self._stream
+
+    def write(self, text: str) -> int:
+        if not self.closed:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 # The user errors other modules raise that are not UsageErrors, by module. Only the modules already loaded

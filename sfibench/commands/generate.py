@@ -113,13 +113,13 @@ def generate(
                           k_head=k_head_budget, budget=budget_tokens,
                           sfi=sfi, stream=not json_out)
         result = run_generate(run, console, err_console)
-    if json_out:
-        print(json.dumps(result))
-        return
-    from sfibench.reporting.generate_summary import summary_lines
+        if json_out:
+            print(json.dumps(result))
+            return
+        from sfibench.reporting.generate_summary import summary_lines
 
-    console.print()
-    for line in summary_lines(result):
-        console.print(f"[dim]{line}[/]", highlight=False)
-    if console.is_terminal and result["summary"]["steps_by_kind"].get("slow"):
-        console.print("[dim][black on yellow]highlighted[/] = emitted by a slow step[/]")
+        console.print()
+        for line in summary_lines(result):
+            console.print(f"[dim]{line}[/]", highlight=False)
+        if console.is_terminal and result["summary"]["steps_by_kind"].get("slow"):
+            console.print("[dim][black on yellow]highlighted[/] = emitted by a slow step[/]")

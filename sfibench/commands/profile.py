@@ -33,6 +33,8 @@ def profile(
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/profile-<time>)"),
     overwrite: bool = typer.Option(False, help="replace an earlier profile run in --out"),
+    resume: bool = typer.Option(False, "--resume", help="finish a run in --out whose results.json is whole (same "
+                                                        "settings): draw its report without profiling again"),
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
     tp: int = typer.Option(1, min=1, help=TP_HELP),
 ):
@@ -53,6 +55,17 @@ def profile(
         check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)
         check_memory_before_loading(model, [batch], [context], steps + PROFILE_MARGIN, device, dtype,
                                     synthetic_prefill=True, tp=tp)  # the smaller prefill workspace: a lower bound
+        if resume and overwrite:
+            raise UsageError("--resume keeps the run in --out and --overwrite replaces it; give one of them")
+        if resume:
+            from sfibench.models.presets import PRESETS
+            from sfibench.reporting.run_files import finish_saved_run
+
+            settings = {"context": context, "method": method, "path": path, "steps": steps, "batch": batch,
+                        **({"model": PRESETS[model].name} if model in PRESETS else {})}
+            run_dir = finish_saved_run(out, "profile", settings)
+            _print(run_dir, wide)
+            return
         run_as_ranks(tp)
         from sfibench.runners.profile import ProfileRun, run_profile  # loads torch
 
@@ -60,8 +73,12 @@ def profile(
         run = ProfileRun(model=model, device=device, dtype=dtype, method=method, path=path, context=context,
                          steps=steps, batch=batch, out=out, overwrite=overwrite)
         run_dir = run_profile(run)
-    if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
-        return
+        if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
+            return
+        _print(run_dir, wide)
+
+
+def _print(run_dir: Path, wide: bool) -> None:
     from sfibench.reporting.profile_report import terminal_table
     from sfibench.reporting.results import read_results
 

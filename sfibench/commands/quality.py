@@ -94,14 +94,20 @@ def quality(
                           dtype=dtype, path=path, engine=engine, longbench=longbench, sfi_variant=variant,
                           sfi_preset=sfi_preset, out=out, overwrite=overwrite, resume=resume, tp=tp,
                           graphs=graphs)
+        if resume and out is not None and (out / "results.json").is_file():
+            # the batch sets which prompts share a pass, so a resumed run must keep it to mean the same
+            from sfibench.reporting.results import read_results
+            from sfibench.reporting.run_files import check_same_settings
+
+            check_same_settings(read_results(out)["config"], {"batch": batch}, out)
         run_as_ranks(tp)
         from sfibench.runners.quality import run_quality  # loads torch
 
         run_dir = run_quality(run, err_console)
-    if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
-        return
-    from sfibench.reporting.quality_report import results_table
-    from sfibench.reporting.results import read_results
+        if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
+            return
+        from sfibench.reporting.quality_report import results_table
+        from sfibench.reporting.results import read_results
 
-    console.print(results_table(read_results(run_dir)["results"]["cells"], wide))
-    console.print(f"report: {run_dir / 'report.md'}")
+        console.print(results_table(read_results(run_dir)["results"]["cells"], wide))
+        console.print(f"report: {run_dir / 'report.md'}")

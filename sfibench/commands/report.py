@@ -28,12 +28,12 @@ def report(
             console.print(f"[green]wrote[/] {', '.join(str(path) for path in written)}", highlight=False)
             return
         run_dir = compare_runs(run_dirs, out, overwrite)
-    settings = read_results(run_dir)["results"]["differing_settings"]
-    if settings:
-        console.print(f"[yellow]the runs differ in {len(settings)} setting{'s' if len(settings) > 1 else ''}:[/] "
-                      f"{settings_summary(settings)}", highlight=False)
-    console.print(f"[green]wrote[/] {run_dir}/results.json, report.md and one compare_*.png per metric",
-                  highlight=False)
+        settings = read_results(run_dir)["results"]["differing_settings"]
+        if settings:
+            console.print(f"[yellow]the runs differ in {len(settings)} setting{'s' if len(settings) > 1 else ''}:[/] "
+                          f"{settings_summary(settings)}", highlight=False)
+        console.print(f"[green]wrote[/] {run_dir}/results.json, report.md and one compare_*.png per metric",
+                      highlight=False)
 
 
 def check(

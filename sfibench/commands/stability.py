@@ -97,8 +97,8 @@ def stability(
             temperature=temperature, top_p=top_p, seed=seed, device=device, dtype=dtype, path=path,
             sfi=SFIConfig(n_sink=n_sink, n_recent=n_recent, page=page))
         run_dir = run_stability(StabilityRun(analysis, out=out, overwrite=overwrite))
-    from sfibench.reporting.results import read_results
-    from sfibench.reporting.stability_markdown import terminal_table
+        from sfibench.reporting.results import read_results
+        from sfibench.reporting.stability_markdown import terminal_table
 
-    console.print(terminal_table(read_results(run_dir), wide))
-    console.print(f"report: {run_dir / 'report.md'}")
+        console.print(terminal_table(read_results(run_dir), wide))
+        console.print(f"report: {run_dir / 'report.md'}")

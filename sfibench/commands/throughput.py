@@ -66,6 +66,8 @@ def throughput(
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/throughput-<time>)"),
     overwrite: bool = typer.Option(False, help="replace an earlier throughput run in --out"),
+    resume: bool = typer.Option(False, "--resume", help="finish a run in --out whose results.json is whole (same "
+                                                        "settings): draw its report without measuring again"),
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
     tp: int = typer.Option(1, min=1, help=TP_HELP),
 ):
@@ -105,7 +107,10 @@ def throughput(
         # auto counts as synthetic here, the smaller prefill workspace: this check only refuses what cannot fit
         check_memory_before_loading(model, batches, contexts, steps, device, dtype, synthetic_prefill=prefill != "real",
                                     tp=tp)
-        run_as_ranks(tp)
+        if resume and overwrite:
+            raise UsageError("--resume keeps the run in --out and --overwrite replaces it; give one of them")
+        if not resume:
+            run_as_ranks(tp)
         from sfibench.runners.throughput import ThroughputRun, resolve_methods, run_throughput  # loads torch
 
         if not resolve_methods(method_list, path_list):
@@ -121,14 +126,20 @@ def throughput(
                             out=out, overwrite=overwrite)
         if order_note:
             console.print(order_note, highlight=False)
-        run_dir = run_throughput(run, console)
-    if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
-        return
-    from sfibench.reporting.results import read_results
-    from sfibench.reporting.throughput_report import table_notes, terminal_table
+        if resume:
+            from sfibench.reporting.run_files import finish_saved_run
+            from sfibench.runners.throughput import recorded_settings
 
-    document = read_results(run_dir)
-    console.print(terminal_table(document, wide))
-    for note in table_notes(document["results"]["rows"]):
-        console.print(note, highlight=False)
-    console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, throughput.png, latency.png")
+            run_dir = finish_saved_run(out, "throughput", recorded_settings(run))
+        else:
+            run_dir = run_throughput(run, console)
+        if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
+            return
+        from sfibench.reporting.results import read_results
+        from sfibench.reporting.throughput_report import table_notes, terminal_table
+
+        document = read_results(run_dir)
+        console.print(terminal_table(document, wide))
+        for note in table_notes(document["results"]["rows"]):
+            console.print(note, highlight=False)
+        console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, throughput.png, latency.png")

@@ -91,7 +91,21 @@ def write_results(
     run_dir.mkdir(parents=True, exist_ok=True)
     target = run_dir / RESULTS_FILENAME
     write_text_atomically(target, text)
+    _saved[:] = [run_dir]
     return target
+
+
+_saved: list[Path] = []  # the run folder this process last wrote a results.json into
+
+
+def last_saved_run() -> Path | None:
+    """Where this command last saved a results.json, if it did: what a stop or a failure after it has kept."""
+    return _saved[0] if _saved else None
+
+
+def forget_saved_run() -> None:
+    """A command starting: nothing it ran is saved yet."""
+    _saved.clear()
 
 
 def write_text_atomically(target: Path, text: str) -> None:
@@ -109,6 +123,9 @@ def write_text_atomically(target: Path, text: str) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, target)
+    except OSError as error:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise OSError(error.errno, error.strerror, str(target)) from None  # named: a write() error names no file
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise

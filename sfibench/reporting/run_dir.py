@@ -28,6 +28,7 @@ from sfibench.reporting.results import RESULTS_FILENAME, InvalidResultsError, re
 
 DEFAULT_ROOT = Path("runs")
 _OWN_TEMP_FILE = re.compile(r"\..+\.tmp")  # what an atomic write leaves if the process is killed mid-way
+RESUMABLE = ("quality", "throughput", "profile")  # the commands with --resume
 LOCK_NAME = ".sfibench.lock"  # held while a run writes; left behind only by a run killed outright
 
 
@@ -195,7 +196,7 @@ def _check_existing(run_dir: Path, command: str, overwrite: bool, resume: bool) 
         raise RunDirError(f"--out {run_dir} holds a `{earlier.get('command')}` run, not a `{command}` run; "
                           "choose another --out")
     if not (overwrite or resume):
-        continuing = ", --resume to continue it" if command == "quality" else ""
+        continuing = ", --resume to continue it" if command in RESUMABLE else ""
         raise RunDirExistsError(f"run directory {run_dir} already contains {RESULTS_FILENAME} from an earlier "
                                 f"run; pass --overwrite to replace it{continuing}, or choose another --out")
 

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from sfibench.core.errors import UsageError
-from sfibench.reporting.results import RESULTS_FILENAME, read_results
+from sfibench.reporting.results import RESULTS_FILENAME, InvalidResultsError, read_results
 
 
 class RunFilesError(UsageError):
@@ -37,3 +37,64 @@ def require_writable(directory: Path, what: str) -> None:
                             "Copy it somewhere writable, or fix the folder's permissions") from None
     os.close(handle)
     os.unlink(probe)
+
+
+def describe_kept(run_dir: Path) -> str:
+    """What a run folder holds after its command stopped or failed, and the command that continues: a partial
+    quality run resumes; a finished run whose report was not drawn (or is older than its results.json) is
+    drawn by `sfibench report` or by repeating the command with --resume."""
+    results_file = Path(run_dir) / RESULTS_FILENAME
+    try:
+        document = read_results(run_dir)
+    except (InvalidResultsError, OSError):
+        return f"nothing whole was saved in {run_dir}"
+    results = document["results"]
+    if document["command"] == "quality" and results.get("complete") is False:
+        progress = results.get("progress") or {}
+        return (f"{progress.get('results', 'some')} of {progress.get('planned', 'the')} sample results are saved "
+                f"whole in {run_dir}; to continue, repeat the command with --out {run_dir} --resume")
+    report = Path(run_dir) / "report.md"
+    if report.is_file() and report.stat().st_mtime_ns >= results_file.stat().st_mtime_ns:
+        return f"the run finished and is saved whole in {run_dir} (results.json, report.md and plots)"
+    return (f"the run finished and {results_file} is saved whole, but its report was not drawn: draw it with "
+            f"`sfibench report {run_dir}`")
+
+
+def finish_saved_run(out: Path | None, command: str, settings: dict) -> Path:
+    """`--resume` on a run whose results.json is whole (its command saves once, at the end): nothing is measured
+    again; the run's recorded settings must be the ones given now, and its report is drawn from the file."""
+    from sfibench.reporting.report_run import render
+    from sfibench.reporting.run_dir import claimed_run_dir
+
+    with claimed_run_dir(out, command, resume=True) as run_dir:
+        check_same_settings(read_results(run_dir)["config"], settings, run_dir)
+        render(run_dir)
+    return run_dir
+
+
+def check_same_settings(recorded: dict, settings: dict, run_dir: Path) -> None:
+    """--resume continues only the run its folder holds: every setting given must be the one it recorded,
+    and each that is not is named with both values."""
+    given, had = _leaves(settings), _leaves(recorded)
+    changed = [f"{key} ({_spelled(had.get(key))} there, {_spelled(value)} now)"
+               for key, value in given.items() if had.get(key) != value]
+    if changed:
+        raise RunFilesError(f"--resume: {run_dir} was run with different {'; '.join(changed)}; repeat its settings "
+                            "or choose another --out")
+
+
+def _spelled(value) -> str:
+    if isinstance(value, list):
+        return ",".join("/".join(map(str, item)) if isinstance(item, list) else str(item) for item in value)
+    return "not recorded" if value is None else str(value)
+
+
+def _leaves(settings: dict, prefix: str = "") -> dict:
+    """{'sfi.trigger.t_max': 96, ...}: nested settings by the path of each value."""
+    flat = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -157,6 +157,26 @@ def check_memory_before_loading(run: ThroughputRun) -> None:
                              device.type == "cuda", planned)
 
 
+def recorded_settings(run: ThroughputRun) -> dict:
+    """The settings results.json records that the command line sets, as results.json spells them: what a
+    --resume must repeat. Contexts and batches given as "max" are resolved only by a run, so they are not
+    compared; a model is compared where its name is known before loading (a preset)."""
+    from sfibench.models.presets import PRESETS
+    from sfibench.reporting.results import to_jsonable
+
+    settings = {"steps": run.steps, "repeats": run.repeats, "prefill": run.prefill, "graphs": run.graphs,
+                "length_bucket": run.length_bucket,
+                "methods": [list(pair) for pair in resolve_methods(run.methods, run.paths)],
+                "sfi": to_jsonable(replace(run.sfi, k_head=budget_record(run.k_head)))}
+    if run.model in PRESETS:
+        settings["model"] = PRESETS[run.model].name
+    if "max" not in run.contexts:
+        settings["contexts"] = list(run.contexts)
+    if "max" not in run.batches:
+        settings["batches"] = list(run.batches)
+    return settings
+
+
 def run_throughput(run: ThroughputRun, console: Console) -> Path | None:
     """Run the benchmark into a claimed run directory and return it (results.json, plots, report.md). Under
     tensor parallelism every rank measures (their collectives keep them in step) and rank 0 alone claims,
