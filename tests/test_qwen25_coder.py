@@ -75,7 +75,7 @@ def test_parts_are_assembled_in_numeric_order_once(installed):
         ["sfibench_fake_part2", "sfibench_fake_part10"]
     path = parts.assembled(parted, cache)
     assert path == cache / "fake.gguf" and path.read_bytes() == whole
-    assert sorted(p.name for p in cache.iterdir()) == ["fake.gguf", "fake.gguf.checked"]  # no partial file left
+    assert sorted(p.name for p in cache.iterdir()) == ["fake.gguf", "fake.gguf.checked"]  # no partial file
     for index in range(1, 13):  # later loads need neither the parts nor a new hash
         (site / f"sfibench_fake_part{index}" / "data" / f"part{index:02d}.bin").unlink()
     assert parts.assembled(parted, cache) == path
@@ -252,8 +252,8 @@ def engine_logits(loaded, prompt: list[int], forced: list[int], chunk: int) -> t
     """Logits after the (chunk-prefilled) prompt, then after each teacher-forced Full-KV decode step."""
     cache = KVCache(loaded.config, 1, len(prompt) + len(forced) + 1, "cpu", torch.float32)
     pre = prefill(loaded.model, cache, [prompt], chunk=chunk)
-    driver = StepDriver(loaded.model, cache, create_method(registry.spec(registry.dense().name), loaded.config,
-                                                           loaded.tokenizer))
+    dense = create_method(registry.spec(registry.dense().name), loaded.config, loaded.tokenizer)
+    driver = StepDriver(loaded.model, cache, dense)
     driver.start(pre)
     out = [pre.last_logits[0]]
     for token in forced:
@@ -265,7 +265,8 @@ def engine_logits(loaded, prompt: list[int], forced: list[int], chunk: int) -> t
 @needs_qwen
 def test_logits_match_transformers(qwen, twin):
     """float32, a chat prompt prefilled in chunks, then teacher-forced decode steps."""
-    ids = qwen.tokenizer.encode(CHAT[0]["content"], chat=True) + qwen.tokenizer.encode("The capital is Paris.")
+    ids = qwen.tokenizer.encode(CHAT[0]["content"], chat=True)
+    ids += qwen.tokenizer.encode("The capital is Paris.")
     prompt, forced = ids[:-6], ids[-6:]
     ours = engine_logits(qwen, prompt, forced, chunk=16)
     with torch.no_grad():
@@ -294,6 +295,7 @@ def test_full_kv_and_sfi_decode_transformers_greedy_answer(qwen, twin):
     for record in sfi.steps:
         assert (record.tokens_read == record.kv_lengths[None, :, None]).all()
     with torch.no_grad():
-        expected = twin.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)[0, len(prompt):]
+        expected = twin.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False)
+    expected = expected[0, len(prompt):]
     assert full.tokens[0].tolist() == sfi.tokens[0].tolist() == expected.tolist()
     assert "Paris" in qwen.tokenizer.decode(full.sequence(0))

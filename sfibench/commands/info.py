@@ -68,8 +68,8 @@ def models(wide: bool = typer.Option(False, "--wide", help="print all columns (d
     console.print(table)
     for line in real:  # the whole install command, which no table cell could hold at 80 columns
         console.print(line, highlight=False, soft_wrap=True)
-    console.print("Any Hugging Face checkpoint directory (Llama, Qwen2, Qwen3, Gemma-3) or .gguf path also works as "
-                  "--model.")
+    console.print("Any Hugging Face checkpoint directory (Llama, Qwen2, Qwen3, Gemma-3) or .gguf path also "
+                  "works as --model.")
     if room is not None:
         console.print(fits_table(*room))
 
@@ -147,7 +147,7 @@ def models_table(wide: bool = False) -> tuple[Table, list[str]]:
         if cfg.source == "gguf":
             try:
                 weights, detail = "real", f"real ({installed_weights(cfg.name)})"
-                real.append(f"{cfg.name} weights: installed (install command: {INSTALL_COMMANDS[cfg.name]})")
+                real.append(f"{cfg.name} weights: installed (by: {INSTALL_COMMANDS[cfg.name]})")
             except MissingWeightsError:
                 weights, detail = "[red]missing[/]", "[red]missing[/]"
                 real.append(f"{cfg.name} weights: missing; install them with: {INSTALL_COMMANDS[cfg.name]}")

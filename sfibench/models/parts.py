@@ -24,7 +24,7 @@ from sfibench.core.caches import cache_dir, home
 from sfibench.core.errors import ModelFileError, UsageError
 from sfibench.models.loading_errors import MissingWeightsError
 
-READ_BYTES = 1 << 22  # chunks are copied and hashed 4 MiB at a time: memory stays flat whatever the file's size
+READ_BYTES = 1 << 22  # copied and hashed 4 MiB at a time: memory stays flat whatever the file's size
 STAMP_SUFFIX = ".checked"
 
 
@@ -85,9 +85,9 @@ def cache_folder(parted: PartedFile) -> Path:
         return default
     folder = cache_dir(default, parted.model)
     if folder is None:
-        raise UsageError(f"{parted.model}'s file is assembled from its part packages into one file, and neither "
-                         f"~/.cache nor the temporary directory ({tempfile.gettempdir()}) can be written; set "
-                         "TMPDIR to a writable folder")
+        raise UsageError(f"{parted.model}'s file is assembled from its part packages into one file, and "
+                         f"neither ~/.cache nor the temporary directory ({tempfile.gettempdir()}) can be "
+                         "written; set TMPDIR to a writable folder")
     return folder
 
 
@@ -110,8 +110,8 @@ def assembled(parted: PartedFile, folder: Path | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(path.parent).free
     if free < parted.size:
-        raise UsageError(f"{parted.model}: assembling {path} needs {parted.size / 1e9:.2f} GB free there, and "
-                         f"{free / 1e9:.2f} GB are; free space, or set HOME or TMPDIR to a folder with room")
+        raise UsageError(f"{parted.model}: assembling {path} needs {parted.size / 1e9:.2f} GB free there, "
+                         f"and {free / 1e9:.2f} GB are; free space, or set HOME or TMPDIR to a folder with room")
     descriptor, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{parted.file_name}.", suffix=".partial")
     try:
         with os.fdopen(descriptor, "wb") as handle:
@@ -119,8 +119,8 @@ def assembled(parted: PartedFile, folder: Path | None = None) -> Path:
             os.fsync(handle.fileno())
         if written != parted.size or digest != parted.sha256:
             raise ModelFileError(
-                f"{parted.model}: its {parted.count} installed part packages join into {written:,} bytes with "
-                f"sha256 {digest}, not the published {parted.size:,} bytes with sha256 {parted.sha256} (a "
+                f"{parted.model}: its {parted.count} installed part packages join into {written:,} bytes "
+                f"with sha256 {digest}, not the published {parted.size:,} bytes with sha256 {parted.sha256} (a "
                 f"damaged or different version of a part); reinstall them with: "
                 f"{parted.install_command(reinstall=True)}")
         os.replace(partial, path)
@@ -148,8 +148,8 @@ def check_assembled(parted: PartedFile, path: Path) -> None:
     fix = "delete it, and the next run assembles it again from the installed part packages"
     size = path.stat().st_size
     if size != parted.size:
-        raise ModelFileError(f"{parted.model}: {path} holds {size:,} bytes, not {parted.size:,} (a truncated or "
-                             f"damaged copy); {fix}")
+        raise ModelFileError(f"{parted.model}: {path} holds {size:,} bytes, not {parted.size:,} (a truncated "
+                             f"or damaged copy); {fix}")
     if _read_stamp(path) == _stamp(path, parted.sha256):
         return
     digest = hashlib.sha256()
@@ -176,6 +176,7 @@ def _read_stamp(path: Path) -> dict | None:
 
 def _write_stamp(path: Path, sha256: str) -> None:
     try:
-        path.with_name(path.name + STAMP_SUFFIX).write_text(json.dumps(_stamp(path, sha256)), encoding="utf-8")
+        stamp = json.dumps(_stamp(path, sha256))
+        path.with_name(path.name + STAMP_SUFFIX).write_text(stamp, encoding="utf-8")
     except OSError:  # a read-only folder: every load then hashes the file, which is slower but as safe
         pass
