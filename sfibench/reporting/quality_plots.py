@@ -5,6 +5,8 @@
 - fidelity_vs_retention.png: KL(full || method), top-1 agreement and greedy-token agreement per
   task, one line per method and context, each point with its 95% interval over the samples.
 - perplexity_vs_retention.png: perplexity on long prose (task ppl), when it ran, with intervals.
+- long_fidelity.png: KL and top-1 agreement step by step along long answers, slow steps marked
+  (quality_long_fidelity.py), when a run kept them.
 
 Cells hold means only, so the intervals of fidelity and perplexity come from the per-sample records
 saved in the same results.json (the same intervals `sfibench report` and `check` show).
@@ -24,6 +26,7 @@ import matplotlib.pyplot as plt
 
 from sfibench import registry
 from sfibench.reporting.plot_style import context_label, legend_below, save, wrapped, yerr
+from sfibench.reporting.quality_long_fidelity import plot_long_fidelity
 from sfibench.reporting.results import read_results
 from sfibench.reporting.run_metrics import interval
 
@@ -172,8 +175,10 @@ def plot_perplexity(cells: list[dict], intervals: dict, path: Path, scope: dict)
 
 def plot_all(cells: list[dict], run_dir: Path, scope: dict) -> list[Path]:
     """`scope` (quality_summary.read_scope): which measured retention the x axes show, and over what."""
-    intervals = sample_intervals(read_results(run_dir).get("samples") or [])
+    samples = read_results(run_dir).get("samples") or []
+    intervals = sample_intervals(samples)
     made = [plot_accuracy(cells, run_dir / "accuracy_vs_retention.png", scope),
             plot_fidelity(cells, intervals, run_dir / "fidelity_vs_retention.png"),
-            plot_perplexity(cells, intervals, run_dir / "perplexity_vs_retention.png", scope)]
+            plot_perplexity(cells, intervals, run_dir / "perplexity_vs_retention.png", scope),
+            plot_long_fidelity(samples, run_dir / "long_fidelity.png", COLORS)]
     return [p for p in made if p is not None]

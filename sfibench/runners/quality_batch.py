@@ -146,6 +146,8 @@ def _record(tokenizer, sample: Sample, condition: Condition, full: Stream, taugh
         "steps_by_kind": free.kinds,
         **refresh_fields(free),
     }
+    if condition.retention is not None:
+        record.update(long_fidelity(sample, kl, full_logits, method_logits, taught))
     if sample.teacher is not None:
         targets = torch.tensor(sample.teacher[1:])
         nll = quality.negative_log_likelihood(method_logits, targets) if len(targets) else torch.zeros(0)
@@ -166,6 +168,24 @@ def _record(tokenizer, sample: Sample, condition: Condition, full: Stream, taugh
     if None not in exact:
         record["exact_match"] = float(all(e == 1.0 for e in exact))
     return record
+
+
+LONG_FIDELITY_STEPS = 256  # answers this long keep their per-step fidelity; shorter ones only its means
+
+
+def long_fidelity(sample: Sample, kl: torch.Tensor, full_logits: torch.Tensor, method_logits: torch.Tensor,
+                  taught: Stream) -> dict:
+    """Fidelity along a long single-turn answer, per decode step of the teacher-forced run: KL(full || method)
+    (3 significant digits), top-1 agreement (1/0), and the decode steps that were the method's slow steps.
+
+    Entry j is the step that fed the answer's token j, which is also the index `Stream.slow_steps` uses, so the
+    slow steps mark their own entries. Empty below LONG_FIDELITY_STEPS steps (needle answers: results.json
+    stays small) and for multi-turn samples, whose forced questions interleave the answer steps."""
+    if len(kl) < LONG_FIDELITY_STEPS or sample.follow_ups:
+        return {}
+    top1 = (full_logits.argmax(dim=-1) == method_logits.argmax(dim=-1)).tolist()
+    return {"kl_steps": [float(f"{v:.3g}") for v in kl.tolist()], "top1_steps": [int(t) for t in top1],
+            "taught_slow_steps": list(taught.slow_steps)}
 
 
 def refresh_fields(stream: Stream) -> dict:

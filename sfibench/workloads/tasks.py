@@ -13,6 +13,7 @@ from sfibench.workloads import (  # noqa: F401  (they register)
     needle_list,
     needles,
     perplexity,
+    reasoning,
     variables,
     words,
 )
