@@ -99,7 +99,9 @@ def quality(
             from sfibench.reporting.results import read_results
             from sfibench.reporting.run_files import check_same_settings
 
-            check_same_settings(read_results(out)["config"], {"batch": batch}, out)
+            recorded = read_results(out)["config"]
+            if "batch" in recorded:
+                check_same_settings(recorded, {"batch": batch}, out)
         run_as_ranks(tp)
         from sfibench.runners.quality import run_quality  # loads torch
 

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from sfibench.core.errors import UsageError
-from sfibench.reporting.results import RESULTS_FILENAME, InvalidResultsError
+from sfibench.reporting.results import RESULTS_FILENAME, InvalidResultsError, remember_run
 from sfibench.reporting.run_files import load_run, require_writable
 
 # What a renderer raises on a document its schema let through but that it still cannot read (a value out of
@@ -31,13 +31,17 @@ def render(run_dir: Path) -> list[Path]:
         raise UsageError(f"{run_dir} holds a `{command}` run, which has no renderer; "
                          f"known: {', '.join(RENDERERS)}")
     require_writable(run_dir, f"sfibench report {run_dir}")
+    remember_run(run_dir)  # whole and readable: whatever fails from here on, the run is kept
     with tempfile.TemporaryDirectory(prefix=".sfibench-report.", suffix=".tmp", dir=run_dir) as staging:
         stage = Path(staging)
-        _place(run_dir / RESULTS_FILENAME, stage / RESULTS_FILENAME)  # the renderers read the run's folder
         try:
+            _place(run_dir / RESULTS_FILENAME, stage / RESULTS_FILENAME)  # the renderers read the run's folder
             drawn = RENDERERS[command](stage, document)
         except UsageError:
             raise
+        except OSError as error:  # named by the file it would have replaced, not the staging copy
+            named = str(error.filename).replace(staging, str(run_dir)) if error.filename else None
+            raise OSError(error.errno, error.strerror, named) from None
         except _UNREADABLE as error:
             raise InvalidResultsError(
                 f"{run_dir / RESULTS_FILENAME}: a `{command}` report cannot be drawn from it ({type(error).__name__}: "

@@ -91,15 +91,20 @@ def write_results(
     run_dir.mkdir(parents=True, exist_ok=True)
     target = run_dir / RESULTS_FILENAME
     write_text_atomically(target, text)
-    _saved[:] = [run_dir]
+    remember_run(run_dir)
     return target
 
 
-_saved: list[Path] = []  # the run folder this process last wrote a results.json into
+_saved: list[Path] = []  # the run folder whose whole results.json this command last wrote or drew from
+
+
+def remember_run(run_dir: Path) -> None:
+    """This command holds a whole results.json in `run_dir`: a stop or a failure after now has kept it."""
+    _saved[:] = [Path(run_dir)]
 
 
 def last_saved_run() -> Path | None:
-    """Where this command last saved a results.json, if it did: what a stop or a failure after it has kept."""
+    """Where this command last saved (or drew a report from) a whole results.json, if it did."""
     return _saved[0] if _saved else None
 
 
