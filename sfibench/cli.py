@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import typer
 
+from sfibench.commands.common import checked_numbers
 from sfibench.commands.generate import generate
 from sfibench.commands.info import env, models
 from sfibench.commands.profile import profile
@@ -24,7 +25,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Measure Slow-Fast Inference against Full-KV, StreamingLLM and SnapKV. "
                        "Documentation: docs/ in the repository.")
 for command in (env, models, generate, stability, quality, throughput, profile, report, check):
-    app.command()(command)
+    app.command()(checked_numbers(command))  # every numeric option's range, before the command's own checks
 
 
 @app.callback()
