@@ -195,6 +195,10 @@ def score_answer(scorer: str, prediction: str, references: list[str], meta: dict
         return ordered_recall(prediction, references)
     if scorer == "final_answer":
         return final_answer(prediction, references)
+    if scorer.startswith("ruler:"):  # RULER's own metrics, named in its package's evaluation configuration
+        from sfibench.metrics import ruler
+
+        return ruler.score(scorer.split(":", 1)[1], prediction, references)
     if scorer.startswith("longbench:"):
         from sfibench.metrics import longbench
 

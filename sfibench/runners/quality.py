@@ -37,7 +37,7 @@ from sfibench.runners.quality_inputs import (
 from sfibench.runners.quality_ledger import QualityLedger
 from sfibench.workloads.base import PromptFormat
 from sfibench.workloads.longbench import PREFIX, dataset_name, longbench_samples
-from sfibench.workloads.tasks import make_samples
+from sfibench.workloads.tasks import is_ruler_task, make_samples
 
 
 def run_quality(run: QualityRun, console: Console | None = None) -> Path | None:
@@ -122,8 +122,10 @@ def _fit_contexts(session: Session, fmt: PromptFormat, inputs: QualityRun) -> li
     # decode budgets do not depend on the context length; the smallest one asked for holds every task's needles
     # (a long-answer task's many needles need more than a short probe), and one that cannot fails here, clearly
     probe = min([c for c in inputs.contexts if c != "max"] or [limit // 2])
-    reserve = max([make_samples(t, fmt, probe, 1, inputs.seed)[0].decode_budget for t in inputs.tasks
-                   if not t.startswith(PREFIX)] + [DATASETS[dataset_name(f)][1] for f in inputs.files])
+    # a RULER task's context is RULER's max_seq_length, which already holds its answer: it reserves nothing
+    reserve = max([0] + [make_samples(t, fmt, probe, 1, inputs.seed)[0].decode_budget for t in inputs.tasks
+                         if not t.startswith(PREFIX) and not is_ruler_task(t)]
+                  + [DATASETS[dataset_name(f)][1] for f in inputs.files])
     contexts = [largest_context(limit, reserve) if c == "max" else c for c in inputs.contexts]
     for context in contexts:
         check_fits(context, limit, name, reserve)

@@ -167,6 +167,10 @@ def _record(tokenizer, sample: Sample, condition: Condition, full: Stream, taugh
     exact = [quality.exact_list(sample.scorer, text, refs) for text, refs in zip(texts, sample.answers)]
     if None not in exact:
         record["exact_match"] = float(all(e == 1.0 for e in exact))
+    if "sample_id" in sample.meta:
+        record["sample_id"] = sample.meta["sample_id"]
+    if not sample.meta.get("store_text", True):  # the prompt holds a data set's text: results keep none of it
+        del record["prediction"], record["answers"]
     return record
 
 

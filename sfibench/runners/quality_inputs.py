@@ -30,7 +30,7 @@ from sfibench.registry import check_method
 from sfibench.sfi.config import preset_retention
 from sfibench.workloads.base import ContextSizeError
 from sfibench.workloads.longbench import PREFIX, load_records, longbench_files
-from sfibench.workloads.tasks import get_task
+from sfibench.workloads.tasks import expand_tasks, get_task
 
 DEFAULT_METHODS = tuple(registry.names())
 DEFAULT_TASKS = ("niah_single", "niah_multiturn", "ppl")
@@ -157,7 +157,7 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
     for method in methods:  # the names now; each method's paths once its module loads, below
         registry.check_name(method)
     check_path(path, "--path")
-    tasks = list(dict.fromkeys(tasks))
+    tasks = expand_tasks(list(tasks))  # `ruler`: RULER's 13 tasks; a RULER task needs its package, checked here
     for task in tasks:
         get_task(task)
     if longbench and not Path(longbench).exists():
