@@ -27,3 +27,9 @@ class ModelFileError(UsageError):
     The message names the file, what is wrong with it and the fix; the loader raises it in place of
     whatever the reading library raised, so a damaged download is one line, not a traceback.
     """
+
+
+class NonFiniteOutputError(UsageError):
+    """The model's outputs (its logits) are not finite numbers: NaN or infinite weights in the checkpoint, or
+    activations that overflow the dtype. No text chosen from them means anything, so the command stops; the
+    message names the model and the fix."""

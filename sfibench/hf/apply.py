@@ -153,10 +153,34 @@ def apply(model, tokenizer, method: str, budget: int | str | None = None, config
     ("15%"), turned into the method's settings by its own budget rule; None keeps `config` (default: the
     method's defaults). `evidence_rows`: the last prompt queries kept for the methods that score the prompt
     with them (SnapKV's window, SFI's bootstrap), as the engine keeps them."""
+    check_arguments(model, tokenizer, method, budget, evidence_rows)
     registry.check_method(method, PATH)
     settings = registry.get(method).config
     if config is not None and not isinstance(config, settings):
         raise UsageError(f"config is a {type(config).__name__}; method {method!r} takes its own settings, a "
                          f"{settings.__name__}")
     return Applied(model, tokenizer, method, budget, config, evidence_rows)
+
+
+def check_arguments(model, tokenizer, method, budget, evidence_rows) -> None:
+    """What `apply` is given, checked before anything of the model is touched; each refusal is a UsageError
+    naming the argument and the fix, as the CLI's are."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module) or not callable(getattr(model, "generate", None)):
+        raise UsageError(f"model is a {type(model).__name__}, not a transformers causal LM; give one such as "
+                         "AutoModelForCausalLM.from_pretrained(...)")
+    backend = tokenizer.backend if isinstance(tokenizer, Tokenizer) else tokenizer
+    missing = [name for name in ("encode", "decode") if not callable(getattr(backend, name, None))]
+    if missing:
+        raise UsageError(f"tokenizer is a {type(backend).__name__} without {' or '.join(missing)}; give the model's "
+                         "tokenizer, such as AutoTokenizer.from_pretrained(...) (the methods read its punctuation)")
+    if not isinstance(method, str):
+        raise UsageError(f"method is a {type(method).__name__}; give a method's name, one of "
+                         f"{', '.join(registry.names())}")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, str))):
+        raise UsageError(f"budget {budget!r} is not a token count or a percentage; give one such as 300 or '15%'")
+    if isinstance(evidence_rows, bool) or not isinstance(evidence_rows, int) or not 1 <= evidence_rows <= 2**31 - 1:
+        raise UsageError(f"evidence_rows {evidence_rows!r} is not a whole number >= 1; give the number of last "
+                         "prompt queries the prompt-scoring methods keep, such as 64")
 

@@ -45,8 +45,13 @@ def results_table(cells: list[dict], wide: bool = False) -> Table:
         ppl = None if c["perplexity"] is None else f"{c['perplexity']:.2f}"
         head = (c["task"], str(c["context"]), c["method"], "1" if c["retention"] is None else f"{c['retention']:g}")
         if wide:
-            table.add_row(*head, f"{_read(c):.3f}", acc or "–", f"{c['kl']:.3f}", f"{c['top1_agreement']:.2f}",
-                          ppl or "–")
+            table.add_row(*head, f"{_read(c):.3f}", acc or "–", _figure(c["kl"], ".3f"),
+                          _figure(c["top1_agreement"], ".2f"), ppl or "–")
         else:
-            table.add_row(*head, acc or (f"ppl {ppl}" if ppl else "–"), f"{c['kl']:.3f}")
+            table.add_row(*head, acc or (f"ppl {ppl}" if ppl else "–"), _figure(c["kl"], ".3f"))
     return table
+
+
+def _figure(value: float | None, spec: str) -> str:
+    """A cell's figure; null is a figure the model's outputs did not give as a number (NaN, infinity)."""
+    return "n/a" if value is None else format(value, spec)

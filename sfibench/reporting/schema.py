@@ -84,7 +84,7 @@ STABILITY = {
 QUALITY_RECORD = {"task": "str", "index": "int", "context": "int", "method": "str", "retention": MAYBE_NUMBER,
                   "steps_by_kind": MapOf("int"), "score?": MAYBE_NUMBER, "kl?": MAYBE_NUMBER,
                   "top1_agreement?": MAYBE_NUMBER, "token_agreement?": MAYBE_NUMBER,
-                  "measured_retention?": MAYBE_NUMBER, "nll?": MAYBE_NUMBER}
+                  "measured_retention?": MAYBE_NUMBER, "nll?": MAYBE_NUMBER, "non_finite?": ListOf("str")}
 QUALITY_CELL = {"task": "str", "context": "int", "method": "str", "retention": MAYBE_NUMBER, "n": "int",
                 "accuracy": MAYBE_NUMBER, "perplexity": MAYBE_NUMBER, "kl?": MAYBE_NUMBER,
                 "top1_agreement?": MAYBE_NUMBER, "ci_low?": MAYBE_NUMBER, "ci_high?": MAYBE_NUMBER,

@@ -14,6 +14,7 @@ from rich.console import Console
 from sfibench import registry
 from sfibench.core.budget import Budget
 from sfibench.core.device import idle_cores_only, resolve_device
+from sfibench.core.errors import NonFiniteOutputError
 from sfibench.core.parallel import ranks
 from sfibench.engine.method import MethodSpec
 from sfibench.engine.sampling import SamplingConfig
@@ -65,6 +66,7 @@ def generate_with(session: Session, run: GenerateRun, console: Console, err_cons
         config = config.with_budget(run.budget.resolve(len(ids)))
     with idle_cores_only(session.device):  # a busy core would stall every step's threads
         prefilled = session.prefill([ids], run.max_new_tokens)
+        check_finite(prefilled.last_logits, session.loaded.config.name, session.dtype)
         spec = MethodSpec(run.method, run.path, config)
         method = registry.create_method(spec, session.loaded.config, tokenizer)
         trace, summary = session.decode(method, prefilled, run.max_new_tokens, run.sampling,
@@ -75,6 +77,17 @@ def generate_with(session: Session, run: GenerateRun, console: Console, err_cons
         "prompt_tokens": len(ids), "budget_tokens": config.tokens_read(len(ids)), "generated_ids": tokens, "generated_text": tokenizer.decode(tokens),
         "summary": {**summarize(trace, 0), **summary}, "steps": step_stats(trace, 0)[: max(len(tokens) - 1, 0)],
     }
+
+
+def check_finite(logits, model: str, dtype) -> None:
+    """Refuse to write text chosen from logits that are not numbers (argmax of NaN is token 0, a NUL byte)."""
+    import torch
+
+    if not bool(torch.isfinite(logits).all()):
+        fix = "try --dtype float32 (the activations may overflow), or " if dtype != torch.float32 else ""
+        raise NonFiniteOutputError(f"{model}'s output after the prompt is not finite (NaN or infinity in its logits): "
+                                   f"its weights hold NaN or infinity, or its activations overflow; {fix}check the "
+                                   "checkpoint's weights")
 
 
 class TextStreamer:

@@ -10,6 +10,7 @@ an uninterrupted run with the same settings and --batch.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -43,9 +44,12 @@ class QualityLedger:
         self.task_clock = key, time.time(), self.timings.get(key, 0.0)
 
     def add(self, records: list[dict]) -> None:
-        """Keep the records and save; a record the ledger already holds keeps its first version."""
+        """Keep the records and save; a record the ledger already holds keeps its first version. A figure that
+        is not a finite number (a model whose weights or activations hold NaN or overflow) is saved as null,
+        and the record's `non_finite` names each such field, so a reader tells it from one not measured."""
         for record in records:
-            self.records.setdefault(_key(record), record)
+            bad = sorted(key for key, value in record.items() if isinstance(value, float) and not math.isfinite(value))
+            self.records.setdefault(_key(record), {**record, "non_finite": bad} if bad else record)
         self.save(complete=False)
 
     def save(self, complete: bool) -> None:
