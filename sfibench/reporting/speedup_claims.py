@@ -13,7 +13,6 @@ passes of a run disagree so much (a busy CPU) that no figure of it can be read t
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 from sfibench import registry
