@@ -22,9 +22,11 @@ RUNS = {
     "throughput": ["throughput", *TINY, "--ctx", "300", "--steps", "4", "--repeats", "1", "--methods", "full_kv,sfi",
                    "--k-head", "64"],
     "profile": ["profile", *TINY, "--ctx", "300", "--steps", "2"],
+    "stability": ["stability", *TINY, "--steps", "8", "--prefix", "300"],
 }
-RUNNER_MODULE = {"throughput": "sfibench.runners.throughput", "profile": "sfibench.runners.profile"}
-TABLE_MODULE = {"throughput": "sfibench.reporting.throughput_report", "profile": "sfibench.reporting.profile_report"}
+RUNNER_MODULE = {command: f"sfibench.runners.{command}" for command in RUNS}
+TABLE_MODULE = {"throughput": "sfibench.reporting.throughput_report", "profile": "sfibench.reporting.profile_report",
+                "stability": "sfibench.reporting.stability_markdown"}
 
 
 def digest(path: Path) -> str:
@@ -91,6 +93,8 @@ def finished(tmp_path_factory) -> dict[str, Path]:
     ("profile", ["--steps", "3"], "steps (2 there, 3 now)"),
     ("profile", ["--method", "full_kv"], "method (sfi there, full_kv now)"),
     ("profile", ["--batch", "2"], "batch (1 there, 2 now)"),
+    ("stability", ["--steps", "9"], "steps (8 there, 9 now)"),
+    ("stability", ["--mass", "0.8", "--seed", "3"], "mass (0.9 there, 0.8 now); seed (0 there, 3 now)"),
 ])
 def test_resume_refuses_other_settings_naming_each(finished, command, change, named):
     out = finished[command]

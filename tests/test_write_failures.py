@@ -135,3 +135,35 @@ def test_output_files_follow_the_umask(tmp_path, umask):
         os.umask(previous)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
     assert modes == dict.fromkeys(modes, 0o666 & ~umask), modes
+
+
+def test_a_full_disk_in_the_middle_of_a_quality_run_keeps_what_was_saved_and_resume_finishes(tmp_path, monkeypatch):
+    """Quality saves after every condition of every batch: the disk fills on the third save, so the two saved
+    before stay whole, the line says how many and how to continue, and --resume (space back) finishes it."""
+    from sfibench.reporting import results
+
+    quality = ["quality", "--model", "tiny-llama", "--device", "cpu", "--methods", "sfi", "--tasks", "niah_single",
+               "--ctx", "600", "--retention", "0.5", "--samples", "2", "--batch", "1", "--no-chat"]
+    real_write, saves = results.write_text_atomically, []
+
+    def fills_on_the_third(target, text):
+        if target.name == "results.json":
+            saves.append(target)
+            if len(saves) == 3:
+                saved[:] = [target.read_bytes()]
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+        real_write(target, text)
+
+    saved: list[bytes] = []
+    monkeypatch.setattr(results, "write_text_atomically", fills_on_the_third)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [*quality, "--out", str(out)])
+    one_line_error(result, f"cannot write {out}/results.json (No space left on device)",
+                   f"2 of 4 sample results are saved whole in {out}",
+                   f"repeat the command with --out {out} --resume", "free some space")
+    assert (out / "results.json").read_bytes() == saved[0]
+
+    monkeypatch.undo()
+    resumed = CliRunner().invoke(app, [*quality, "--out", str(out), "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert results.read_results(out)["results"]["complete"] is True

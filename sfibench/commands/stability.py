@@ -65,6 +65,8 @@ def stability(
     path: str = typer.Option("reference", help="path of the Full-KV method the dense probe stands for: " + PATH_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/stability-<time>)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier stability run in --out"),
+    resume: bool = typer.Option(False, "--resume", help="finish a run in --out whose results.json is whole (same "
+                                                        "settings): draw its report without analysing again"),
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
 ):
     """Is the dominant attention support stable within a sentence? Dense attention over real text."""
@@ -96,7 +98,19 @@ def stability(
             k_head=parse_k_head(k_head), max_offset=max_offset, trigger=trigger, interval=interval, variant=variant,
             temperature=temperature, top_p=top_p, seed=seed, device=device, dtype=dtype, path=path,
             sfi=SFIConfig(n_sink=n_sink, n_recent=n_recent, page=page))
-        run_dir = run_stability(StabilityRun(analysis, out=out, overwrite=overwrite))
+        if resume and overwrite:
+            raise UsageError("--resume keeps the run in --out and --overwrite replaces it; give one of them")
+        if resume:
+            from dataclasses import asdict
+
+            from sfibench.options import budget_record
+            from sfibench.reporting.results import to_jsonable
+            from sfibench.reporting.run_files import finish_saved_run
+
+            settings = to_jsonable({**asdict(analysis), "k_head": budget_record(analysis.k_head)})
+            run_dir = finish_saved_run(out, "stability", {k: v for k, v in settings.items() if k != "device"})
+        else:
+            run_dir = run_stability(StabilityRun(analysis, out=out, overwrite=overwrite))
         from sfibench.reporting.results import read_results
         from sfibench.reporting.stability_markdown import terminal_table
 

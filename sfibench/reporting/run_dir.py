@@ -28,7 +28,7 @@ from sfibench.reporting.results import RESULTS_FILENAME, InvalidResultsError, re
 
 DEFAULT_ROOT = Path("runs")
 _OWN_TEMP_FILE = re.compile(r"\..+\.tmp")  # what an atomic write leaves if the process is killed mid-way
-RESUMABLE = ("quality", "throughput", "profile")  # the commands with --resume
+RESUMABLE = ("quality", "throughput", "profile", "stability")  # the commands with --resume
 LOCK_NAME = ".sfibench.lock"  # held while a run writes; left behind only by a run killed outright
 
 

@@ -138,14 +138,17 @@ def run_stability(run: StabilityRun, show_progress: bool = True) -> Path:
         analysed_layers(PRESETS[cfg.model])
     with claimed_run_dir(run.out, "stability", overwrite=run.overwrite) as run_dir:
         try:
-            _analyse(cfg, text, source, run_dir, show_progress)
+            document = _analyse(cfg, text, source, show_progress)
         except KeyboardInterrupt:
             raise RunInterrupted("a stability run is reduced in one pass and saved at its end, so nothing was "
                                  "kept; a smaller --steps finishes sooner") from None
+        # a stop from here on finds results.json whole, and the command says so
+        write_results(run_dir, "stability", {**asdict(cfg), "k_head": budget_record(cfg.k_head)}, document)
+        render(run_dir)  # plots and report come from the saved file, as `sfibench report` draws them
     return run_dir
 
 
-def _analyse(cfg: StabilityConfig, text: str, source: str, run_dir: Path, show_progress: bool) -> None:
+def _analyse(cfg: StabilityConfig, text: str, source: str, show_progress: bool) -> dict:
     began = time.perf_counter()
     session = Session.open(cfg.model, cfg.device, cfg.dtype, cfg.seed)
     loaded, mc = session.loaded, session.loaded.config
@@ -165,8 +168,7 @@ def _analyse(cfg: StabilityConfig, text: str, source: str, run_dir: Path, show_p
                    "threads": torch.get_num_threads()},
         "segments": results,
     }
-    write_results(run_dir, "stability", {**asdict(cfg), "k_head": budget_record(cfg.k_head)}, document)
-    render(run_dir)  # plots and report come from the saved file, as `sfibench report` draws them
+    return document
 
 
 def _segment(session: Session, cfg: StabilityConfig, segment: Segment, layers: list[int], classes,
