@@ -107,10 +107,49 @@ def test_refresh_section_says_where_a_refresh_never_fired():
 def test_long_fidelity_plot_and_its_curves(tmp_path):
     assert rolling_mean([1.0, 3.0, 5.0, 7.0], 2).tolist() == [1.0, 2.0, 4.0, 6.0]
     assert mean_per_step([[1.0, 2.0, 3.0], [3.0]]).tolist() == [2.0, 2.0, 3.0]
-    records = [_record("niah_list_64", m, 0.15, 2, i, kl_steps=[0.01 * (i + 1)] * 300, top1_steps=[1, 0] * 150,
+    records = [_record("niah_list_64", m, 0.15, 2, i, kl_steps=[0.01 * (i + 1)] * 300, top1_steps=[1] * 150 + [0] * 150,
                        taught_slow_steps=[17, 40] if m == "sfi" else [])
                for m in ("sfi", "snapkv") for i in range(2)]
     made = plot_long_fidelity(records, tmp_path / "long_fidelity.png", {"sfi": "tab:red", "snapkv": "tab:blue"})
     assert made is not None and made.stat().st_size > 10_000
     assert plot_long_fidelity([_record("niah_single", "sfi", 0.15, 0)], tmp_path / "none.png", {}) is None
     json.dumps(records)  # the arrays are plain JSON numbers
+    for r in records:
+        r["kl_steps"] = [0.1] * 75 + [0.0] * 150 + [0.3] * 75  # first quarter 0.1, last 0.3
+    table = "\n".join(refresh_section(records))
+    assert "## Fidelity along long answers" in table
+    assert "| niah_list_64 | 2048 | 0.15 | sfi | 2 | 300 | 0.100 | 0.300 | 1.00 | 0.00 | 2.0 |" in table
+    assert "| niah_list_64 | 2048 | 0.15 | snapkv | 2 | 300 | 0.100 | 0.300 | 1.00 | 0.00 | 0.0 |" in table
+
+
+def test_vt_reason_with_a_method_that_reads_everything_scores_as_full_kv(tiny):
+    fmt = PromptFormat(tiny.loaded.tokenizer, chat=True)
+    samples = make_samples("vt_reason", fmt, 1200, 2, seed=3)
+    for sample in samples:
+        sample.max_answer_tokens = 48  # the scoring path, not the reasoning length, is under test here
+    context = max(len(s.prompt) for s in samples)
+    whole = 4 * (context + 48)
+    records = evaluate_batch(tiny, samples, [make_condition("full_kv", None, context),
+                                             make_condition("sfi", whole / context, context)])
+    full, reader = records[:2], records[2:]  # one condition after the other, each over the batch
+    assert [r["method"] for r in full] == ["full_kv"] * 2 and [r["method"] for r in reader] == ["sfi"] * 2
+    assert [(r["prediction"], r["score"]) for r in reader] == [(r["prediction"], r["score"]) for r in full]
+
+
+@pytest.mark.parametrize("task", ["niah_list", "niah_list_64", "vt_reason"])
+def test_lengths_hit_the_target_in_smollm2_tokens(task):
+    from transformers import AutoTokenizer
+
+    from sfibench.models.loading import MissingWeightsError, find_smollm2_gguf
+
+    try:
+        path = find_smollm2_gguf()
+    except MissingWeightsError:
+        pytest.skip("smollm2-135m weights are not installed")
+    fmt = PromptFormat(Tokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)), chat=True)
+    for sample in make_samples(task, fmt, 4096, 2, seed=1):
+        assert 0.97 * 4096 <= len(sample.prompt) <= 4096
+    if task == "niah_list_64":  # the long-fidelity workload: a right answer takes more than 1,024 tokens
+        asked, values = sample.meta["asked"], sample.answers[0]
+        right = " ".join(f"The special magic number for {k} is {v}." for k, v in zip(asked, values))
+        assert 1024 < fmt.count(right) < sample.max_answer_tokens

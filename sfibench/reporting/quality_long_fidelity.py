@@ -78,3 +78,4 @@ def plot_long_fidelity(samples: list[dict], path: Path, colors: dict) -> Path | 
     legend_below(fig, axes.flat)
     save(fig, path)
     return path
+

@@ -1,4 +1,7 @@
-"""Whether a method's refresh fired: slow steps per answer, their spacing and the answer length, per cell.
+"""Whether a method's refresh fired, and how it kept to Full-KV along long answers: report.md's sections.
+
+Slow steps per answer, their spacing and the answer length, per cell; and, for answers long enough to
+keep per-step fidelity, KL and top-1 agreement early and late in the answer.
 
 SFI refreshes its selection on slow steps (SPEC 3), which fire at the first token of a new generated
 sentence. An answer of a few tokens has none, so its score judges only the selection made at the prompt;
@@ -7,6 +10,10 @@ these fields existed carry none; their cells show a dash and the report says the
 """
 
 from __future__ import annotations
+
+from collections import defaultdict
+
+QUARTERS = ("first", "last")
 
 
 def _mean(values: list[float]) -> float | None:
@@ -61,7 +68,8 @@ def refresh_cells(samples: list[dict]) -> list[dict]:
 
 def refresh_section(samples: list[dict]) -> list[str]:
     """report.md's section on slow steps, from the per-sample records: a sentence per (task, method) whose
-    refresh never fired, one per (task, method) whose refresh did, and a table per cell."""
+    refresh never fired, one per (task, method) whose refresh did, and a table per cell; then the section on
+    fidelity along long answers where records kept it."""
     recorded = refresh_cells(samples)
     if not recorded:
         return []
@@ -103,5 +111,39 @@ def refresh_section(samples: list[dict]) -> list[str]:
                   + "; ".join(f"{c['task']} @ {c['context']} {c['method']}"
                               f"{'' if c['retention'] is None else '@' + format(c['retention'], 'g')} "
                               f"{c['exact_match']:.2f}" for c in exact) + "."]
-    return lines + [""]
+    return [*lines, "", *long_fidelity_section(samples)]
 
+
+def _quarter(values: list[float], which: str) -> float:
+    """Mean of the first or last quarter of `values` (at least one value)."""
+    size = max(1, len(values) // 4)
+    part = values[:size] if which == "first" else values[-size:]
+    return sum(part) / len(part)
+
+
+def _cell_mean(records: list[dict], field: str, which: str) -> float:
+    return sum(_quarter(r[field], which) for r in records) / len(records)
+
+
+def long_fidelity_section(samples: list[dict]) -> list[str]:
+    """report.md's table of fidelity along long answers: does a method drift from Full-KV as the answer goes on?
+    Per cell, KL and top-1 agreement over the first and the last quarter of the steps, and the slow steps."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for record in samples:
+        if record.get("kl_steps"):
+            groups[(record["task"], record["context"], record["retention"], record["method"])].append(record)
+    if not groups:
+        return []
+    lines = ["## Fidelity along long answers", "",
+             ("Each method teacher-forced on Full-KV's own answer (answers of 256 steps or more keep every step; "
+              "long_fidelity.png draws them): KL(full || method) in nats and top-1 agreement, averaged over the first "
+              "and the last quarter of each answer's steps, then over the answers; slow steps in the taught run."),
+             "", ("| task | context | retention | method | answers | steps | KL first | KL last | top-1 first | "
+                  "top-1 last | slow steps |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (task, context, retention, method), records in sorted(groups.items()):
+        steps = sum(len(r["kl_steps"]) for r in records) / len(records)
+        slow = sum(len(r.get("taught_slow_steps", [])) for r in records) / len(records)
+        lines.append(f"| {task} | {context} | {retention:g} | {method} | {len(records)} | {steps:.0f} | "
+                     + " | ".join(f"{_cell_mean(records, 'kl_steps', q):.3f}" for q in QUARTERS) + " | "
+                     + " | ".join(f"{_cell_mean(records, 'top1_steps', q):.2f}" for q in QUARTERS) + f" | {slow:.1f} |")
+    return lines + [""]
