@@ -24,9 +24,10 @@ from sfibench.workloads.ruler_tasks import _zeta, qa
 from sfibench.workloads.tasks import expand_tasks, get_task, make_samples
 
 INSTALLED = all(find_spec(name) for name in ruler_data.PACKAGES)
-needs_ruler = pytest.mark.skipif(not INSTALLED, reason=f"RULER's package is not installed ({ruler_data.INSTALL})")
-NAMES = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3",
-         "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2"]
+needs_ruler = pytest.mark.skipif(not INSTALLED,
+                                 reason=f"RULER's package is not installed ({ruler_data.INSTALL})")
+NAMES = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multikey_2",
+         "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2"]
 TASKS = ["ruler_" + name for name in NAMES]
 TARGET = 8192  # in bytes: every task's shortest prompt (qa_2's ten HotpotQA documents) fits
 
@@ -47,7 +48,8 @@ def smollm2_fmt():
         path = find_smollm2_gguf()
     except MissingWeightsError:
         pytest.skip("smollm2-135m weights are not installed")
-    return PromptFormat(Tokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)), chat=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return PromptFormat(Tokenizer(tokenizer), chat=True)
 
 
 def _text(fmt, sample) -> str:
@@ -91,7 +93,8 @@ def test_niah_needles_sit_in_the_haystack_and_the_question_asks_for_the_answers(
         text = _text(byte_fmt, sample)
         haystack, question = text.rsplit("\n", 1)[0], text.rsplit("\n", 1)[1]
         for value in sample.answers[0]:
-            needle = re.search(rf"One of the special magic {config['type_needle_v']} for (\S+) is: {value}\.", haystack)
+            kind = config["type_needle_v"]
+            needle = re.search(rf"One of the special magic {kind} for (\S+) is: {value}\.", haystack)
             assert needle, (task, value)
             assert needle[1] in question  # the question names the key of every value it asks for
         assert len(sample.answers[0]) == config["num_needle_q"] * config["num_needle_v"]
@@ -104,7 +107,7 @@ def test_niah_needles_sit_in_the_haystack_and_the_question_asks_for_the_answers(
 @needs_ruler
 def test_vt_chain_cwe_and_fwe_answers_are_what_the_context_makes_them(byte_fmt):
     vt = make_samples("ruler_vt", byte_fmt, TARGET, 1, seed=0)[0]
-    text = _text(byte_fmt, vt).split("Memorize and track")[-1]  # the question's own text, after the worked example
+    text = _text(byte_fmt, vt).split("Memorize and track")[-1]  # the question, after the worked example
     names = vt.answers[0]
     value = re.search(rf"VAR {names[0]} = (\d+)", text)[1]
     assert all(f"VAR {b} = VAR {a}" in text for a, b in itertools.pairwise(names))
@@ -141,7 +144,7 @@ def test_rulers_metrics_on_made_up_answers():
     assert score("string_match_all", "They are 1234567, 7654321.", ["1234567", "7654321"]) == 1.0
     assert score("string_match_all", "Only 1234567 here.", ["1234567", "7654321"]) == 0.5
     assert score("string_match_all", "none of them", ["1234567", "7654321"]) == 0.0
-    assert score("string_match_all", "HARD-SLIDER and Lime", ["hard-slider", "lime"]) == 1.0  # case-insensitive
+    assert score("string_match_all", "HARD-SLIDER and Lime", ["hard-slider", "lime"]) == 1.0  # any case
     assert score("string_match_all", "12345678", ["1234567"]) == 1.0  # RULER's test is a plain substring test
     assert score("string_match_part", "It was in France.", ["France", "the French Republic"]) == 1.0
     assert score("string_match_part", "in germany", ["France", "Spain"]) == 0.0
@@ -158,7 +161,8 @@ def test_fit_returns_the_largest_size_that_fits():
         return [0] * (7 * n + 3)
 
     n, ids = fit(render, 1000, 10 ** 9, "t")
-    assert n == (1000 - 3) // 7 and len(ids) == 7 * n + 3 and max(sizes) < 4 * n  # doubling, not the huge bound
+    assert n == (1000 - 3) // 7 and len(ids) == 7 * n + 3
+    assert max(sizes) < 4 * n  # steps of doubling size, not the huge bound
     for start in (n - 3, n, n + 1, n + 50, 10 ** 6):  # a previous sample's size, below or above this one's
         sizes.clear()
         assert fit(render, 1000, 10 ** 9, "t", start=start)[0] == n
@@ -170,7 +174,8 @@ def test_fit_returns_the_largest_size_that_fits():
 def test_zeta_and_sentence_split():
     assert _zeta(2.0) == pytest.approx(3.141592653589793 ** 2 / 6, rel=1e-12)
     assert _zeta(3.0) == pytest.approx(1.2020569031595942, rel=1e-12)
-    assert split_sentences('One. Two? "Three!" four. 5 five.') == ["One.", "Two?", '"Three!" four.', "5 five."]
+    expected = ["One.", "Two?", '"Three!" four.', "5 five."]
+    assert split_sentences('One. Two? "Three!" four. 5 five.') == expected
 
 
 @needs_ruler
@@ -180,7 +185,8 @@ def test_qa_records_store_scores_and_ids_but_no_text():
 
     session = Session.open("tiny-llama", "cpu")
     fmt = PromptFormat(session.loaded.tokenizer, chat=False)
-    samples = make_samples("ruler_qa_1", fmt, 3000, 2, seed=0) + make_samples("ruler_niah_single_1", fmt, 3000, 1, 0)
+    samples = make_samples("ruler_qa_1", fmt, 3000, 2, 0)
+    samples += make_samples("ruler_niah_single_1", fmt, 3000, 1, 0)
     records = evaluate_batch(session, samples, [make_condition("full_kv", None, 3000)])
     qa = [r for r in records if r["task"] == "ruler_qa_1"]
     assert [r["sample_id"] for r in qa] == ["ruler/qa_1/3000/0/0", "ruler/qa_1/3000/0/1"]
@@ -194,7 +200,8 @@ def test_a_missing_package_is_one_line_with_the_install_command(tmp_path, monkey
     forbid_model_loading(monkeypatch)
     monkeypatch.setattr(ruler_data, "find_spec", lambda name: None)
     for tasks in ("ruler", "niah_single,ruler_qa_1"):
-        result = CliRunner().invoke(app, ["quality", "--model", "tiny-llama", "--tasks", tasks, "--device", "cpu"])
+        args = ["quality", "--model", "tiny-llama", "--tasks", tasks, "--device", "cpu"]
+        result = CliRunner().invoke(app, args)
         assert not isinstance(result.exception, ModelLoaded)
         assert result.exit_code == 2 and "Traceback" not in result.output
         line = " ".join(result.output.split())
@@ -214,7 +221,8 @@ def test_ruler_context_is_max_seq_length_so_ctx_max_reserves_no_answer_room():
     assert _fit_contexts(session, fmt, run) == [session.max_tokens - MAX_MARGIN]
     mixed = quality_run("tiny-llama", ["full_kv"], ["ruler_niah_single_1", "passkey"], ["max"], [0.5], [1],
                         device="cpu")
-    assert _fit_contexts(session, fmt, mixed) == [session.max_tokens - MAX_MARGIN - 10]  # passkey's answer room
+    # passkey reserves its 10 answer tokens
+    assert _fit_contexts(session, fmt, mixed) == [session.max_tokens - MAX_MARGIN - 10]
 
 
 @needs_ruler

@@ -41,7 +41,7 @@ def check_task(name: str) -> None:
 
 
 def ruler_samples(task: str, fmt: PromptFormat, target: int, count: int, seed: int) -> list[Sample]:
-    """`count` samples of RULER task `task` for a max_seq_length of `target` tokens, deterministic per seed."""
+    """`count` samples of RULER task `task` at a max_seq_length of `target` tokens, fixed by the seed."""
     check_task(task)
     if task == ALL:
         raise UnknownTaskError(f"{ALL} stands for RULER's 13 tasks; ask for each (tasks.expand_tasks)")

@@ -57,14 +57,20 @@ def task_type(name: str) -> dict:
 
 
 def metric_name(name: str) -> str:
-    """The per-task metric RULER's evaluation applies to a task type: string_match_all or string_match_part."""
+    """The metric RULER's evaluation applies to a task type: string_match_all or string_match_part."""
     require_packages()
-    return importlib.import_module("long_context_eval.eval.synthetic.constants").TASKS[name]["metric_fn"].__name__
+    metrics = importlib.import_module("long_context_eval.eval.synthetic.constants").TASKS
+    return metrics[name]["metric_fn"].__name__
+
+
+def _synthetic_dir() -> Path:
+    """The package's folder of generator scripts and data files."""
+    return _package_dir("long_context_eval") / "data" / "synthetic"
 
 
 @functools.cache
 def _generator_source(module: str) -> str:
-    return (_package_dir("long_context_eval") / "data" / "synthetic" / f"{module}.py").read_text(encoding="utf-8")
+    return (_synthetic_dir() / f"{module}.py").read_text(encoding="utf-8")
 
 
 def source_string(module: str, variable: str) -> str:
@@ -89,7 +95,7 @@ def argument_default(module: str, option: str) -> int:
 
 
 def _json(file: str):
-    with open(_package_dir("long_context_eval") / "data" / "synthetic" / "json" / file, encoding="utf-8") as handle:
+    with open(_synthetic_dir() / "json" / file, encoding="utf-8") as handle:
         return json.load(handle)
 
 
@@ -129,7 +135,7 @@ def qa_data(dataset: str) -> tuple[list[dict], list[str]]:
         return questions, docs
     if dataset == "hotpotqa":
         records = _json("hotpotqa.json")
-        docs = sorted({f"{title}\n{''.join(sentences)}" for r in records for title, sentences in r["context"]})
+        docs = sorted({f"{title}\n{''.join(lines)}" for r in records for title, lines in r["context"]})
         number = {doc: i for i, doc in enumerate(docs)}
         questions = [{"query": r["question"], "outputs": [r["answer"]],
                       "context": [number[f"{t}\n{''.join(s)}"] for t, s in r["context"]], "more_context": []}

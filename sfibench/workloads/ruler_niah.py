@@ -60,8 +60,8 @@ def fit(render: Callable[[int], list[int]], budget: int, most: int, task: str,
         high = start - 1
         while True:
             if high < 1:
-                raise ContextSizeError(f"{task}: the shortest prompt has more than the {budget} tokens this --ctx "
-                                       "leaves beside the answer; use a larger --ctx")
+                raise ContextSizeError(f"{task}: the shortest prompt has more than the {budget} tokens this "
+                                       "--ctx leaves beside the answer; use a larger --ctx")
             trial = max(high + 1 - step, 1)
             candidate = render(trial)
             if len(candidate) <= budget:
@@ -79,12 +79,12 @@ def fit(render: Callable[[int], list[int]], budget: int, most: int, task: str,
 
 
 def prompt(fmt: PromptFormat, user: str, prefix: str) -> list[int]:
-    """The task text as the user's turn and RULER's answer prefix after it (RULER's `base` template without chat)."""
+    """The task text as the user's turn, RULER's answer prefix after it (without chat: RULER's `base`)."""
     return fmt.first_turn(user, prefix) if fmt.chat else fmt.starting(fmt.tokenizer.encode(user + prefix))
 
 
 def split_sentences(text: str) -> list[str]:
-    """Sentences of prose: a break after . ! or ? (and closing quotes) before a capital, digit or opening quote."""
+    """Sentences of prose: a break after . ! or ? (and closing quotes) before a capital, digit or quote."""
     out, start = [], 0
     for end in _SENTENCE_END.finditer(text):
         out.append(text[start:end.end()].strip())
@@ -110,7 +110,8 @@ def sorted_words(*lists: str) -> tuple[str, ...]:
 
 
 def niah(fmt, args, kind, target, rng, seed, index) -> Draft:
-    keys_n, values_n, queried = max(args["num_needle_k"], args["num_needle_q"]), args["num_needle_v"], args["num_needle_q"]
+    values_n, queried = args["num_needle_v"], args["num_needle_q"]
+    keys_n = max(args["num_needle_k"], queried)  # as RULER: at least as many keys as the question asks for
     value_kind, haystack = args["type_needle_v"], args["type_haystack"]
     needle = data.source_string("niah", "needle")
     keys, values, needles = [], [], []
@@ -144,11 +145,11 @@ def niah(fmt, args, kind, target, rng, seed, index) -> Draft:
             lines = [data.source_string("niah", "haystack")] * n
         else:  # "needle": the haystack is distractor needles with keys and values of their own
             while len(distractors) < n:
-                distractors.append(needle.format(type_needle_v=value_kind, key=draw(stream, args["type_needle_k"]),
-                                                 value=draw(stream, value_kind)))
+                key, value = draw(stream, args["type_needle_k"]), draw(stream, value_kind)
+                distractors.append(needle.format(type_needle_v=value_kind, key=key, value=value))
             lines = distractors[:n]
-        for at, text in zip(sorted(random.Random(place_seed + n).sample(range(n), len(needles)), reverse=True),
-                            needles):
+        places = sorted(random.Random(place_seed + n).sample(range(n), len(needles)), reverse=True)
+        for at, text in zip(places, needles):
             lines.insert(at, text)
         return "\n".join(lines)
 
@@ -156,10 +157,13 @@ def niah(fmt, args, kind, target, rng, seed, index) -> Draft:
                                    prefix.format(type_needle_v=noun, query=query)),
                  [v for i in asked for v in values[i]],
                  len(data.essay_words()) if haystack == "essay" else 4 * target,
-                 {"needle_values": [v for vs in values for v in vs], "depths": depths if haystack == "essay" else None})
+                 {"needle_values": [v for vs in values for v in vs],
+                  "depths": depths if haystack == "essay" else None})
 
 
 def _singular(text: str) -> str:
-    return text.replace("Some", "A").replace("are all", "is").replace("are", "is").replace("answers", "answer")
+    for plural, singular in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
+        text = text.replace(plural, singular)
+    return text
 
 

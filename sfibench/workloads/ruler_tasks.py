@@ -23,14 +23,14 @@ from sfibench.workloads.ruler_niah import Draft, fit, prompt, sorted_words
 ICL_LENGTH = 500  # the max_seq_length RULER sizes the variable-tracking example to
 
 
-def _chains(rng: random.Random, chains: int, hops: int, letters: int) -> tuple[list[list[str]], list[list[str]]]:
-    """(variable names, assignment statements) per chain: the first binds a 5-digit value, each next copies one."""
+def _chains(rng: random.Random, chains: int, hops: int, letters: int) -> tuple[list, list]:
+    """(variable names, assignment statements) per chain: the first binds a 5-digit value, the others copy."""
     names = ["".join(rng.choices(string.ascii_uppercase, k=letters)) for _ in range((hops + 1) * chains)]
     while len(set(names)) < chains * (hops + 1):
         names.append("".join(rng.choices(string.ascii_uppercase, k=letters)))
     groups = [names[i:i + hops + 1] for i in range(0, (hops + 1) * chains, hops + 1)]
-    statements = [[f"VAR {g[0]} = {rng.randint(10000, 99998)}"] + [f"VAR {g[j + 1]} = VAR {g[j]} " for j in range(hops)]
-                  for g in groups]
+    statements = [[f"VAR {g[0]} = {rng.randint(10000, 99998)}"]
+                  + [f"VAR {g[j + 1]} = VAR {g[j]} " for j in range(hops)] for g in groups]
     return groups, statements
 
 
@@ -53,7 +53,7 @@ _EXAMPLES: dict[tuple, str] = {}  # the worked vt example per (tokenizer, seed, 
 
 
 def _vt_example(fmt, args: dict, kind: dict, seed: int) -> str:
-    """RULER's worked vt example: 3-letter names, noise in steps of 5 lines fitting 500 tokens, answer appended.
+    """RULER's worked vt example: 3-letter names, noise in steps of 5 lines up to 500 tokens, answer appended.
 
     RULER sizes it on its text and answer alone (no chat template), as here."""
     key = (id(fmt.tokenizer), seed, tuple(sorted(args.items())))
@@ -123,8 +123,10 @@ def cwe(fmt, args, kind, target, rng, seed, index) -> Draft:
 def _zeta(s: float) -> float:
     """Riemann zeta for s > 1 (Euler-Maclaurin after 1000 terms; error far below a double's precision)."""
     n = 1000
-    return (math.fsum(k ** -s for k in range(1, n)) + n ** (1 - s) / (s - 1) + n ** -s / 2 + s * n ** (-s - 1) / 12
+    head = math.fsum(k ** -s for k in range(1, n))
+    tail = (n ** (1 - s) / (s - 1) + n ** -s / 2 + s * n ** (-s - 1) / 12
             - s * (s + 1) * (s + 2) * n ** (-s - 3) / 720)
+    return head + tail
 
 
 def fwe(fmt, args, kind, target, rng, seed, index) -> Draft:
@@ -150,8 +152,8 @@ def fwe(fmt, args, kind, target, rng, seed, index) -> Draft:
 def qa(fmt, args, kind, target, rng, seed, index) -> Draft:
     questions, docs = data.qa_data(args["dataset"])
     if index >= len(questions):
-        raise UsageError(f"RULER's {args['dataset']} has {len(questions)} questions; ask for at most that many "
-                         "--samples")
+        raise UsageError(f"RULER's {args['dataset']} has {len(questions)} questions; ask for at most that "
+                         "many --samples")
     item = questions[index]
     own = item["context"]
     pool = rng.sample(item["more_context"], len(item["more_context"]))
@@ -171,7 +173,8 @@ def qa(fmt, args, kind, target, rng, seed, index) -> Draft:
             chosen = [docs[i] for i in own + pool[:n]]
         random.Random(seed).shuffle(chosen)
         context = "\n\n".join(document.format(i=i + 1, document=d) for i, d in enumerate(chosen))
-        return prompt(fmt, kind["template"].format(context=context, query=item["query"]), kind["answer_prefix"])
+        question = kind["template"].format(context=context, query=item["query"])
+        return prompt(fmt, question, kind["answer_prefix"])
 
     return Draft(render, list(item["outputs"]), len(docs) - len(own))
 
