@@ -105,7 +105,7 @@ def model():
     ({"budget": float("nan")}, "budget nan is not a token count or a percentage"),
     ({"method": "nope"}, "unknown method 'nope'"),
     ({"method": None}, "method is a NoneType; give a method's name"),
-    ({"model": None}, "model is a NoneType, not a transformers causal LM"),
+    ({"model": None}, "model is None; give a transformers causal LM"),
 ])
 def test_apply_checks_its_arguments_with_sfibench_errors(model, arguments, message):
     import sfibench.hf

@@ -165,11 +165,9 @@ def apply(model, tokenizer, method: str, budget: int | str | None = None, config
 def check_arguments(model, tokenizer, method, budget, evidence_rows) -> None:
     """What `apply` is given, checked before anything of the model is touched; each refusal is a UsageError
     naming the argument and the fix, as the CLI's are."""
-    import torch
-
-    if not isinstance(model, torch.nn.Module) or not callable(getattr(model, "generate", None)):
-        raise UsageError(f"model is a {type(model).__name__}, not a transformers causal LM; give one such as "
-                         "AutoModelForCausalLM.from_pretrained(...)")
+    if model is None:  # any other model that is not a transformers causal LM is refused when it is described
+        raise UsageError("model is None; give a transformers causal LM, such as AutoModelForCausalLM.from_pretrained"
+                         "(...)")
     backend = tokenizer.backend if isinstance(tokenizer, Tokenizer) else tokenizer
     missing = [name for name in ("encode", "decode") if not callable(getattr(backend, name, None))]
     if missing:
