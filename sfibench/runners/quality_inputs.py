@@ -157,7 +157,7 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
     for method in methods:  # the names now; each method's paths once its module loads, below
         registry.check_name(method)
     check_path(path, "--path")
-    tasks = expand_tasks(list(tasks))  # `ruler`: RULER's 13 tasks; a RULER task needs its package, checked here
+    tasks = expand_tasks(list(tasks))  # `ruler`: RULER's 13 tasks; each needs its package, checked here
     for task in tasks:
         get_task(task)
     if longbench and not Path(longbench).exists():

@@ -27,7 +27,7 @@ from sfibench.workloads.ruler import task_names as ruler_task_names
 def get_task(name: str) -> TaskSpec:
     if is_ruler_task(name):  # RULER's tasks are read from their package; make_samples builds them
         check_ruler_task(name)
-        return TaskSpec(name, _built_by_make_samples, "RULER's own task, from the nvidia-long-context-eval package")
+        return TaskSpec(name, _built_by_make_samples, "RULER's own task, from its package")
     if name not in TASKS:
         raise UnknownTaskError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))} "
                                "(LongBench tasks come from --longbench PATH)")
@@ -37,7 +37,8 @@ def get_task(name: str) -> TaskSpec:
 def task_names() -> str:
     """The built-in tasks, comma-separated in registration order, and RULER's (what `--tasks` accepts)."""
     return (", ".join(TASKS) + f"; {RULER_ALL} for RULER's 13 tasks or one of them as ruler_<task> "
-            "(ruler_niah_single_1, ..., ruler_qa_2; needs the nvidia-long-context-eval package: docs/ruler.md)")
+            "(ruler_niah_single_1, ..., ruler_qa_2; needs the nvidia-long-context-eval package: "
+            "docs/ruler.md)")
 
 
 def make_samples(task: str, fmt: PromptFormat, target: int, count: int, seed: int) -> list[Sample]:
@@ -49,7 +50,7 @@ def make_samples(task: str, fmt: PromptFormat, target: int, count: int, seed: in
 
 
 def expand_tasks(names: list[str]) -> list[str]:
-    """`names` with `ruler` standing for RULER's 13 tasks (ruler_niah_single_1, ..., ruler_qa_2), each once."""
+    """`names` with `ruler` standing for RULER's 13 tasks (ruler_niah_single_1, ...), once each."""
     out = []
     for name in names:
         if name == RULER_ALL:
