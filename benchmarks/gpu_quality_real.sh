@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Usage: bash benchmarks/gpu_quality_real.sh SECONDS PART[:LIMIT] [PART[:LIMIT] ...]   (LIMIT: that part's seconds)
+# Quality of every method with a real instruct model (Qwen2.5-Coder-1.5B-Instruct, every layer attending) on a
+# GPU machine without network access, in one device call: reports/quality-qwen2.5-coder-1.5b-*.
+#
+# Staging, before this call (benchmarks/README.md): the GGUF carried in chunks by stage_parts.sh under the
+# name qwen2.5-coder-1.5b.gguf, and the gguf / transformers wheels in $WHEELS (default .whl/, carried with this
+# call). Each part is one `sfibench quality` run on the optimized path in bfloat16 with CUDA graphs (agree-8k: three
+# runs), stopped with SIGINT at its limit (the run keeps and renders what is done) or skipped when less time
+# is left than it needs; each comes back as OUT/NAME.tar, to unpack under reports/.
+#   list-16k     niah_list (one sentence per value, a slow step per sentence) at 16K, every method at paper-2k
+#   reason-16k   vt_reason (reasoning before the answer) at 16K, every method at paper-2k
+#   single-CTX   niah_single at CTX (8k, 16k, 32k), every method at paper-2k and paper-4k
+#   needles-16k  niah_multikey, niah_multivalue, niah_multiquery at 16K, every method at paper-2k
+#   retention-16k  niah_single and niah_list at 16K, every method at retention 0.15 and 0.5
+#   variants-32k SFI --no-nms and SFI --no-nms --keep-neighbours 7 on niah_single at 32K (paper-2k,paper-4k)
+#   agree-8k     niah_single at 8K, 20 prompts: reference float32, reference bfloat16, optimized bfloat16
+# Environment: SAMPLES (default 100), BATCH (default 16), WHEELS (folder of the wheels).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+budget=${1:?usage: gpu_quality_real.sh SECONDS PART...}
+shift
+started=$SECONDS
+RESERVE=15  # seconds kept for packing
+cat DEVICE_COMMIT 2>/dev/null | head -1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "${WHEELS:-.whl}"/*.whl || exit 1
+export PYTHONPATH=$PWD:/tmp/site
+model=$(bash benchmarks/stage_parts.sh assemble qwen2.5-coder-1.5b.gguf) || exit 1
+echo "model $model; $(python -c 'import transformers, torch; print("transformers", transformers.__version__, "torch", torch.__version__)')"
+METHODS=full_kv,sfi,streaming_llm,snapkv,quest,tidaldecode
+SAMPLES=${SAMPLES:-100}
+BATCH=${BATCH:-16}
+
+quality() {  # NAME NEED ARGS...: one quality run into OUT/NAME with SIGINT at its limit
+    local name=$1 need=$2 left limit
+    shift 2
+    left=$(( budget - RESERVE - (SECONDS - started) ))
+    if [ "$left" -lt "$need" ]; then echo "$name: skipped, ${left} s left of the ${need} s it needs"; return; fi
+    limit=$(( ${PARTLIMIT:-$left} < left ? ${PARTLIMIT:-$left} : left ))  # PARTLIMIT: the part's own LIMIT
+    timeout -s INT --kill-after=30 "$limit" python -m sfibench quality --model "$model" --device cuda \
+        --batch "$BATCH" --out "$OUT/$name" "$@" > "$OUT/$name.log" 2>&1
+    echo "$name: rc=$? after $(( SECONDS - started )) s (limit $limit s): sfibench quality $*"
+    grep -v "^ *$" "$OUT/$name.log" | tail -4
+    if [ -d "$OUT/$name" ]; then mv "$OUT/$name.log" "$OUT/$name/run.log"; fi
+}
+
+pack() {  # NAME [DIR ...]: OUT/NAME.tar of the given run folders (default OUT/NAME)
+    local name=$1
+    shift
+    local dirs=("${@:-$name}") present=()
+    for d in "${dirs[@]}"; do [ -d "$OUT/$d" ] && present+=("$d"); done
+    [ ${#present[@]} -gt 0 ] && tar -cf "$OUT/$name.tar" -C "$OUT" "${present[@]}" && (cd "$OUT" && rm -rf "${present[@]}")
+}
+
+OPT=(--path optimized --dtype bfloat16)
+for spec in "$@"; do
+    part=${spec%%:*}
+    PARTLIMIT=$( [[ $spec == *:* ]] && echo "${spec#*:}" || echo "" )
+    case $part in
+    list-16k)
+        quality "$part" 120 "${OPT[@]}" --tasks niah_list --ctx 16k --sfi-preset paper-2k --methods "$METHODS" \
+            --samples "$SAMPLES"; pack "$part" ;;
+    reason-16k)
+        quality "$part" 120 "${OPT[@]}" --tasks vt_reason --ctx 16k --sfi-preset paper-2k --methods "$METHODS" \
+            --samples "$SAMPLES"; pack "$part" ;;
+    single-8k | single-16k | single-32k)
+        ctx=${part#single-}; [ "$ctx" = 32k ] && ctx=32000
+        quality "$part" 120 "${OPT[@]}" --tasks niah_single --ctx "$ctx" --sfi-preset paper-2k,paper-4k \
+            --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
+    needles-16k)
+        quality "$part" 120 "${OPT[@]}" --tasks niah_multikey,niah_multivalue,niah_multiquery --ctx 16k \
+            --sfi-preset paper-2k --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
+    retention-16k)
+        quality "$part" 120 "${OPT[@]}" --tasks niah_single,niah_list --ctx 16k --retention 0.15,0.5 \
+            --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
+    variants-32k)
+        quality "$part-no-nms" 120 "${OPT[@]}" --tasks niah_single --ctx 32000 --sfi-preset paper-2k,paper-4k \
+            --methods sfi --no-nms --samples "$SAMPLES"
+        quality "$part-no-nms-keep7" 120 "${OPT[@]}" --tasks niah_single --ctx 32000 \
+            --sfi-preset paper-2k,paper-4k --methods sfi --no-nms --keep-neighbours 7 --samples "$SAMPLES"
+        pack "$part" "$part-no-nms" "$part-no-nms-keep7" ;;
+    agree-8k)
+        for run in "reference float32" "reference bfloat16" "optimized bfloat16"; do
+            read -r path dtype <<< "$run"
+            quality "$part-$path-$dtype" 60 --path "$path" --dtype "$dtype" --tasks niah_single --ctx 8k \
+                --sfi-preset paper-2k --methods "$METHODS" --samples 20
+        done
+        if [ -d "$OUT/$part-optimized-bfloat16" ]; then
+            python benchmarks/quality_paths_agree.py "$OUT/$part-reference-float32" "$OUT/$part-reference-bfloat16" \
+                "$OUT/$part-reference-bfloat16" "$OUT/$part-optimized-bfloat16" --out "$OUT/$part-agreement.md"
+        fi
+        pack "$part" "$part-reference-float32" "$part-reference-bfloat16" "$part-optimized-bfloat16" ;;
+    *) echo "unknown part $part" ;;
+    esac
+done
+echo "done after $(( SECONDS - started )) s"
