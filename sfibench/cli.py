@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from sfibench.commands.common import checked_numbers
+from sfibench.commands.common import ClosedPipeGuard, checked_numbers, closed_output_notice
 from sfibench.commands.generate import generate
 from sfibench.commands.info import env, models
 from sfibench.commands.profile import profile
@@ -35,8 +35,13 @@ def _writable_caches():
 
 
 def main():  # pragma: no cover - console-script entry
+    guard, _ = ClosedPipeGuard.install()  # a closed `| head` drops what is printed, never the run
     try:
         app()
     except SystemExit as done:  # every run ends here: click exits with the command's status
-        leave_rank(done.code)
-        raise
+        code = done.code
+        if guard.closed and code in (0, None):
+            closed_output_notice()
+            code = 1  # as Python's own handling of a closed pipe exits
+        leave_rank(code)
+        raise SystemExit(code) from None

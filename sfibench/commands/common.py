@@ -42,7 +42,7 @@ def user_errors():
     terminated: list[int] = []
     restore = _stop_on_sigterm(terminated)
     forget_saved_run()
-    guard = ClosedPipeGuard.install()
+    guard, owned = ClosedPipeGuard.install()
     try:
         yield
     except (UsageError, *loaded_user_errors()) as error:  # evaluated once an error is raised
@@ -61,11 +61,20 @@ def user_errors():
         raise typer.Exit(code=2) from None
     finally:
         restore()
-        guard.remove()
-    if guard.closed:
-        err_console.print(f"[bold yellow]standard output was closed[/] before sfibench finished printing; "
-                          f"{kept_by_this_command()}", highlight=False, soft_wrap=True)
+        if owned:
+            guard.remove()
+    if owned and guard.closed:  # else the guard's owner (the CLI's entry point) says it once all is printed
+        closed_output_notice()
         raise typer.Exit(code=1)  # as Python's own handling of a closed pipe exits
+
+
+def closed_output_notice() -> None:
+    """The one line a command whose standard output was closed early ends with: what it kept."""
+    kept = kept_by_this_command()
+    if kept == "nothing was saved":
+        kept = "the rest of its output was dropped (it saves no run)"
+    err_console.print(f"[bold yellow]standard output was closed[/] before sfibench finished printing; {kept}",
+                      highlight=False, soft_wrap=True)
 
 
 # A write the disk refused, each with what frees the way; any other OSError keeps its traceback
@@ -104,10 +113,13 @@ class ClosedPipeGuard:
         self.closed = False
 
     @classmethod
-    def install(cls) -> ClosedPipeGuard:
+    def install(cls) -> tuple[ClosedPipeGuard, bool]:
+        """(the guard standing in for sys.stdout, whether this call put it there): one already there is kept."""
+        if isinstance(sys.stdout, cls):
+            return sys.stdout, False
         guard = cls(sys.stdout)
         sys.stdout = guard
-        return guard
+        return guard, True
 
     def remove(self) -> None:
         if sys.stdout is self:
