@@ -59,7 +59,7 @@ def profile(
             raise UsageError("--resume keeps the run in --out and --overwrite replaces it; give one of them")
         if resume:
             from sfibench.models.presets import PRESETS
-            from sfibench.reporting.run_files import finish_saved_run
+            from sfibench.reporting.report_run import finish_saved_run
 
             settings = {"context": context, "method": method, "path": path, "steps": steps, "batch": batch,
                         **({"model": PRESETS[model].name} if model in PRESETS else {})}

@@ -105,7 +105,7 @@ def stability(
 
             from sfibench.options import budget_record
             from sfibench.reporting.results import to_jsonable
-            from sfibench.reporting.run_files import finish_saved_run
+            from sfibench.reporting.report_run import finish_saved_run
 
             settings = to_jsonable({**asdict(analysis), "k_head": budget_record(analysis.k_head)})
             run_dir = finish_saved_run(out, "stability", {k: v for k, v in settings.items() if k != "device"})

@@ -127,7 +127,7 @@ def throughput(
         if order_note:
             console.print(order_note, highlight=False)
         if resume:
-            from sfibench.reporting.run_files import finish_saved_run
+            from sfibench.reporting.report_run import finish_saved_run
             from sfibench.runners.throughput import recorded_settings
 
             run_dir = finish_saved_run(out, "throughput", recorded_settings(run))

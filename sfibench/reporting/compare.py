@@ -29,6 +29,7 @@ from sfibench.reporting.speedup_claims import (
     verdict_cell,
     verdict_legend,
 )
+from sfibench.reporting.staging import draw_staged
 
 PANELS_PER_ROW = 4
 CAPTION_CHARACTERS_PER_INCH = 13  # of a caption line at 8 points, so it wraps inside the figure
@@ -46,9 +47,7 @@ def compare_runs(run_dirs: list[Path], out: Path | None, overwrite: bool) -> Pat
     with claimed_run_dir(out, "report", overwrite=overwrite) as run_dir:
         write_results(run_dir, "report", {"runs": [str(d) for d in run_dirs], "compared_command": commands[0]},
                       {"runs": runs, "rows": rows, "differing_settings": settings})
-        from sfibench.reporting.report_run import render  # report_run picks this module's renderer
-
-        render(run_dir)
+        draw_staged(run_dir, "report", lambda stage: [render_comparison(stage)])
     return run_dir
 
 

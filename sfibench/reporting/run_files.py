@@ -60,18 +60,6 @@ def describe_kept(run_dir: Path) -> str:
             f"`sfibench report {run_dir}`")
 
 
-def finish_saved_run(out: Path | None, command: str, settings: dict) -> Path:
-    """`--resume` on a run whose results.json is whole (its command saves once, at the end): nothing is measured
-    again; the run's recorded settings must be the ones given now, and its report is drawn from the file."""
-    from sfibench.reporting.report_run import render
-    from sfibench.reporting.run_dir import claimed_run_dir
-
-    with claimed_run_dir(out, command, resume=True) as run_dir:
-        check_same_settings(read_results(run_dir)["config"], settings, run_dir)
-        render(run_dir)
-    return run_dir
-
-
 def check_same_settings(recorded: dict, settings: dict, run_dir: Path) -> None:
     """--resume continues only the run its folder holds: every setting given must be the one it recorded,
     and each that is not is named with both values."""

@@ -164,17 +164,17 @@ def recorded_settings(run: ThroughputRun) -> dict:
     from sfibench.models.presets import PRESETS
     from sfibench.reporting.results import to_jsonable
 
-    settings = {"steps": run.steps, "repeats": run.repeats, "prefill": run.prefill, "graphs": run.graphs,
-                "length_bucket": run.length_bucket,
-                "methods": [list(pair) for pair in resolve_methods(run.methods, run.paths)],
-                "sfi": to_jsonable(replace(run.sfi, k_head=budget_record(run.k_head)))}
-    if run.model in PRESETS:
-        settings["model"] = PRESETS[run.model].name
-    if "max" not in run.contexts:
-        settings["contexts"] = list(run.contexts)
-    if "max" not in run.batches:
-        settings["batches"] = list(run.batches)
-    return settings
+    name = PRESETS[run.model].name if run.model in PRESETS else None
+    settings = to_jsonable(run_config(run, name, list(run.contexts), resolve_methods(run.methods, run.paths)))
+    unknown = {"model": name is None, "contexts": "max" in run.contexts, "batches": "max" in run.batches}
+    return {key: value for key, value in settings.items() if not unknown.get(key)}
+
+
+def run_config(run: ThroughputRun, model: str | None, contexts: list, pairs: list) -> ThroughputConfig:
+    """results.json's config of `run`: its budget as results.json records it (a percentage as written)."""
+    return ThroughputConfig(model=model, contexts=contexts, batches=list(run.batches), methods=pairs, steps=run.steps,
+                            repeats=run.repeats, prefill=run.prefill, graphs=run.graphs,
+                            length_bucket=run.length_bucket, sfi=replace(run.sfi, k_head=budget_record(run.k_head)))
 
 
 def run_throughput(run: ThroughputRun, console: Console) -> Path | None:
@@ -203,10 +203,7 @@ def measure(run: ThroughputRun, session: Session, console: Console) -> tuple[Thr
         contexts = [session.max_tokens - steps if c == "max" else c for c in run.contexts]
         pairs = resolve_methods(run.methods, run.paths)
         batches = list(run.batches)
-        cfg = ThroughputConfig(model=session.loaded.config.name, contexts=contexts, batches=batches, methods=pairs,
-                               steps=steps, repeats=run.repeats, prefill=run.prefill, graphs=run.graphs,
-                               length_bucket=run.length_bucket,
-                               sfi=replace(run.sfi, k_head=budget_record(run.k_head)))  # as results.json says it
+        cfg = run_config(run, session.loaded.config.name, contexts, pairs)
         bandwidth = measure_copy_bandwidth(session.device)
         console.print(f"copy bandwidth {bandwidth / 1e9:,.0f} GB/s on {session.device}; {len(pairs)} methods, "
                       f"contexts {contexts}, batches {batches}, {steps} steps x {run.repeats} repeats")
