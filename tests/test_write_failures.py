@@ -125,6 +125,17 @@ def test_a_closed_standard_output_keeps_the_finished_run_and_says_so(tmp_path):
     assert {"results.json", "report.md", "throughput.png", "latency.png"} <= {p.name for p in out.iterdir()}
 
 
+def test_a_closed_standard_output_of_a_command_that_saves_nothing_is_one_line(tmp_path):
+    process = subprocess.Popen([sys.executable, "-m", "sfibench", "models"], cwd=tmp_path, env=ENV,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    stderr = process.stderr.read()
+    process.wait(timeout=300)
+    assert process.returncode == 1 and "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    assert " ".join(stderr.split()) == ("standard output was closed before sfibench finished printing; the rest of "
+                                        "its output was dropped (it saves no run)")
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o002])
 def test_output_files_follow_the_umask(tmp_path, umask):
     out = tmp_path / "run"
