@@ -73,7 +73,7 @@ def test_the_gate_fails_a_run_whose_figure_became_non_finite(nan_checkpoint, tmp
     result = CliRunner().invoke(app, ["check", "--baseline", str(baseline), "--current", str(current)])
     text = " ".join(result.output.split())
     assert result.exit_code == 1 and "FAIL" in text, text
-    assert "niah_single sfi@0.5@600/kl" in text
+    assert "non-finite: quality/niah_single sfi@0.5@600/kl" in text
 
 
 # ------------------------------------------------------------------------------------------- the Python API
@@ -123,3 +123,12 @@ def test_apply_with_good_arguments_generates(model):
     with sfibench.hf.apply(model, ByteTokenizer(), method="sfi", budget=32, evidence_rows=8) as applied:
         output = model.generate(inputs, max_new_tokens=3, do_sample=False)
     assert output.shape[1] == inputs.shape[1] + 3 and applied.last_cache is not None
+
+
+@pytest.mark.parametrize("tokens", [0, -1, 2.5, None, "8"])
+def test_a_cache_for_no_new_tokens_is_refused(model, tokens):
+    import sfibench.hf
+
+    with sfibench.hf.apply(model, ByteTokenizer(), method="sfi") as applied, pytest.raises(UsageError) as raised:
+        applied.cache(tokens)
+    assert f"max_new_tokens {tokens!r} is not a whole number >= 1" in str(raised.value)

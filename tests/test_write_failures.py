@@ -89,6 +89,28 @@ def test_a_full_disk_while_saving_is_one_line_and_leaves_no_folder(tmp_path, mon
     assert not out.exists()
 
 
+def test_a_folder_that_stops_taking_files_mid_run_is_one_line(tmp_path, monkeypatch):
+    """Permission refused when results.json is created (a folder made read-only while the run measured; root
+    ignores modes, so the refusal is raised where the file is created): one line, nothing left behind."""
+    import tempfile
+
+    from sfibench.reporting import results
+
+    real_mkstemp = tempfile.mkstemp
+
+    def refused_for_results(*args, **kwargs):
+        if kwargs.get("prefix", "").startswith(".results.json."):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        return real_mkstemp(*args, **kwargs)
+
+    monkeypatch.setattr(results.tempfile, "mkstemp", refused_for_results)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [*RUN, "--out", str(out)])
+    one_line_error(result, f"cannot write {out}/results.json (Permission denied); nothing was saved",
+                   "make the folder writable")
+    assert not out.exists()
+
+
 def test_a_full_disk_while_drawing_keeps_the_report_it_had(tmp_path, monkeypatch):
     """`sfibench report` on a whole run, the disk full as report.md is written: the plots drawn before are
     not put in place, so the run's files are all as they were."""

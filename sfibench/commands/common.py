@@ -17,7 +17,7 @@ import typing
 import typer
 from rich.console import Console
 
-from sfibench.core.errors import RunInterrupted, UsageError
+from sfibench.core.errors import RunInterrupted, UsageError, WriteError
 
 console = Console()
 err_console = Console(stderr=True)
@@ -54,10 +54,11 @@ def user_errors():
         err_console.print(f"\n[bold yellow]{how}:[/] {kept}", highlight=False, soft_wrap=True)
         raise typer.Exit(code=128 + signal.SIGTERM if terminated else 130) from None
     except OSError as error:
-        if error.errno not in WRITE_FAILURES:
+        if not isinstance(error, WriteError) and error.errno not in WRITE_FAILURES:
             raise
         where = error.filename or "a file"  # a plotting library's write error may not name its file
-        print_error(f"cannot write {where} ({error.strerror}); {kept_by_this_command()}; {WRITE_FIXES[error.errno]}")
+        fix = WRITE_FIXES.get(error.errno, "make the folder writable, or pass --out DIR where you can write")
+        print_error(f"cannot write {where} ({error.strerror}); {kept_by_this_command()}; {fix}")
         raise typer.Exit(code=2) from None
     finally:
         restore()

@@ -33,3 +33,9 @@ class NonFiniteOutputError(UsageError):
     """The model's outputs (its logits) are not finite numbers: NaN or infinite weights in the checkpoint, or
     activations that overflow the dtype. No text chosen from them means anything, so the command stops; the
     message names the model and the fix."""
+
+
+class WriteError(OSError):
+    """A file sfibench writes (results.json, a report, a plot) that the system refused, whatever the reason
+    (permissions, a full disk, a size limit): the CLI says what was kept and how to continue instead of a
+    traceback. An OSError, with the errno, message and file name of the failure it stands for."""

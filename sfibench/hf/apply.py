@@ -90,6 +90,9 @@ class Applied:
         """A new cache (one per generation) with room for `max_new_tokens` tokens after the longest prompt."""
         if self.described is None:
             raise UnsupportedGenerationError("make a cache inside the `with sfibench.hf.apply(...)` block")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise UsageError(f"max_new_tokens {max_new_tokens!r} is not a whole number >= 1; give the tokens the "
+                             "generation adds, such as 64")
         return MethodCache(self.described, self.new_method, max_new_tokens, self.evidence_rows)
 
     def new_method(self, context: int) -> AttentionMethod:

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path, PurePath
 from typing import Any
 
-from sfibench.core.errors import UsageError
+from sfibench.core.errors import UsageError, WriteError
 from sfibench.core.provenance import provenance, sfibench_version
 from sfibench.reporting.schema import SchemaError, validate_results
 
@@ -120,7 +120,10 @@ def write_text_atomically(target: Path, text: str) -> None:
     OSError; the new file gets the permissions any file the user creates gets (mkstemp's are owner-only).
     """
     # The temp file lives beside the target so os.replace stays a same-filesystem atomic rename.
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    except OSError as error:
+        raise WriteError(error.errno, error.strerror, str(target)) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             os.fchmod(handle.fileno(), 0o666 & ~current_umask())
@@ -130,7 +133,7 @@ def write_text_atomically(target: Path, text: str) -> None:
         os.replace(tmp_name, target)
     except OSError as error:
         Path(tmp_name).unlink(missing_ok=True)
-        raise OSError(error.errno, error.strerror, str(target)) from None  # named: a write() error names no file
+        raise WriteError(error.errno, error.strerror, str(target)) from None  # named: a write() error names no file
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise

@@ -81,7 +81,8 @@ def _quality(document: dict) -> list[Metric]:
         series = f"{task} {method}" + ("" if retention is None else f"@{retention:g}")
         for field, name, better, unit in QUALITY_METRICS:
             values = [r[field] for r in records if r.get(field) is not None]
-            if values and any(field in r and r[field] is None for r in records):
+            if any(field in r.get("non_finite", ()) for r in records) or (
+                    values and any(field in r and r[field] is None for r in records)):
                 values = [math.nan]  # some samples' outputs were not finite (saved as null): so is the mean
             if values and not (method == registry.dense().name and name in ("kl", "top1_agreement", "token_agreement")):
                 mean, low, high = (interval(values, scores=name == "accuracy") if all(map(math.isfinite, values))

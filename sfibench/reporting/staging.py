@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from sfibench.core.errors import UsageError
+from sfibench.core.errors import UsageError, WriteError
 from sfibench.reporting.results import RESULTS_FILENAME, InvalidResultsError, remember_run
 
 # What a renderer raises on a document its schema let through but that it still cannot read (a value out of
@@ -36,7 +36,7 @@ def draw_staged(run_dir: Path, command: str, draw: Callable[[Path], list[Path]])
             raise
         except OSError as error:  # named by the file it would have replaced, not the staging copy
             named = str(error.filename).replace(staging, str(run_dir)) if error.filename else None
-            raise OSError(error.errno, error.strerror, named) from None
+            raise WriteError(error.errno, error.strerror, named) from None
         except _UNREADABLE as error:
             raise InvalidResultsError(
                 f"{run_dir / RESULTS_FILENAME}: a `{command}` report cannot be drawn from it ({type(error).__name__}: "
