@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import typer
 
-from sfibench.commands.common import ClosedPipeGuard, checked_numbers, closed_output_notice
+from sfibench.commands.closed_output import ClosedPipeGuard
+from sfibench.commands.common import closed_output_notice
 from sfibench.commands.generate import generate
 from sfibench.commands.info import env, models
+from sfibench.commands.numeric_options import checked_numbers
 from sfibench.commands.profile import profile
 from sfibench.commands.quality import quality
 from sfibench.commands.ranks import leave_rank

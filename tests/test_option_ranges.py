@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sfibench.cli import app
-from sfibench.commands.common import LARGEST_COUNT, SEEDS
+from sfibench.commands.numeric_options import LARGEST_COUNT, SEEDS
 
 
 def numeric_options() -> list[tuple[str, str, type, object]]:

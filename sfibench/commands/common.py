@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import functools
-import inspect
-import io
-import math
-import os
 import signal
 import sys
 import threading
-import typing
 
 import typer
 from rich.console import Console
 
+from sfibench.commands.closed_output import ClosedPipeGuard
 from sfibench.core.errors import RunInterrupted, UsageError, WriteError
 
 console = Console()
@@ -102,96 +97,6 @@ def kept_by_this_command() -> str:
     from sfibench.reporting.run_files import describe_kept
 
     return describe_kept(run_dir)
-
-
-class ClosedPipeGuard:
-    """Stands in for sys.stdout while a command runs: once the reader of a pipe has gone (EPIPE), what is
-    printed is dropped (the descriptor is pointed at /dev/null, so Python's own flush at exit is quiet too)
-    and the command carries on, so a finished run is never lost to a closed `| head`."""
-
-    def __init__(self, stream):
-        self._stream = stream
-        self.closed = False
-
-    @classmethod
-    def install(cls) -> tuple[ClosedPipeGuard, bool]:
-        """(the guard standing in for sys.stdout, whether this call put it there): one already there is kept."""
-        if isinstance(sys.stdout, cls):
-            return sys.stdout, False
-        guard = cls(sys.stdout)
-        sys.stdout = guard
-        return guard, True
-
-    def remove(self) -> None:
-        if sys.stdout is self:
-            sys.stdout = self._stream
-
-    def write(self, text: str) -> int:
-        if not self.closed:
-            try:
-                return self._stream.write(text)
-            except BrokenPipeError:
-                self._reader_gone()
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.closed:
-            try:
-                self._stream.flush()
-            except BrokenPipeError:
-                self._reader_gone()
-
-    def _reader_gone(self) -> None:
-        self.closed = True
-        with contextlib.suppress(OSError, ValueError, AttributeError, io.UnsupportedOperation):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
-
-    def __getattr__(self, name: str):
-        return getattr(self._stream, name)
-
-
-SEEDS = (0, 2**63 - 1)  # what every generator a seed reaches accepts (torch's take up to 2**64 - 1)
-LARGEST_COUNT = 2**31 - 1  # no count, length or size comes near; beyond, torch's 32-bit index arithmetic wraps
-
-
-def checked_numbers(command):
-    """`command` with every int and float option checked before its body runs: floats finite, ints at most
-    LARGEST_COUNT, seeds in SEEDS; typer's own min/max bounds are checked by typer before this. Each refusal
-    is one line naming the option, exit 2, as every other bad option."""
-    hints = typing.get_type_hints(command)
-    numeric = {name: (hints[name], _option_name(name, parameter.default))
-               for name, parameter in inspect.signature(command).parameters.items() if hints.get(name) in (int, float)}
-
-    @functools.wraps(command)
-    def checked(**values):
-        for name, (kind, option) in numeric.items():
-            try:
-                check_number(values.get(name), kind, option, seed=name == "seed")
-            except UsageError as error:
-                print_error(error)
-                raise typer.Exit(code=2) from None
-        return command(**values)
-
-    return checked
-
-
-def check_number(value, kind, option: str, seed: bool = False) -> None:
-    """One numeric option's value (None: left out) against the ranges every such option shares."""
-    if value is None:
-        return
-    if kind is float and not math.isfinite(value):
-        raise UsageError(f"{option} {value} is not a finite number; give a number such as 0.5")
-    if seed and not SEEDS[0] <= value <= SEEDS[1]:
-        raise UsageError(f"{option} {value} is outside 0..{SEEDS[1]} (2**63 - 1); give a whole number in that range")
-    if kind is int and not seed and abs(value) > LARGEST_COUNT:
-        raise UsageError(f"{option} {value} is larger than any value it can take; give at most {LARGEST_COUNT:,}")
-
-
-def _option_name(name: str, info) -> str:
-    declared = [d for d in getattr(info, "param_decls", None) or () if d.startswith("--")]
-    return declared[0] if declared else "--" + name.replace("_", "-")
 
 
 # The user errors other modules raise that are not UsageErrors, by module. Only the modules already loaded

@@ -133,6 +133,8 @@ def write_text_atomically(target: Path, text: str) -> None:
         os.replace(tmp_name, target)
     except OSError as error:
         Path(tmp_name).unlink(missing_ok=True)
+        if error.errno is None:  # not a refusal by the system: keep it as raised
+            raise
         raise WriteError(error.errno, error.strerror, str(target)) from None  # named: a write() error names no file
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

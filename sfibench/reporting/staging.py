@@ -35,6 +35,8 @@ def draw_staged(run_dir: Path, command: str, draw: Callable[[Path], list[Path]])
         except UsageError:
             raise
         except OSError as error:  # named by the file it would have replaced, not the staging copy
+            if error.errno is None:  # not a refusal by the system: keep it as raised
+                raise
             named = str(error.filename).replace(staging, str(run_dir)) if error.filename else None
             raise WriteError(error.errno, error.strerror, named) from None
         except _UNREADABLE as error:
