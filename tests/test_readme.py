@@ -115,7 +115,7 @@ def test_results_blocks_are_what_the_committed_reports_generate(page):
 
 def test_readme_shows_the_headline_findings_as_generated_blocks():
     assert re.search(r"<!-- results:begin \w* ?throughput-qwen3-4b-h200 -->", README)
-    assert re.search(r"<!-- results:begin [^>]*quality-gemma3-[^>]*-->", README)
+    assert re.search(r"<!-- results:begin [^>]*quality-qwen2.5-coder-1.5b-[^>]*-->", README)
     assert re.search(r"<!-- results:begin [^>]*stability-[^>]*-->", README)
     assert len(README.splitlines()) <= 250
 
