@@ -27,7 +27,7 @@ if not torch.cuda.is_available():
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
-from sfibench.models.loading import load_model  # noqa: E402  (after the interpreter is chosen)
+from sfibench.models.loading import load_model
 
 # Modules of Triton kernels checked against their torch oracles: the first case of each parametrized test
 # runs by default, the rest are `full`.
@@ -93,6 +93,31 @@ def pytest_collection_modifyitems(items):
 def smollm2():
     torch.manual_seed(0)
     return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def byte_fmt():
+    """Prompts in byte tokens, chat-wrapped: the task generators' tests without a model."""
+    from sfibench.models.tokenizer import ByteTokenizer, Tokenizer
+    from sfibench.workloads.base import PromptFormat
+
+    return PromptFormat(Tokenizer(ByteTokenizer()), chat=True)
+
+
+@pytest.fixture(scope="session")
+def smollm2_fmt():
+    """The real smollm2 tokenizer (no model weights): lengths must hold in the model's own tokens."""
+    from transformers import AutoTokenizer
+
+    from sfibench.models.loading import MissingWeightsError, find_smollm2_gguf
+    from sfibench.models.tokenizer import Tokenizer
+    from sfibench.workloads.base import PromptFormat
+
+    try:
+        path = find_smollm2_gguf()
+    except MissingWeightsError:
+        pytest.skip("smollm2-135m weights are not installed")
+    return PromptFormat(Tokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)), chat=True)
 
 
 @pytest.fixture(scope="session")

@@ -14,17 +14,12 @@ from pathlib import Path
 
 import pytest
 from refusals import one_line_error
+from tiny_runs import TINY_RUNS
 from typer.testing import CliRunner
 
 from sfibench.cli import app
 
-TINY = ["--model", "tiny-llama", "--device", "cpu"]
-COMMANDS = {
-    "throughput": ["throughput", *TINY, "--ctx", "300", "--steps", "4", "--repeats", "1", "--methods", "full_kv,sfi",
-                   "--k-head", "64"],
-    "profile": ["profile", *TINY, "--ctx", "300", "--steps", "2"],
-    "stability": ["stability", *TINY, "--steps", "8", "--prefix", "300"],
-}
+COMMANDS = TINY_RUNS
 
 
 @pytest.fixture(scope="module")

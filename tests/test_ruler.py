@@ -16,7 +16,6 @@ from typer.testing import CliRunner
 from sfibench.cli import app
 from sfibench.core.errors import UsageError
 from sfibench.metrics import quality
-from sfibench.models.tokenizer import ByteTokenizer, Tokenizer
 from sfibench.workloads import ruler_data
 from sfibench.workloads.base import ContextSizeError, PromptFormat, UnknownTaskError
 from sfibench.workloads.ruler_niah import fit, split_sentences
@@ -30,26 +29,6 @@ NAMES = ["niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "
          "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe", "qa_1", "qa_2"]
 TASKS = ["ruler_" + name for name in NAMES]
 TARGET = 8192  # in bytes: every task's shortest prompt (qa_2's ten HotpotQA documents) fits
-
-
-@pytest.fixture(scope="module")
-def byte_fmt():
-    return PromptFormat(Tokenizer(ByteTokenizer()), chat=True)
-
-
-@pytest.fixture(scope="module")
-def smollm2_fmt():
-    """The real smollm2 tokenizer (no model weights): lengths must hold in the model's own tokens."""
-    from transformers import AutoTokenizer
-
-    from sfibench.models.loading import MissingWeightsError, find_smollm2_gguf
-
-    try:
-        path = find_smollm2_gguf()
-    except MissingWeightsError:
-        pytest.skip("smollm2-135m weights are not installed")
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return PromptFormat(Tokenizer(tokenizer), chat=True)
 
 
 def _text(fmt, sample) -> str:

@@ -13,17 +13,12 @@ from pathlib import Path
 
 import pytest
 from refusals import one_line_error
+from tiny_runs import TINY_RUNS
 from typer.testing import CliRunner
 
 from sfibench.cli import app
 
-TINY = ["--model", "tiny-llama", "--device", "cpu"]
-RUNS = {
-    "throughput": ["throughput", *TINY, "--ctx", "300", "--steps", "4", "--repeats", "1", "--methods", "full_kv,sfi",
-                   "--k-head", "64"],
-    "profile": ["profile", *TINY, "--ctx", "300", "--steps", "2"],
-    "stability": ["stability", *TINY, "--steps", "8", "--prefix", "300"],
-}
+RUNS = TINY_RUNS
 RUNNER_MODULE = {command: f"sfibench.runners.{command}" for command in RUNS}
 TABLE_MODULE = {"throughput": "sfibench.reporting.throughput_report", "profile": "sfibench.reporting.profile_report",
                 "stability": "sfibench.reporting.stability_markdown"}

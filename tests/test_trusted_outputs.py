@@ -140,7 +140,7 @@ def test_a_cpu_report_has_no_gpu_figures_or_words():
 # quality runs with tasks and with perplexity, a GPU profile and a comparison of quality runs.
 RUNS = ["ci/throughput", "throughput-qwen3-4b-h200", "stability-smollm2", "stability-gemma3-8k", "quality-smollm2",
         "quality-gemma3-8k", "quality-smollm2-ppl", "profile-qwen3-4b-optimized-h200",
-        "quality-smollm2-paths/comparison"]
+        "quality-smollm2-paths/comparison", "quality-qwen2.5-coder-1.5b-niah-list-16k-h100"]
 REPORTING = Path(__file__).resolve().parents[1] / "sfibench" / "reporting"
 
 

@@ -26,25 +26,6 @@ TASKS = ["passkey", "niah_single", "niah_single_word", "niah_multikey", "niah_mu
          "vt", "cwe", "fwe", "ppl"]
 
 
-@pytest.fixture(scope="module")
-def byte_fmt():
-    return PromptFormat(Tokenizer(ByteTokenizer()), chat=True)
-
-
-@pytest.fixture(scope="module")
-def smollm2_fmt():
-    """The real smollm2 tokenizer (no model weights): lengths must hold in the model's own tokens."""
-    from transformers import AutoTokenizer
-
-    from sfibench.models.loading import MissingWeightsError, find_smollm2_gguf
-
-    try:
-        path = find_smollm2_gguf()
-    except MissingWeightsError:
-        pytest.skip("smollm2-135m weights are not installed")
-    return PromptFormat(Tokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)), chat=True)
-
-
 def _text(fmt: PromptFormat, ids: list[int]) -> str:
     return fmt.tokenizer.decode(ids)
 

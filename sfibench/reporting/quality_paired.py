@@ -51,7 +51,7 @@ def comparisons(records: list[dict], cells: list[dict]) -> list[dict]:
             other = scored.get(key, {})
             shared = sorted(scores.keys() & other.keys())
             row = {"task": task, "context": context, "method": method, "retention": retention, "against": name,
-                   "unpaired": len(scores.keys() ^ other.keys()), "full_kv": full_kv[(task, context)],
+                   "unpaired": len(scores.keys() ^ other.keys()), "dense_accuracy": full_kv[(task, context)],
                    "decides": full_kv[(task, context)] >= SOLVED, "comparison": None}
             if shared:
                 row["comparison"] = compare([scores[i] for i in shared], [other[i] for i in shared],
@@ -99,7 +99,7 @@ def _p(value: float) -> str:
 
 def _verdict(row: dict) -> str:
     if not row["decides"]:
-        return f"decides nothing: Full-KV {row['full_kv']:.2f} < {SOLVED:g}"
+        return f"decides nothing: Full-KV {row['dense_accuracy']:.2f} < {SOLVED:g}"
     comparison, dense = row["comparison"], registry.dense().name
     drop = excluded_drop(comparison)
     if comparison["low"] > 0:

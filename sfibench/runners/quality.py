@@ -119,9 +119,10 @@ def _open_session(run: QualityRun, parallel: TensorParallel) -> Session:
 def _fit_contexts(session: Session, fmt: PromptFormat, inputs: QualityRun) -> list[int]:
     """Resolve --ctx max and check every context leaves room for the longest answer (needs the tokenizer)."""
     limit, name = session.max_tokens, session.loaded.config.name
-    # decode budgets do not depend on the context length; the smallest one asked for holds every task's needles
-    # (a long-answer task's many needles need more than a short probe), and one that cannot fails here, clearly
-    probe = min([c for c in inputs.contexts if c != "max"] or [limit // 2])
+    # The answer budget is measured on one sample at a probe length: half the limit (room for a long-answer
+    # task's many needles), or a smaller context asked for, which must hold them anyway (and fails here, clearly,
+    # if it cannot). A refused --ctx is told the same longest prompt that --ctx max then picks.
+    probe = min([c for c in inputs.contexts if c != "max"] + [limit // 2])
     # a RULER task's context is RULER's max_seq_length, which already holds its answer: it reserves nothing
     reserve = max([0] + [make_samples(t, fmt, probe, 1, inputs.seed)[0].decode_budget for t in inputs.tasks
                          if not t.startswith(PREFIX) and not is_ruler_task(t)]
