@@ -1,8 +1,8 @@
 """Where the libraries sfibench runs keep their caches, so that a read-only HOME changes nothing a user sees.
 
-Triton (compiled kernels), matplotlib (its config and font list) and the gemma3-270m package (the GGUF
-it assembles from its chunk packages) each default to a folder under HOME and fail, or warn on every
-run, when that folder cannot be written: a read-only home on a cluster node, a container without one.
+Triton (compiled kernels), matplotlib (its config and font list), the gemma3-270m package (the GGUF
+it assembles from its chunk packages) and sfibench's own part assembly (models/parts.py) each default to a
+folder under HOME and fail, or warn on every run, when that folder cannot be written: a read-only home on a cluster node, a container without one.
 `use_writable_caches` points each library whose default folder cannot be written at a per-user folder
 in the system's temporary directory instead; a variable the user set is left as it is, and where no
 folder can be written at all nothing is changed (the library then runs without its cache or says why).
