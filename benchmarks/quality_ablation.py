@@ -8,7 +8,7 @@ Every run must be a quality run of the same model, tasks, contexts, seed and pro
 task is the same prompt in every run and each ablation can be compared with the baseline prompt by prompt.
 Per task, one row per run and one column per budget: SFI's accuracy with its 95% interval (Wilson), and the
 paired difference from the baseline (mean over prompts of the per-prompt difference, with a 95% interval:
-Newcombe's for paired 0/1 scores, t for the rest; metrics.quality.paired_difference_ci). A second table
+Newcombe's for paired 0/1 scores, t for the rest; metrics.paired.paired_difference_ci). A second table
 gives the KL to Full-KV the same way, and the tokens read.
 """
 
@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from sfibench.core.errors import UsageError
-from sfibench.metrics.quality import mean_ci, paired_difference_ci
+from sfibench.metrics.paired import paired_difference_ci
+from sfibench.metrics.quality import mean_ci
 from sfibench.reporting.run_files import load_run
 
 SAME = ("model", "contexts", "seed", "chat", "samples", "retentions")  # and tasks: a subset of the baseline's

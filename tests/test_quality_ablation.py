@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from sfibench.core.errors import UsageError
-from sfibench.metrics.quality import paired_difference_ci, wilson_interval
+from sfibench.metrics.paired import paired_difference_ci
+from sfibench.metrics.quality import wilson_interval
 from sfibench.runners.quality import run_quality
 from sfibench.runners.quality_inputs import quality_run
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import random
 
-from sfibench.metrics.quality import Z_95, wilson_interval
+from sfibench.metrics.quality import T_95, Z_95, wilson_interval
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -117,3 +117,28 @@ def compare(method: list[float], reference: list[float], binary: bool | None = N
 def excluded_drop(comparison: dict) -> float | None:
     """The drop (reference - method) larger than which the interval excludes; None when it excludes any drop."""
     return -comparison["low"] if comparison["low"] < 0 else None
+
+
+def paired_difference_ci(base: list[float], other: list[float]) -> dict:
+    """Mean of `other - base` over paired samples (the same prompts) with a 95% interval.
+
+    0/1 scores: Newcombe's interval (`newcombe_interval`), which stays sane at n = 4 and at 0/n or n/n, where a
+    bootstrap over so few pairs collapses to a point. Other values (KL, partial credit): the t interval of the
+    mean difference.
+    """
+    if len(base) != len(other) or not base:
+        raise ValueError(f"paired samples need equal, non-zero counts, got {len(base)} and {len(other)}")
+    n = len(base)
+    diffs = [o - b for b, o in zip(base, other)]
+    mean = sum(diffs) / n
+    if is_binary([*base, *other]):
+        both = sum(b == 1 and o == 1 for b, o in zip(base, other))
+        other_only = sum(b == 0 and o == 1 for b, o in zip(base, other))
+        base_only = sum(b == 1 and o == 0 for b, o in zip(base, other))
+        low, high = newcombe_interval(both, other_only, base_only, n - both - other_only - base_only)
+        return {"mean": mean, "low": low, "high": high, "n": n, "interval": "newcombe"}
+    if n == 1:
+        return {"mean": mean, "low": -math.inf, "high": math.inf, "n": 1, "interval": "t"}
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    half = (T_95[n - 2] if n - 1 <= len(T_95) else Z_95) * sd / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "interval": "t"}

@@ -106,43 +106,6 @@ T_95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
-def paired_difference_ci(base: list[float], other: list[float]) -> dict:
-    """Mean of `other - base` over paired samples (the same prompts) with a 95% interval.
-
-    0/1 scores: Newcombe's hybrid score interval for a difference of paired proportions (his method 10,
-    built from the two Wilson intervals and the pairs' correlation), which stays sane at n = 4 and at 0/n
-    or n/n, where a bootstrap over so few pairs collapses to a point. Other values (KL, partial credit):
-    the t interval of the mean difference.
-    """
-    if len(base) != len(other) or not base:
-        raise ValueError(f"paired samples need equal, non-zero counts, got {len(base)} and {len(other)}")
-    n = len(base)
-    diffs = [o - b for b, o in zip(base, other)]
-    mean = sum(diffs) / n
-    if all(v in (0.0, 1.0) for v in (*base, *other)):
-        both = sum(b == 1 and o == 1 for b, o in zip(base, other))
-        base_only = sum(b == 1 and o == 0 for b, o in zip(base, other))
-        other_only = sum(b == 0 and o == 1 for b, o in zip(base, other))
-        neither = n - both - base_only - other_only
-        p1, p2 = (both + base_only) / n, (both + other_only) / n
-        l1, u1 = wilson_interval(both + base_only, n)
-        l2, u2 = wilson_interval(both + other_only, n)
-        denominator = (both + base_only) * (other_only + neither) * (both + other_only) * (base_only + neither)
-        concordance = both * neither - base_only * other_only
-        if concordance > 0:  # Newcombe's continuity-corrected correlation, so all-concordant pairs keep a width
-            concordance = max(concordance - n / 2, 0.0)
-        phi = concordance / math.sqrt(denominator) if denominator else 0.0
-        below = math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
-        above = math.sqrt(max(0.0, (u2 - p2) ** 2 - 2 * phi * (u2 - p2) * (p1 - l1) + (p1 - l1) ** 2))
-        return {"mean": mean, "low": max(-1.0, mean - below), "high": min(1.0, mean + above), "n": n,
-                "interval": "newcombe"}
-    if n == 1:
-        return {"mean": mean, "low": -math.inf, "high": math.inf, "n": 1, "interval": "t"}
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    half = (T_95[n - 2] if n - 1 <= len(T_95) else Z_95) * sd / math.sqrt(n)
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n, "interval": "t"}
-
-
 def token_agreement(reference: list[int], candidate: list[int]) -> float:
     """Greedy-token agreement: fraction of the reference's positions where the candidate has the same id."""
     if not reference:
