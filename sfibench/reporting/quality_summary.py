@@ -174,7 +174,8 @@ def markdown(results: dict, plots: list[str]) -> str:
              f"{', '.join(map(str, cfg['contexts']))}; samples per cell: {', '.join(map(str, cfg['samples']))}"),
              *([(f"- **SFI ablation**: SFI ran with {', '.join(f'{k}={v}' for k, v in cfg['sfi_variant'].items())} "
                  "instead of SPEC's defaults; every other method as usual")] if cfg.get("sfi_variant") else []),
-             (f"- methods: full_kv, {', '.join(methods)} ({cfg.get('path', 'reference')} path); retention "
+             (f"- methods: {', '.join([registry.dense().name, *methods])} ({cfg.get('path', 'reference')} path); "
+             "retention "
              f"(budget / context: tokens read per {per_layer} and KV head): "
              f"{', '.join(f'{r:g}' for r in cfg['retentions'])}"
              + (f" (SFI preset {cfg['sfi_preset']})" if cfg.get("sfi_preset") else "") + "; greedy decoding; "
@@ -238,16 +239,17 @@ def markdown(results: dict, plots: list[str]) -> str:
     if any(c["accuracy"] is not None for c in cells):
         lines += ["", *paired_section(results.get("samples"), cells)]
     both = scope["key"] == "measured_retention_global"  # then the figure over all layers is shown beside it
-    lines += ["", "## Fidelity to Full-KV (mean over samples)", "",
-              f"| task | method | retention | context | {scope['short']} |" + (" read, all layers |" if both else "")
-              + " KL (nats) | top-1 agree | greedy-token agree | perplexity |",
-              "|---|---|---|---|---|" + ("---|" if both else "") + "---|---|---|---|"]
-    for c in cells:
-        if c["method"] != registry.dense().name:
-            lines.append(f"| {c['task']} | {c['method']} | {c['retention']:g} | {c['context']} | "
-                         f"{c[scope['key']]:.3f} | " + (f"{c['measured_retention']:.3f} | " if both else "")
-                         + f"{cell(c['kl'])} | {cell(c['top1_agreement'])} | "
-                         f"{cell(c['token_agreement'])} | {cell(c['perplexity'], 2)} |")
+    compared = [c for c in cells if c["method"] != registry.dense().name]
+    if compared:  # a run of the dense method alone has nothing to compare with it
+        lines += ["", "## Fidelity to Full-KV (mean over samples)", "",
+                  f"| task | method | retention | context | {scope['short']} |" + (" read, all layers |" if both else "")
+                  + " KL (nats) | top-1 agree | greedy-token agree | perplexity |",
+                  "|---|---|---|---|---|" + ("---|" if both else "") + "---|---|---|---|"]
+    for c in compared:
+        lines.append(f"| {c['task']} | {c['method']} | {c['retention']:g} | {c['context']} | "
+                     f"{c[scope['key']]:.3f} | " + (f"{c['measured_retention']:.3f} | " if both else "")
+                     + f"{cell(c['kl'])} | {cell(c['top1_agreement'])} | "
+                     f"{cell(c['token_agreement'])} | {cell(c['perplexity'], 2)} |")
     fulls = [c for c in cells if c["method"] == registry.dense().name and c["perplexity"] is not None]
     if fulls:
         lines += ["", "Full-KV perplexity: " + ", ".join(f"{c['context']} tok {c['perplexity']:.2f}" for c in fulls) + "."]
