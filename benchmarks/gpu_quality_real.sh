@@ -10,12 +10,16 @@
 # is left than it needs; each comes back as OUT/NAME.tar, to unpack under reports/.
 #   list-16k     niah_list (one sentence per value, a slow step per sentence) at 16K, every method at paper-2k
 #   reason-16k   vt_reason (reasoning before the answer) at 16K, every method at paper-2k
-#   single-CTX   niah_single at CTX (8k, 16k, 32k), every method at paper-2k and paper-4k
-#   needles-16k  niah_multikey, niah_multivalue, niah_multiquery at 16K, every method at paper-2k
-#   retention-16k  niah_single and niah_list at 16K, every method at retention 0.15 and 0.5
-#   variants-32k SFI --no-nms and SFI --no-nms --keep-neighbours 7 on niah_single at 32K (paper-2k,paper-4k)
-#   agree-8k     niah_single at 8K, 20 prompts: reference float32, reference bfloat16, optimized bfloat16
-# Environment: SAMPLES (default 100), BATCH (default 16), WHEELS (folder of the wheels).
+#   grid-CTX     niah_single, niah_multikey, niah_multivalue, niah_multiquery at CTX (8k, 16k, 32k), every method
+#                at paper-2k and paper-4k ($TASKS overrides the task list)
+#   retention-16k  niah_single at 16K, every method at retention 0.15 and 0.5
+#   retention-list-16k  niah_list at 16K, every method at retention 0.15 and 0.5 ($LIST_SAMPLES prompts)
+#   variants-CTX SFI --no-nms and SFI --no-nms --keep-neighbours 7 on niah_single at CTX (paper-2k, paper-4k)
+#   variants-list-16k  the same two SFI variants on niah_list at 16K (paper-2k, $LIST_SAMPLES prompts)
+#   ruler-16k    RULER's 13 tasks at 16K, every method at paper-2k ($RULER_SAMPLES prompts per task)
+#   longfid-16k  niah_list_64 (answers of >= 1,024 tokens) at 16K, every method at paper-2k, batch 8
+#   agree-8k     niah_single at 8K, 20 prompts: optimized bfloat16, reference bfloat16, reference float32
+# Environment: SAMPLES (default 100), LIST_SAMPLES (64), RULER_SAMPLES (20), BATCH (default 16), WHEELS (the wheels).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 budget=${1:?usage: gpu_quality_real.sh SECONDS PART...}
@@ -31,6 +35,8 @@ echo "model $model; $(python -c 'import transformers, torch; print("transformers
 METHODS=full_kv,sfi,streaming_llm,snapkv,quest,tidaldecode
 SAMPLES=${SAMPLES:-100}
 BATCH=${BATCH:-16}
+LIST_SAMPLES=${LIST_SAMPLES:-64}
+RULER_SAMPLES=${RULER_SAMPLES:-20}
 
 quality() {  # NAME NEED ARGS...: one quality run into OUT/NAME with SIGINT at its limit
     local name=$1 need=$2 left limit
@@ -64,29 +70,38 @@ for spec in "$@"; do
     reason-16k)
         quality "$part" 120 "${OPT[@]}" --tasks vt_reason --ctx 16k --sfi-preset paper-2k --methods "$METHODS" \
             --samples "$SAMPLES"; pack "$part" ;;
-    single-8k | single-16k | single-32k)
-        ctx=${part#single-}; [ "$ctx" = 32k ] && ctx=32000
-        quality "$part" 120 "${OPT[@]}" --tasks niah_single --ctx "$ctx" --sfi-preset paper-2k,paper-4k \
-            --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
-    needles-16k)
-        quality "$part" 120 "${OPT[@]}" --tasks niah_multikey,niah_multivalue,niah_multiquery --ctx 16k \
-            --sfi-preset paper-2k --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
+    grid-8k | grid-16k | grid-32k)
+        ctx=${part#grid-}; [ "$ctx" = 32k ] && ctx=32000
+        quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-niah_single,niah_multikey,niah_multivalue,niah_multiquery}" \
+            --ctx "$ctx" --sfi-preset paper-2k,paper-4k --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
     retention-16k)
-        quality "$part" 120 "${OPT[@]}" --tasks niah_single,niah_list --ctx 16k --retention 0.15,0.5 \
+        quality "$part" 120 "${OPT[@]}" --tasks niah_single --ctx 16k --retention 0.15,0.5 \
             --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
-    variants-32k)
-        quality "$part-no-nms" 120 "${OPT[@]}" --tasks niah_single --ctx 32000 --sfi-preset paper-2k,paper-4k \
-            --methods sfi --no-nms --samples "$SAMPLES"
-        quality "$part-no-nms-keep7" 120 "${OPT[@]}" --tasks niah_single --ctx 32000 \
-            --sfi-preset paper-2k,paper-4k --methods sfi --no-nms --keep-neighbours 7 --samples "$SAMPLES"
+    retention-list-16k)
+        quality "$part" 120 "${OPT[@]}" --tasks niah_list --ctx 16k --retention 0.15,0.5 \
+            --methods "$METHODS" --samples "$LIST_SAMPLES"; pack "$part" ;;
+    variants-8k | variants-16k | variants-32k | variants-list-16k)
+        ctx=${part##*-}; [ "$ctx" = 32k ] && ctx=32000
+        task=niah_single; presets=paper-2k,paper-4k; n=$SAMPLES
+        [[ $part == variants-list-* ]] && { task=niah_list; presets=paper-2k; n=$LIST_SAMPLES; }
+        quality "$part-no-nms" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" --sfi-preset "$presets" \
+            --methods sfi --no-nms --samples "$n"
+        quality "$part-no-nms-keep7" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" --sfi-preset "$presets" \
+            --methods sfi --no-nms --keep-neighbours 7 --samples "$n"
         pack "$part" "$part-no-nms" "$part-no-nms-keep7" ;;
+    ruler-16k)
+        quality "$part" 120 "${OPT[@]}" --tasks ruler --ctx 16k --sfi-preset paper-2k --methods "$METHODS" \
+            --samples "$RULER_SAMPLES"; pack "$part" ;;
+    longfid-16k)
+        BATCH=8 quality "$part" 120 "${OPT[@]}" --tasks niah_list_64 --ctx 16k --sfi-preset paper-2k \
+            --methods "$METHODS" --samples 16; pack "$part" ;;
     agree-8k)
-        for run in "reference float32" "reference bfloat16" "optimized bfloat16"; do
+        for run in "optimized bfloat16" "reference bfloat16" "reference float32"; do
             read -r path dtype <<< "$run"
             quality "$part-$path-$dtype" 60 --path "$path" --dtype "$dtype" --tasks niah_single --ctx 8k \
                 --sfi-preset paper-2k --methods "$METHODS" --samples 20
         done
-        if [ -d "$OUT/$part-optimized-bfloat16" ]; then
+        if [ -d "$OUT/$part-reference-float32" ]; then
             python benchmarks/quality_paths_agree.py "$OUT/$part-reference-float32" "$OUT/$part-reference-bfloat16" \
                 "$OUT/$part-reference-bfloat16" "$OUT/$part-optimized-bfloat16" --out "$OUT/$part-agreement.md"
         fi
