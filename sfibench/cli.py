@@ -11,7 +11,7 @@ from __future__ import annotations
 import typer
 
 from sfibench.commands.closed_output import ClosedPipeGuard
-from sfibench.commands.common import closed_output_notice
+from sfibench.commands.common import METHOD_NAMES, closed_output_notice
 from sfibench.commands.generate import generate
 from sfibench.commands.info import env, models
 from sfibench.commands.numeric_options import checked_numbers
@@ -24,8 +24,8 @@ from sfibench.commands.throughput import throughput
 from sfibench.core.caches import use_writable_caches
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Measure Slow-Fast Inference against Full-KV, StreamingLLM and SnapKV. "
-                       "Documentation: docs/ in the repository.")
+                  help=f"Measure Slow-Fast Inference against the other decoding methods on one engine; methods: "
+                       f"{METHOD_NAMES}. Documentation: docs/ in the repository.")
 for command in (env, models, generate, stability, quality, throughput, profile, report, check):
     app.command()(checked_numbers(command))  # every numeric option's range, before the command's own checks
 

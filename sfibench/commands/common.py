@@ -11,12 +11,14 @@ import threading
 import typer
 from rich.console import Console
 
+from sfibench import registry
 from sfibench.commands.closed_output import ClosedPipeGuard
 from sfibench.core.errors import RunInterrupted, UsageError, WriteError
 
 console = Console()
 err_console = Console(stderr=True)
 PATHS = ("reference", "optimized")
+METHOD_NAMES = ", ".join(registry.names())  # every method list in a help text, in the registry's order
 PATH_HELP = "reference (plain PyTorch) or optimized (see sfibench/optimized/)"
 DEVICE_HELP = "auto, cpu, cuda or cuda:N"
 DTYPE_HELP = "auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16"

@@ -14,6 +14,7 @@ from sfibench.commands.common import (
     DTYPE_HELP,
     EVIDENCE_NORM_HELP,
     KEEP_NEIGHBOURS_HELP,
+    METHOD_NAMES,
     NMS_ALPHA_HELP,
     NMS_RADIUS_HELP,
     PATH_HELP,
@@ -41,7 +42,7 @@ from sfibench.sfi.config import SelectorConfig, SFIConfig, TriggerConfig
 
 def generate(
     model: str = typer.Option("smollm2-135m", help="preset name, HF checkpoint directory or .gguf file"),
-    method: str = typer.Option("sfi", help="full_kv, sfi, streaming_llm or snapkv"),
+    method: str = typer.Option("sfi", help=METHOD_NAMES),
     path: str = typer.Option("reference", help=PATH_HELP),
     prompt: str = typer.Option(None, help="prompt text (default: continue the opening 2,560 tokens of the "
                                           "shipped English essays)"),

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from sfibench import registry
-from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, PATH_HELP, console, user_errors
+from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, METHOD_NAMES, PATH_HELP, console, user_errors
 from sfibench.commands.ranks import TP_HELP, run_as_ranks
 from sfibench.core.errors import UsageError
 from sfibench.options import (
@@ -24,7 +24,7 @@ from sfibench.options import (
 def profile(
     model: str = typer.Option(None, help="default: qwen3-4b (random weights) on a GPU, tiny-llama on a CPU"),
     ctx: str = typer.Option(None, help="context in tokens (k = 1,024; default 32k on a GPU, 3k on a CPU)"),
-    method: str = typer.Option("sfi", help=", ".join(registry.names())),
+    method: str = typer.Option("sfi", help=METHOD_NAMES),
     path: str = typer.Option("reference", help=PATH_HELP),
     steps: int = typer.Option(16, min=1, help="eager decode steps profiled, plus the first step of each other "
                                               "kind the method has (SFI: a slow step)"),

@@ -46,7 +46,8 @@ def throughput(
                                        "minus --steps (default: 8k,32k,max on a GPU, 1k,3k on a CPU)"),
     batch: str = typer.Option(None, help="batch sizes, e.g. 1,4; 'max' = the largest that fits at the longest "
                                          "context (default: 1,4 on a GPU, 1 on a CPU)"),
-    methods: str = typer.Option(",".join(registry.names()), help="names, or name/path to pin a path"),
+    methods: str = typer.Option(",".join(registry.names()), help="comma-separated; name/path pins one path "
+                                                                     "(full_kv/optimized)"),
     paths: str = typer.Option(None, help="reference,optimized (default: both on a GPU, reference on a CPU)"),
     steps: int = typer.Option(None, min=2, help="decode steps per pass (default 128 on a GPU, 32 on a CPU)"),
     repeats: int = typer.Option(3, min=1, help="timed passes (median and spread reported)"),
@@ -140,6 +141,6 @@ def throughput(
 
         document = read_results(run_dir)
         console.print(terminal_table(document, wide))
-        for note in table_notes(document["results"]["rows"]):
+        for note in table_notes(document):
             console.print(note, highlight=False)
         console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, throughput.png, latency.png")
