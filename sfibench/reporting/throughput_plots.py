@@ -1,8 +1,9 @@
 """A throughput run's plots, rebuilt from results.json: throughput.png and latency.png.
 
 The speedup panel applies the table's rule (speedup_claims.py): a ratio is drawn, with its range over
-the timed passes, only where the run supports it; every other point is drawn hollow at 1x, "no
-difference measured", and the panel's caption names those points and says why.
+the timed passes, wherever the run measured a difference, below 1x where the method was slower; every
+other point is drawn hollow at 1x, "no difference measured". The panel's caption names those points, and
+the rows that read as many tokens as Full-KV, and says why.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import matplotlib.pyplot as plt
 
 from sfibench import registry
 from sfibench.reporting.plot_style import context_axis, legend_below, log_axis, save, yerr
-from sfibench.reporting.speedup_claims import speedup_claim, verdict_notes
+from sfibench.reporting.speedup_claims import same_tokens_note, speedup_claim, verdict_notes
 from sfibench.reporting.throughput_report import method_label
 
 CAPTION_WIDTH = 80  # characters per line of the speedup panel's caption (a 6-inch panel at 8 points)
@@ -59,6 +60,8 @@ def throughput_figure(rows: list[dict], path: Path) -> Path:
     if notes:
         axes[1].plot([], [], ls="none", marker="o", mfc="none", color="grey",
                      label="hollow at 1x: no difference measured")
+    notes += [note for note in (same_tokens_note(rows, method_label),) if note]
+    if notes:
         caption = "\n".join(textwrap.fill(note, CAPTION_WIDTH) for note in notes)
         axes[1].set_xlabel(f"context (tokens)\n{caption}", fontsize=8)
     legend_below(fig, axes, columns=4)

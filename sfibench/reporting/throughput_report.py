@@ -9,6 +9,7 @@ from sfibench.reporting.formatting import commit_label, cpu_threads, styled_tabl
 from sfibench.reporting.speedup_claims import (
     half_spread,
     noise_note,
+    same_tokens_note,
     speedup_claim,
     verdict_legend,
     verdict_notes,
@@ -111,11 +112,26 @@ def terminal_table(document: dict, wide: bool = False) -> Table:
     return table
 
 
-def table_notes(rows: list[dict]) -> list[str]:
-    """What the speedup cells that are not ratios mean, then the noise warning, if any."""
+def table_notes(document: dict) -> list[str]:
+    """What the speedup cells that are not plain ratios mean, the noise warning, and on a CPU why the sparse
+    methods come out slower there; each line only where the run has what it explains."""
+    rows = document["results"]["rows"]
     lines = verdict_legend(claim.verdict for claim in (speedup_claim(r, rows) for r in rows) if claim)
-    note = noise_note(rows)
-    return lines + ([note] if note else [])
+    notes = (same_tokens_note(rows, method_label), noise_note(rows), cpu_note(document))
+    return lines + [note for note in notes if note]
+
+
+def cpu_note(document: dict) -> str:
+    """Why a sparse method measured slower than Full-KV on a CPU is no verdict on the method, and where its
+    speed shows; empty on a GPU, or where no sparse row was measured slower."""
+    rows = document["results"]["rows"]
+    claims = [speedup_claim(r, rows) for r in rows]
+    if not on_cpu(document) or not any(c is not None and c.supported and c.ratio < 1 for c in claims):
+        return ""
+    return ("On a CPU's reference path a sparse method decodes slower than Full-KV: choosing positions and "
+            "gathering their keys and values costs more than the reads it saves, because no step of this size is "
+            "bound by memory bandwidth on a CPU. Their speed shows on a GPU's optimized path, where the step is "
+            "bandwidth-bound (README's decode-speed table, docs/performance.md).")
 
 
 def latency_energy_rows(rows: list[dict]) -> list[tuple[str, ...]]:
@@ -201,9 +217,10 @@ def _decode_lines(cfg: dict, res: dict, prov: dict, cpu: bool) -> list[str]:
 
 
 def _column_notes(cpu: bool) -> str:
-    speedup = ("speedup against the fastest Full-KV path at the same shape, a ratio only where the row reads at "
-               "least 5% fewer tokens than Full-KV and the tok/s ranges over the passes do not overlap (else "
-               "`= same tokens` or `= in the noise`: no difference measured; `ref` marks the Full-KV row itself)")
+    speedup = ("speedup against the fastest Full-KV path at the same shape, a ratio (below 1: slower) wherever "
+               "the tok/s ranges over the passes do not overlap, marked `(same tokens)` where the row reads less than "
+               "5% fewer tokens than Full-KV (else `= in the noise`: no difference measured; `ref` marks the Full-KV "
+               "row itself)")
     if cpu:
         return (f"tokens read = mean per (layer, KV head, sequence) per step; {speedup}; floor ms = the model's own "
                 "products chained eagerly at this batch, measured in the same run, + the step's K/V bytes at the "
@@ -263,8 +280,10 @@ def markdown(results: dict) -> str:
     lines += ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     lines += ["| " + " | ".join(dict(zip(COLUMNS, cells))[c] for c in shown) + " |" for cells in table_rows(rows)]
     lines += ["", _column_notes(cpu), ""]
-    verdicts = verdict_notes(rows, method_label)
+    verdicts = verdict_notes(rows, method_label) + [note for note in (same_tokens_note(rows, method_label),) if note]
     lines += [f"- {line[0].upper()}{line[1:]}." for line in verdicts] + ([""] if verdicts else [])
+    slower_on_cpu = cpu_note(results)
+    lines += [f"**{slower_on_cpu}**", ""] if slower_on_cpu else []
     lines += _latency_section(rows, cpu)
     if res.get("dense_kernels"):
         lines += ["## Full-KV attention against PyTorch's SDPA backends", "",
