@@ -22,6 +22,10 @@ METHOD_NAMES = ", ".join(registry.names())  # every method list in a help text, 
 PATH_HELP = "reference (plain PyTorch) or optimized (see sfibench/optimized/)"
 DEVICE_HELP = "auto, cpu, cuda or cuda:N"
 DTYPE_HELP = "auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16"
+# --threads: the commands that time steps lower torch's count to the idle cores by default (core/device.py)
+THREADS_HELP = "torch's CPU threads (default: torch's own count, OMP_NUM_THREADS or else one per core"
+TIMED_THREADS_HELP = THREADS_HELP + ", lowered on a CPU to the cores the 1-minute load average leaves idle)"
+UNTIMED_THREADS_HELP = THREADS_HELP + ")"
 
 
 @contextlib.contextmanager

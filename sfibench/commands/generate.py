@@ -19,6 +19,7 @@ from sfibench.commands.common import (
     NMS_RADIUS_HELP,
     PATH_HELP,
     PUBLISH_HELP,
+    TIMED_THREADS_HELP,
     console,
     err_console,
     user_errors,
@@ -77,6 +78,7 @@ def generate(
     bridge_steps: int = typer.Option(SFIConfig.bridge_steps, min=0, help=BRIDGE_STEPS_HELP),
     publish: str = typer.Option(SFIConfig.publish, help=PUBLISH_HELP),
     tp: int = typer.Option(1, min=1, help=TP_HELP),
+    threads: int = typer.Option(None, min=1, help=TIMED_THREADS_HELP),
 ):
     """Generate text with one method; slow (refresh) steps are highlighted, --json gives per-step stats."""
     with user_errors():
@@ -112,7 +114,7 @@ def generate(
                           max_new_tokens=max_new_tokens, chat=chat,
                           sampling=SamplingConfig(temperature=temperature, top_p=top_p, seed=seed),
                           k_head=k_head_budget, budget=budget_tokens,
-                          sfi=sfi, stream=not json_out)
+                          sfi=sfi, stream=not json_out, threads=threads)
         result = run_generate(run, console, err_console)
         if json_out:
             print(json.dumps(result))

@@ -7,7 +7,15 @@ from pathlib import Path
 import typer
 
 from sfibench import registry
-from sfibench.commands.common import DEVICE_HELP, DTYPE_HELP, METHOD_NAMES, PATH_HELP, console, user_errors
+from sfibench.commands.common import (
+    DEVICE_HELP,
+    DTYPE_HELP,
+    METHOD_NAMES,
+    PATH_HELP,
+    TIMED_THREADS_HELP,
+    console,
+    user_errors,
+)
 from sfibench.commands.ranks import TP_HELP, run_as_ranks
 from sfibench.core.errors import UsageError
 from sfibench.options import (
@@ -37,6 +45,7 @@ def profile(
                                                         "settings): draw its report without profiling again"),
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
     tp: int = typer.Option(1, min=1, help=TP_HELP),
+    threads: int = typer.Option(None, min=1, help=TIMED_THREADS_HELP),
 ):
     """Where one decode step's time goes: attention, SFI selector, MLP, other ops, launch gaps."""
     from sfibench.models.presets import PRESETS
@@ -71,7 +80,8 @@ def profile(
 
         registry.check_method(method, path)
         run = ProfileRun(model=model, device=device, dtype=dtype, method=method, path=path, context=context,
-                         steps=steps, batch=batch, out=out, overwrite=overwrite)
+                         steps=steps, batch=batch, out=out, overwrite=overwrite,
+                         threads=threads)
         run_dir = run_profile(run)
         if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
             return

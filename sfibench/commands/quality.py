@@ -16,6 +16,7 @@ from sfibench.commands.common import (
     NMS_RADIUS_HELP,
     PATH_HELP,
     PUBLISH_HELP,
+    UNTIMED_THREADS_HELP,
     console,
     err_console,
     user_errors,
@@ -72,6 +73,7 @@ def quality(
     tp: int = typer.Option(1, min=1, help=TP_HELP),
     graphs: bool = typer.Option(None, "--graphs/--no-graphs", help="replay decode steps from CUDA graphs "
                                 "(default: on with a GPU, except --engine transformers and --tp)"),
+    threads: int = typer.Option(None, min=1, help=UNTIMED_THREADS_HELP),
 ):
     """Offline long-context tasks and fidelity to Full-KV, every method from one prefill; Ctrl-C keeps what is done."""
     from sfibench.runners.quality_inputs import quality_run
@@ -93,7 +95,7 @@ def quality(
                           split_list(samples, "--samples"), batch=batch, seed=seed, chat=chat, device=device,
                           dtype=dtype, path=path, engine=engine, longbench=longbench, sfi_variant=variant,
                           sfi_preset=sfi_preset, out=out, overwrite=overwrite, resume=resume, tp=tp,
-                          graphs=graphs)
+                          graphs=graphs, threads=threads)
         if resume and out is not None and (out / "results.json").is_file():
             # the batch sets which prompts share a pass, so a resumed run must keep it to mean the same
             from sfibench.reporting.results import read_results

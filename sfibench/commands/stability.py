@@ -12,6 +12,7 @@ from sfibench.commands.common import (
     DTYPE_HELP,
     KEEP_NEIGHBOURS_HELP,
     PATH_HELP,
+    UNTIMED_THREADS_HELP,
     console,
     user_errors,
 )
@@ -68,6 +69,7 @@ def stability(
     resume: bool = typer.Option(False, "--resume", help="finish a run in --out whose results.json is whole (same "
                                                         "settings): draw its report without analysing again"),
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
+    threads: int = typer.Option(None, min=1, help=UNTIMED_THREADS_HELP),
 ):
     """Is the dominant attention support stable within a sentence? Dense attention over real text."""
     with user_errors():
@@ -110,7 +112,7 @@ def stability(
             settings = to_jsonable({**asdict(analysis), "k_head": budget_record(analysis.k_head)})
             run_dir = finish_saved_run(out, "stability", {k: v for k, v in settings.items() if k != "device"})
         else:
-            run_dir = run_stability(StabilityRun(analysis, out=out, overwrite=overwrite))
+            run_dir = run_stability(StabilityRun(analysis, out=out, overwrite=overwrite, threads=threads))
         from sfibench.reporting.results import read_results
         from sfibench.reporting.stability_markdown import terminal_table
 

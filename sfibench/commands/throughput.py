@@ -13,6 +13,7 @@ from sfibench.commands.common import (
     DTYPE_HELP,
     KEEP_NEIGHBOURS_HELP,
     PATHS,
+    TIMED_THREADS_HELP,
     console,
     user_errors,
 )
@@ -71,6 +72,7 @@ def throughput(
                                                         "settings): draw its report without measuring again"),
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
     tp: int = typer.Option(1, min=1, help=TP_HELP),
+    threads: int = typer.Option(None, min=1, help=TIMED_THREADS_HELP),
 ):
     """Decode speed of every method: tok/s, ms/step by kind, GB/s against the measured roofline."""
     from sfibench.models.presets import PRESETS
@@ -124,7 +126,7 @@ def throughput(
                             methods=method_list, paths=path_list, steps=steps, repeats=repeats, prefill=prefill,
                             graphs=gpu and tp == 1 if graphs is None else graphs, length_bucket=length_bucket,
                             dense_kernels=dense_kernels and gpu, k_head=k_head_budget, sfi=sfi,
-                            out=out, overwrite=overwrite)
+                            out=out, overwrite=overwrite, threads=threads)
         if order_note:
             console.print(order_note, highlight=False)
         if resume:

@@ -26,7 +26,7 @@ from sfibench.core.device_facts import (
 )
 
 __all__ = ["DeviceUnavailableError", "available_device_memory", "cpu_model", "device_info", "gpu_driver_version",
-           "idle_cores_only", "resolve_device", "total_device_memory"]
+           "idle_cores_only", "resolve_device", "torch_threads", "total_device_memory"]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -74,13 +74,29 @@ def idle_cores() -> int:
 
 
 @contextlib.contextmanager
-def idle_cores_only(device: torch.device):
+def torch_threads(threads: int | None):
+    """torch's CPU threads set to `threads` for the block (None: torch's own count, as the process started
+    with it: OMP_NUM_THREADS, else one per core), restored after."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def idle_cores_only(device: torch.device, threads: int | None = None):
     """Time CPU steps with torch's threads on the idle cores only, restoring the count after. torch's threads
     spin-wait on each other at every operator, so one thread sharing a core with another process stalls them
     all: on 2 cores with one busy, a 2-thread decode step took 50-100 ms against 2 ms with 1 thread (profiled
-    steps alike), while 1 thread on an idle 2-core machine costs at most 2x. Never raises the count."""
+    steps alike), while 1 thread on an idle 2-core machine costs at most 2x. Never raises the count. `threads`
+    (the user's --threads) is taken as given, on any device."""
     before = torch.get_num_threads()
-    if device.type == "cpu":
+    if threads is not None:
+        torch.set_num_threads(threads)
+    elif device.type == "cpu":
         torch.set_num_threads(min(before, idle_cores()))
     try:
         yield

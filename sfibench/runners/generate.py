@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
 from rich.console import Console
 
 from sfibench import registry
@@ -43,6 +44,7 @@ class GenerateRun:
     budget: Budget | None  # every sparse method's tokens read per layer and KV head (overrides k_head)
     sfi: SFIConfig  # SFI's other settings; its k_head is replaced by `k_head` resolved at the prompt
     stream: bool = True  # print the text as it is generated
+    threads: int | None = None  # torch's CPU threads; None: idle_cores_only's choice
 
 
 def run_generate(run: GenerateRun, console: Console, err_console: Console) -> dict:
@@ -64,7 +66,8 @@ def generate_with(session: Session, run: GenerateRun, console: Console, err_cons
     config = sfi if run.method == registry.BUDGET_REFERENCE else registry.default_config(run.method)
     if run.budget is not None:
         config = config.with_budget(run.budget.resolve(len(ids)))
-    with idle_cores_only(session.device):  # a busy core would stall every step's threads
+    with idle_cores_only(session.device, run.threads):  # a busy core would stall every step's threads
+        threads = torch.get_num_threads()  # what the steps run on, reported beside them
         prefilled = session.prefill([ids], run.max_new_tokens)
         check_finite(prefilled.last_logits, session.loaded.config.name, session.dtype)
         spec = MethodSpec(run.method, run.path, config)
@@ -74,7 +77,8 @@ def generate_with(session: Session, run: GenerateRun, console: Console, err_cons
     tokens = trace.sequence(0)
     return {
         "model": session.loaded.config.name, "method": run.method, "path": run.path,
-        "prompt_tokens": len(ids), "budget_tokens": config.tokens_read(len(ids)), "generated_ids": tokens, "generated_text": tokenizer.decode(tokens),
+        "prompt_tokens": len(ids), "budget_tokens": config.tokens_read(len(ids)), "threads": threads,
+        "generated_ids": tokens, "generated_text": tokenizer.decode(tokens),
         "summary": {**summarize(trace, 0), **summary}, "steps": step_stats(trace, 0)[: max(len(tokens) - 1, 0)],
     }
 

@@ -230,6 +230,7 @@ class ProfileRun:
     batch: int = 1
     out: Path | None = None
     overwrite: bool = False
+    threads: int | None = None  # torch's CPU threads; None: idle_cores_only's choice
 
 
 def run_profile(run: ProfileRun) -> Path | None:
@@ -258,12 +259,13 @@ def _profile(run: ProfileRun, session: Session) -> tuple[dict, dict]:
     # steps decoded while looking for every step kind, as many as the model's limit leaves room for
     search = max(min(SEARCH_STEPS, session.max_tokens - run.context - PROFILE_MARGIN), run.steps + WARMUP)
     _check_batch_fits(session, run.batch, run.context + search + PROFILE_MARGIN)
-    with idle_cores_only(session.device):  # a busy core would stall every step's threads
+    with idle_cores_only(session.device, run.threads):  # a busy core would stall every step's threads
         result = profile_steps(session, registry.spec(run.method, run.path), run.context, run.steps, run.batch,
                                search)
-        ran_with = provenance()
+        ran_with, threads = provenance(), torch.get_num_threads()
     # the ranks (processes) the model was split over; the components are rank 0's share of each step
-    return {**result, "tp": session.parallel.world_size, "world_size": session.parallel.world_size}, ran_with
+    return {**result, "tp": session.parallel.world_size, "world_size": session.parallel.world_size,
+            "threads": threads}, ran_with
 
 
 def _check_batch_fits(session: Session, batch: int, max_seq: int) -> None:

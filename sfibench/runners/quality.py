@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from sfibench import registry
-from sfibench.core.device import resolve_device
+from sfibench.core.device import resolve_device, torch_threads
 from sfibench.core.errors import RunInterrupted
 from sfibench.core.parallel import TensorParallel, rank_device, ranks
 from sfibench.core.provenance import provenance
@@ -51,7 +51,7 @@ def run_quality(run: QualityRun, console: Console | None = None) -> Path | None:
     """
     started = time.time()
     console = console or Console(stderr=True)
-    with ranks(rank_device(resolve_device(run.device))) as parallel:
+    with ranks(rank_device(resolve_device(run.device))) as parallel, torch_threads(run.threads):
         if not parallel.is_main:
             earlier = read_results(Path(run.out)) if run.resume else None  # rank 0 checked it is there
             _evaluate(run, None, earlier, parallel, started, Console(quiet=True))

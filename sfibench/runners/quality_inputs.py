@@ -130,6 +130,7 @@ class QualityRun:
     out: Path | None = None
     overwrite: bool = False
     resume: bool = False  # continue a stopped run in `out` with the same settings
+    threads: int | None = None  # torch's CPU threads; None: torch's own count
 
     @property
     def variant(self) -> dict | None:
@@ -142,7 +143,7 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
                 device: str = "auto", dtype: str = "auto", path: str = "reference", engine: str = "sfibench",
                 longbench: Path | str | None = None, sfi_variant: dict | None = None, sfi_preset: str | None = None,
                 out: Path | str | None = None, overwrite: bool = False, resume: bool = False,
-                tp: int = 1, graphs: bool | None = None) -> QualityRun:
+                tp: int = 1, graphs: bool | None = None, threads: int | None = None) -> QualityRun:
     """Check a quality run's options as given (strings or numbers) and build the run from them.
 
     `sfi_variant` changes SFI settings for an ablation, e.g. {"use_nms": False}; `sfi_preset`
@@ -201,7 +202,7 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
                       engine=engine, graphs=graphs,
                       longbench=None if longbench is None else Path(longbench), sfi_variant=tuple(variant.items()),
                       sfi_preset=sfi_preset, out=None if out is None else Path(out), overwrite=overwrite,
-                      resume=resume)
+                      resume=resume, threads=threads)
 
 
 def check_engine(engine: str, model: str, device: str, dtype: str, path: str) -> None:

@@ -25,6 +25,7 @@ from rich.progress import (
 )
 
 from sfibench import registry
+from sfibench.core.device import torch_threads
 from sfibench.core.errors import RunInterrupted
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
@@ -67,6 +68,7 @@ class StabilityRun:
     analysis: StabilityConfig
     out: Path | None = None
     overwrite: bool = False
+    threads: int | None = None  # torch's CPU threads; None: torch's own count
 
 
 class DenseProbe(AttentionMethod):
@@ -138,7 +140,8 @@ def run_stability(run: StabilityRun, show_progress: bool = True) -> Path:
         analysed_layers(PRESETS[cfg.model])
     with claimed_run_dir(run.out, "stability", overwrite=run.overwrite) as run_dir:
         try:
-            document = _analyse(cfg, text, source, show_progress)
+            with torch_threads(run.threads):
+                document = _analyse(cfg, text, source, show_progress)
         except KeyboardInterrupt:
             raise RunInterrupted("a stability run is reduced in one pass and saved at its end, so nothing was "
                                  "kept; a smaller --steps finishes sooner") from None

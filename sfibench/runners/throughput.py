@@ -59,6 +59,7 @@ class ThroughputRun:
     sfi: SFIConfig  # SFI's other settings (its k_head is replaced by `k_head` resolved)
     out: Path | None = None
     overwrite: bool = False
+    threads: int | None = None  # torch's CPU threads; None: idle_cores_only's choice
 DECODE_GEMV = ("Triton (optimized/gemv.py: o_proj + residual add + norm, unless folded below, and gate_up + "
                "activation as epilogues; cuBLAS for prefill)")
 
@@ -197,7 +198,7 @@ def run_throughput(run: ThroughputRun, console: Console) -> Path | None:
 def measure(run: ThroughputRun, session: Session, console: Console) -> tuple[ThroughputConfig, dict, dict]:
     """Every method at every shape of the run: results.json's config, results and provenance (taken while the
     steps' thread count holds)."""
-    with idle_cores_only(session.device):  # a busy core would stall every step's threads
+    with idle_cores_only(session.device, run.threads):  # a busy core would stall every step's threads
         steps = run.steps
         check_context_limit(session.loaded.config, [c for c in run.contexts if c != "max"], steps)
         contexts = [session.max_tokens - steps if c == "max" else c for c in run.contexts]
@@ -222,6 +223,7 @@ def measure(run: ThroughputRun, session: Session, console: Console) -> tuple[Thr
             # the norms' weights moved into the qkv and gate_up weights in place (Decoder.fold_input_norms)
             "input_norms_folded": bool(getattr(session.loaded.model, "folded_input_norms", False)),
             "pdl": _pdl_state(),
+            "threads": torch.get_num_threads(),  # torch's CPU threads the steps ran on (--threads, or the default)
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if run.dense_kernels else [],
             # tensor parallelism: the ranks (processes) the model was split over, each holding 1/tp of the KV
             # heads; the rows' bytes and floors are one rank's
