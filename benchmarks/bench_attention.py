@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_attention times CUDA kernels and no CUDA device is visible here; nothing measured. "
-              "Run it on a GPU machine (the kernels' CPU check is tests/test_kernels.py).", file=sys.stderr)
+              "Run it on a GPU machine (the kernels' CPU check is tests/kernels/test_kernels.py).",
+              file=sys.stderr)
         return 2
 
     from sfibench.core.provenance import provenance

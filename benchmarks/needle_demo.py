@@ -3,8 +3,9 @@ by each method at a budget of 15% of the prompt, on smollm2-135m on the CPU (abo
 
     python benchmarks/needle_demo.py
 
-The prompt and the per-method decoding are sfibench/workloads/needle_demo.py's; tests/test_readme.py checks
-that findings.md shows one line per method of DEMO_METHODS, in this order.
+The prompt and the per-method decoding are sfibench/workloads/needle_demo.py's;
+tests/commands/test_readme.py checks that findings.md shows one line per method of DEMO_METHODS, in this
+order.
 """
 
 from __future__ import annotations

@@ -4,19 +4,33 @@ Without CUDA the Triton kernels run in Triton's interpreter on CPU tensors. The 
 when a kernel is decorated, i.e. when its module is first imported, so the variable is set here, before
 any test module imports sfibench (`setdefault`: an explicit TRITON_INTERPRET from the caller wins).
 
+The test files sit in folders named like the package's parts (kernels/, methods/, engine/, commands/,
+reporting/, support/); the modules they share (helpers.py, method_matrix.py, ...) sit here, and test modules
+import each other by basename, so this folder and each of its folders go on sys.path before collection
+(pytest's default `prepend` import mode; test basenames are unique across the folders).
+
 The interpreter runs a kernel thousands of times slower than a GPU, so the kernel and method matrices are
-split: the default run keeps one case of each parametrized kernel test and one case of each method on
-each path, and marks the other cases `full`, as it marks the regression gate's end-to-end reruns, which
-.ci/run also runs as `sfibench check` (pyproject's addopts deselect `full`; .ci/run and
+split: the default run keeps one case of each parametrized kernel test (a test in kernels/) and one case of
+each method on each path, and marks the other cases `full`, as it marks the regression gate's end-to-end
+reruns, which .ci/run also runs as `sfibench check` (pyproject's addopts deselect `full`; .ci/run and
 `-m "full or not full"` run everything).
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+TESTS = Path(__file__).resolve().parent
+KERNEL_TESTS = TESTS / "kernels"  # Triton kernels checked against their torch oracles
+TEST_FOLDERS = sorted(p for p in TESTS.iterdir() if p.is_dir() and not p.name.startswith((".", "__")))
+for folder in (TESTS, *TEST_FOLDERS):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -29,13 +43,6 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 
 from sfibench.models.loading import load_model
 
-# Modules of Triton kernels checked against their torch oracles: the first case of each parametrized test
-# runs by default, the rest are `full`.
-KERNEL_MODULES = {
-    "test_kernels.py", "test_two_segment.py", "test_compact_kernels.py", "test_selector_kernels.py",
-    "test_top_k_kernels.py", "test_step_state_kernel.py", "test_tail_state_kernel.py", "test_layer_kernels.py",
-    "test_gemv.py", "test_qkv_epilogue.py", "test_retrieval_kernels.py", "test_fused_kernels.py",
-}
 # Method matrices: the cases that run by default (each method, on each of its paths, at least once).
 DEFAULT_CASES = {
     # the reference path at batch 3 (which also decodes a row alone); the optimized path, whose kernels run
@@ -80,7 +87,7 @@ def pytest_collection_modifyitems(items):
         rule = DEFAULT_CASES.get(f"{module}::{test}")
         if rule is not None:
             default = rule(params)
-        elif module in KERNEL_MODULES:
+        elif item.path.parent == KERNEL_TESTS:  # the first case of each parametrized kernel test runs
             default = (module, test) not in seen
             seen.add((module, test))
         else:

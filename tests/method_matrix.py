@@ -1,7 +1,7 @@
 """The parametrized method matrix every method test runs: each registered method at small settings.
 
 Budgets sit far below the test contexts, so every sparse method really drops tokens. Adding a method
-adds one row to SMALL_CONFIGS (tests/test_layout.py fails until every registered method has one).
+adds one row to SMALL_CONFIGS (tests/support/test_layout.py fails until every registered method has one).
 """
 
 from __future__ import annotations

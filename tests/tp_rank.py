@@ -1,5 +1,5 @@
-"""One rank of a tensor-parallel decode, as tests/test_tp.py starts it: a process of its own, its place in
-the group from the environment as torchrun sets it (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+"""One rank of a tensor-parallel decode, as tests/engine/test_tp.py starts it: a process of its own, its
+place in the group from the environment as torchrun sets it (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
     python tests/tp_rank.py MODEL METHODS OUT [FAIL_RANK]
 

@@ -10,11 +10,11 @@ these presets apply so that 128K runs are within the model's limit.
 Gemma-3 interleaves sliding-window layers (attend to the last `sliding_window` tokens only) with
 global ones; `layer_is_global` says which is which, and every attention method selects on the global
 layers only (engine/sliding.py). The gemma3-270m values are those of its GGUF, as transformers reads
-them (tests/test_gemma3.py holds the preset equal to the loaded config).
+them (tests/engine/test_gemma3.py holds the preset equal to the loaded config).
 
 qwen2.5-coder-1.5b is Qwen2.5-Coder-1.5B-Instruct as its Q4_K_M GGUF gives it: every layer attends the whole
 history, and the GGUF stores the LM head apart from the embedding (untied), as transformers reads it
-(tests/test_qwen25_coder.py holds the preset equal to the loaded config).
+(tests/engine/test_qwen25_coder.py holds the preset equal to the loaded config).
 """
 
 from __future__ import annotations

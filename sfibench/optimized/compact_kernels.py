@@ -11,7 +11,7 @@ the buffer: the bytes a gather must move.
 
 The grid depends on the refresh's host integers (sink count, picks per head); the refresh is not
 captured in a graph, so that is fine.
-tests/test_compact_kernels.py checks it against the reference under TRITON_INTERPRET=1.
+tests/kernels/test_compact_kernels.py checks it against the reference under TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations

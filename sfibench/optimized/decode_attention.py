@@ -22,7 +22,7 @@ costs nothing. Launch each shape once before capture (the first call compiles).
 
 The merge lives in split_merge.py. two_segment.py builds SFI's fast-step kernel from the same tile, split,
 merge and launch pieces.
-decode_reference.py holds the float64 torch references that tests/test_kernels.py checks these
+decode_reference.py holds the float64 torch references that tests/kernels/test_kernels.py checks these
 kernels against; benchmarks/bench_attention.py measures their bandwidth against PyTorch SDPA.
 """
 

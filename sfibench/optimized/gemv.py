@@ -34,7 +34,7 @@ padded to 16 for `tl.dot`), accumulated in float32. Rounding follows the torch r
 (models/fused.py): the product is rounded to the model dtype before the op that follows, as F.linear's
 output is. The grid is N / BLOCK_N programs, with no split-K, so a projection with few output columns
 gets few programs: `decode_config` gives those (and prefill, rows > MAX_ROWS) to the references.
-tests/test_gemv.py checks each function against its reference under TRITON_INTERPRET=1 and on CUDA.
+tests/kernels/test_gemv.py checks each function against its reference under TRITON_INTERPRET=1 and on CUDA.
 """
 
 from __future__ import annotations

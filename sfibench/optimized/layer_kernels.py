@@ -18,7 +18,7 @@ The q/k kernel launches with programmatic dependent launch where the GPU has it 
 positions and weights from device memory and size their grids from static shapes only, so
 they are CUDA-graph safe (launch each shape once before capture: the first call compiles). Their
 torch references, which the CPU path runs, are the functions of the same names in models/fused.py;
-tests/test_layer_kernels.py checks each pair against each other under TRITON_INTERPRET=1.
+tests/kernels/test_layer_kernels.py checks each pair against each other under TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations

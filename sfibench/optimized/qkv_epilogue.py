@@ -12,7 +12,7 @@ whole rows alone (measured slower, decoder.py).
 
 Fused decoding always uses it (models/fused.py): on an H200, qwen3-4b at 32K, it took 0.02 ms off every
 method's step at B = 1 and 5 against the two launches.
-tests/test_qkv_epilogue.py checks it against its reference, fused.qk_norm_rope_append(F.linear(...)),
+tests/kernels/test_qkv_epilogue.py checks it against its reference, fused.qk_norm_rope_append(F.linear(...)),
 under TRITON_INTERPRET=1 and on CUDA.
 """
 

@@ -13,7 +13,7 @@ rows in place in the cache):
 - `expand_positions`: chosen pages (sorted ascending, the real ones first) -> the slots they hold, then
   the current page's slots, and how many there are.
 
-Each has a plain torch reference beside it (`*_reference`), which tests/test_retrieval_kernels.py
+Each has a plain torch reference beside it (`*_reference`), which tests/kernels/test_retrieval_kernels.py
 checks it against under TRITON_INTERPRET=1. Shapes: q `[B, H_q, D]`, one layer's keys `[B, H_kv, S, D]`,
 lengths `[B]` (this step's key already written at slot lengths - 1).
 """

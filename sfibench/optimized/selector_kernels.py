@@ -24,7 +24,7 @@ Then the top-K (optimized/top_k_kernels.py): a radix select of each head's K-th 
 parallel compaction of the kept positions in ascending order, as sfi/selector.top_k_positions does.
 
 The result equals `select` up to float32 rounding of the log-sums (a reordered sum), so where two
-candidates' scores differ by less than that the choice may differ; tests/test_selector_kernels.py
+candidates' scores differ by less than that the choice may differ; tests/kernels/test_selector_kernels.py
 checks scores and positions against `select` on random evidence under TRITON_INTERPRET. Only the
 SPEC evidence norm ("candidates") runs here: SFI's optimized path (optimized/sfi.py `fused_select`)
 hands the visible-norm ablation to `select`. The kernels take the Selector's numbers as `ScoreParams`,

@@ -7,7 +7,7 @@ Written in torch (`take_published_reference`, the oracle) that is a dozen launch
 heads] tensors, each a few hundred bytes, paid by every SFI step and by no other method: measured on an
 H200 (qwen3-4b at 128K, B = 1) that made SFI's fast step 0.02 ms slower than StreamingLLM's (3.01 against
 2.99 ms). Here one program per (layer, row) does all of it, and the two are level (2.987 against 2.997 ms).
-tests/test_step_state_kernel.py checks it against the reference under TRITON_INTERPRET=1 and on CUDA.
+tests/kernels/test_step_state_kernel.py checks it against the reference under TRITON_INTERPRET=1 and on CUDA.
 """
 
 from __future__ import annotations

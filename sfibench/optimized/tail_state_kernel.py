@@ -8,7 +8,8 @@ starts at max(L - window, sinks); SnapKV's are fixed after prefill. Then every s
 oracle) that is eight launches for StreamingLLM and four for SnapKV on tensors of a few hundred bytes,
 each ~1.5 us before the first layer can start (an H200 trace of a qwen3-0.6b step, sfibench profile);
 here one program per (layer, row) does all of it, as step_state_kernel.py does for SFI.
-tests/test_tail_state_kernel.py checks the kernel against the reference under TRITON_INTERPRET=1 and on CUDA.
+tests/kernels/test_tail_state_kernel.py checks the kernel against the reference under TRITON_INTERPRET=1
+and on CUDA.
 """
 
 from __future__ import annotations

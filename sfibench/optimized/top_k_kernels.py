@@ -24,7 +24,7 @@ per head in the same run; at 32K 0.30 against 0.43. The two passes in which near
 (the top byte of typical scores is shared by most of them) cost ~0.18 ms each for 0.04 ms of bytes:
 `tl.histogram` is the cost there; the last two skip the tiles where no key is left to rank.
 
-tests/test_top_k_kernels.py checks positions against top_k_positions under TRITON_INTERPRET, ties,
+tests/kernels/test_top_k_kernels.py checks positions against top_k_positions under TRITON_INTERPRET, ties,
 -inf, -0.0 and K >= n included.
 """
 

@@ -23,7 +23,7 @@ steps keep reading the published one, and publishing is a device write to `row_b
 selection yet run through the same kernel and graph. A dense pass can also write the raw logits of
 the slots it reads (`evidence`), which the Selector needs, without a second pass over K.
 
-decode_reference.two_segment_decode_reference is the float64 oracle tests/test_two_segment.py checks
+decode_reference.two_segment_decode_reference is the float64 oracle tests/kernels/test_two_segment.py checks
 this kernel against.
 """
 

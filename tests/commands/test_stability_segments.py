@@ -1,6 +1,7 @@
 """`sfibench stability` over contexts and prompt sources: the global layers of a sliding-window model,
 SFI's bootstrap selection, SnapKV's memory against SnapKV itself, the fixed trigger, where the mass
-moves, the needle's tokens, and a whole run on tiny-gemma3 (bad input is in tests/test_bad_input.py)."""
+moves, the needle's tokens, and a whole run on tiny-gemma3 (bad input is in
+tests/commands/test_bad_input.py)."""
 
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ def test_the_family_scripts_fit_plan_asks_only_for_what_fits(capsys):
     """benchmarks/fit_plan.py, planning in an H200's memory: the methods it names for qwen3-0.6b at 128K B=9 fit
     and those it leaves out (the ones keeping per-token state beside the cache) do not; at the context it names
     for qwen3-32b at B=3 every method fits, 1K more and one does not."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import fit_plan
 
     planned, steps = planning_bytes(H200_BYTES, H200_BYTES), 64
@@ -225,7 +225,7 @@ def test_the_estimate_is_the_cpu_allocators_peak(model, prefill, context, batch,
     model in float32: the peak of torch's CPU allocator from before the cache is allocated to the end, plus
     the weights already held, is the estimate within 10%, each method's state and transients declared by its
     own MethodConfig. The optimized paths run Triton's interpreter here, whose buffers are not the GPU's;
-    the GPU test (tests/test_memory_gpu.py) checks those."""
+    the GPU test (tests/support/test_memory_gpu.py) checks those."""
     session = Session.open(model, "cpu", dtype="float32")
     cfg = ThroughputConfig(model=model, contexts=[context], batches=[batch], methods=[(name, path)],
                            steps=8, repeats=1, prefill=prefill, graphs=False)

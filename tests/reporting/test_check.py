@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from sfibench.cli import app
 from sfibench.reporting.baseline import MANIFEST
 
-H200_RUN = Path(__file__).resolve().parents[1] / "reports" / "throughput-qwen3-4b-h200" / "results.json"
+H200_RUN = Path(__file__).resolve().parents[2] / "reports" / "throughput-qwen3-4b-h200" / "results.json"
 RULES = [
     {"match": "throughput/*/tokens_read*", "abs": 0.0, "how": "deterministic"},
     {"match": "throughput/*/slow_steps", "abs": 0.0, "how": "deterministic"},
@@ -310,7 +310,7 @@ def test_a_gpu_rebaseline_keeps_the_replaced_baselines_moved_accounting_before_t
     accounting) keeps its rule when the new runs happen to agree, ahead of the exact patterns that would
     otherwise match it first; a key that moved again keeps only its new rule; rules carried once are not
     carried again."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import gpu_baseline
 
     exact = {"match": "throughput/*/tokens_read*", "abs": 0.0, "how": "deterministic"}

@@ -26,7 +26,7 @@ from sfibench.runners.quality import run_quality
 from sfibench.runners.quality_inputs import quality_run
 from sfibench.sfi.config import SFIConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = Tokenizer(ByteTokenizer())
 PROMPTS = [list(b"In the valley there were three mills. The oldest one ground flour for the whole town, and the "
                 b"miller kept a ledger of every sack. In the ledger the number of the last sack was"),

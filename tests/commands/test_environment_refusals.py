@@ -43,7 +43,7 @@ def test_a_gpu_only_option_on_the_cpu_is_refused_before_the_model_loads(tmp_path
 
 # ------------------------------------------------------------------------------------- read-only HOME
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def sfibench(args: list[str], home: Path, tmp: Path, cwd: Path):

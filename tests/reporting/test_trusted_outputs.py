@@ -18,7 +18,7 @@ from sfibench.reporting import compare, throughput_plots, throughput_report
 from sfibench.reporting.report_run import render
 from sfibench.reporting.speedup_claims import speedup_claim
 
-REPORTS = Path(__file__).resolve().parents[1] / "reports"
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
 
 def committed(name: str) -> dict:
@@ -141,7 +141,7 @@ def test_a_cpu_report_has_no_gpu_figures_or_words():
 RUNS = ["ci/throughput", "throughput-qwen3-4b-h200", "stability-smollm2", "stability-gemma3-8k", "quality-smollm2",
         "quality-gemma3-8k", "quality-smollm2-ppl", "profile-qwen3-4b-optimized-h200",
         "quality-smollm2-paths/comparison", "quality-qwen2.5-coder-1.5b-niah-list-16k-h100"]
-REPORTING = Path(__file__).resolve().parents[1] / "sfibench" / "reporting"
+REPORTING = Path(__file__).resolve().parents[2] / "sfibench" / "reporting"
 
 
 def test_every_plot_is_whole_on_its_canvas(tmp_path, monkeypatch):

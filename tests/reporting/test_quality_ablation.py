@@ -14,7 +14,8 @@ from sfibench.metrics.quality import wilson_interval
 from sfibench.runners.quality import run_quality
 from sfibench.runners.quality_inputs import quality_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # a maintainer's script, not the package
+# a maintainer's script, not the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from quality_ablation import ablation_markdown, main  # noqa: E402
 
 

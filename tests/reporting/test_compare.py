@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from sfibench.cli import app
 from sfibench.reporting.results import read_results
 
-REPORTS = Path(__file__).resolve().parents[1] / "reports"
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
 RUNS = ["stability-smollm2", "quality-smollm2-ablation-w64", "throughput-qwen3-4b-h200", "profile-qwen3-4b-optimized-h200"]
 
 

@@ -1,7 +1,7 @@
 """The fused decode path: the decoder with its ops swapped for the Triton kernels (layer kernels, GEMVs, the
 qkv epilogue, the norm folds) against plain torch, the stacked projections' Hugging Face names, and (on a
 GPU) fused against plain-torch logits and greedy tokens. Each kernel alone against its reference:
-tests/test_layer_kernels.py, tests/test_gemv.py, tests/test_qkv_epilogue.py.
+tests/kernels/test_layer_kernels.py, tests/kernels/test_gemv.py, tests/kernels/test_qkv_epilogue.py.
 
 Without CUDA the kernels run under the Triton interpreter on CPU tensors (conftest.py chooses it
 before any sfibench import).

@@ -1,5 +1,6 @@
 """optimized/pdl.py: which kernels launch with programmatic dependent launch, and unknown kinds refused.
-(That chains of PDL launches give serial launches' numbers is a GPU test: tests/test_gemv.py, test_graphs.py.)"""
+(That chains of PDL launches give serial launches' numbers is a GPU test: tests/kernels/test_gemv.py,
+tests/engine/test_graphs.py.)"""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import pytest
 from sfibench.reporting.readme_results import generate
 from sfibench.reporting.results import SCHEMA_VERSION
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 
 

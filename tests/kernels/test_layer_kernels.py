@@ -1,6 +1,6 @@
 """Each Triton layer kernel (optimized/layer_kernels.py) against its torch reference (models/fused.py) on
 random inputs: q/k norm + RoPE, the KV append and both in one, the RoPE position table and a folded decode
-step's first launch (decode_inputs). tests/test_fused_kernels.py runs the decoder through them.
+step's first launch (decode_inputs). tests/kernels/test_fused_kernels.py runs the decoder through them.
 
 Without CUDA the kernels run under the Triton interpreter on CPU tensors (conftest.py chooses it
 before any sfibench import). The interpreter truncates float32 to bfloat16 where the GPU rounds to

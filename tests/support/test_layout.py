@@ -14,7 +14,7 @@ import ast
 import re
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "sfibench"
+PACKAGE = Path(__file__).resolve().parents[2] / "sfibench"
 
 # Bottom to top. A node may import nodes of its own layer or below; a layer's nodes may import each other
 # as long as no cycle forms (the cycle check below).

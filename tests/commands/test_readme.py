@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from sfibench.cli import app
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the demo script lives there, beside the other maintained scripts
 from needle_demo import DEMO_METHODS  # noqa: E402
 

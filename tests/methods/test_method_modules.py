@@ -12,7 +12,7 @@ import pytest
 from sfibench import registry
 from sfibench.engine.method import AttentionMethod, MethodConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Where a method's name may be written: its own module (SFI: its three packages), the registry, and the
 # command line's defaults and help. Config keys of saved results ("sfi" settings of a run) are subscripts.
 ALLOWED = re.compile(r"^sfibench/(registry\.py|cli\.py|commands/|sfi/|reference/|optimized/)")

@@ -29,7 +29,7 @@ from sfibench.models.loading import load_for_decode
 from sfibench.models.presets import PRESETS
 from sfibench.options import check_memory_before_loading
 
-RANK_SCRIPT = Path(__file__).with_name("tp_rank.py")
+RANK_SCRIPT = Path(__file__).resolve().parents[1] / "tp_rank.py"  # a shared module in tests/
 
 
 def free_port() -> int:

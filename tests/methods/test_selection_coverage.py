@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # a diagnostic script, not the package
+# a diagnostic script, not the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import selection_coverage  # noqa: E402
 from selection_coverage import ROWS, coverage  # noqa: E402
 

@@ -23,7 +23,7 @@ from sfibench.reporting.check import format_metric
 from sfibench.reporting.check import table as check_table
 from sfibench.reporting.gate import compare
 
-REPORTS = Path(__file__).resolve().parent.parent / "reports"
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
 WIDTH = 80
 
 
