@@ -68,8 +68,8 @@ def throughput(
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/throughput-<time>)"),
     overwrite: bool = typer.Option(False, help="replace an earlier throughput run in --out"),
-    resume: bool = typer.Option(False, "--resume", help="finish a run in --out whose results.json is whole (same "
-                                                        "settings): draw its report without measuring again"),
+    resume: bool = typer.Option(False, "--resume", help="continue a run in --out (same settings): measure only "
+                                                        "what a stopped run lacks, or draw a whole run's report"),
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
     tp: int = typer.Option(1, min=1, help=TP_HELP),
     threads: int = typer.Option(None, min=1, help=TIMED_THREADS_HELP),
@@ -130,10 +130,9 @@ def throughput(
         if order_note:
             console.print(order_note, highlight=False)
         if resume:
-            from sfibench.reporting.report_run import finish_saved_run
-            from sfibench.runners.throughput import recorded_settings
+            from sfibench.runners.throughput import resume_throughput
 
-            run_dir = finish_saved_run(out, "throughput", recorded_settings(run))
+            run_dir = resume_throughput(run, console)
         else:
             run_dir = run_throughput(run, console)
         if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports

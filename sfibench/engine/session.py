@@ -9,6 +9,7 @@ import torch
 from sfibench.core.device import available_device_memory, resolve_device
 from sfibench.core.device_facts import default_dtype
 from sfibench.core.parallel import SINGLE, TensorParallel, rank_device
+from sfibench.core.progress import starting
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import Trace, generate
 from sfibench.engine.memory_phases import loading
@@ -28,6 +29,13 @@ def parse_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+def _is_gguf(model: str) -> bool:
+    """A GGUF file or a preset whose weights ship as one: the loads that take tens of seconds on a CPU."""
+    from sfibench.models.presets import PRESETS
+
+    return model.endswith(".gguf") or (model in PRESETS and PRESETS[model].source == "gguf")
+
+
 @dataclass
 class Session:
     loaded: LoadedModel
@@ -43,6 +51,8 @@ class Session:
         chooses them. `parallel`: this process's rank of a tensor-parallel run (its share of the model)."""
         resolved = rank_device(resolve_device(device))
         torch_dtype = parse_dtype(dtype, resolved)
+        starting(f"loading {model} on {resolved}" + (" (a GGUF file: reading and dequantising its weights)"
+                                                   if _is_gguf(model) else ""))
         with loading(model, resolved, torch_dtype):
             loaded = load_for_decode(model, resolved, torch_dtype, seed, fuse, parallel)
         return cls(loaded, resolved, torch_dtype, parallel=parallel)

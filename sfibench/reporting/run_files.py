@@ -49,10 +49,12 @@ def describe_kept(run_dir: Path) -> str:
     except (InvalidResultsError, OSError):
         return f"nothing whole was saved in {run_dir}"
     results = document["results"]
-    if document["command"] == "quality" and results.get("complete") is False:
+    if results.get("complete") is False:  # a stopped quality or throughput run
         progress = results.get("progress") or {}
-        return (f"{progress.get('results', 'some')} of {progress.get('planned', 'the')} sample results are saved "
-                f"whole in {run_dir}; to continue, repeat the command with --out {run_dir} --resume")
+        done = progress.get("results", progress.get("rows", "some"))
+        what = "sample results" if document["command"] == "quality" else "measurements"
+        return (f"{done} of {progress.get('planned', 'the')} {what} are saved whole in {run_dir}; to continue, "
+                f"repeat the command with --out {run_dir} --resume")
     report = Path(run_dir) / "report.md"
     if report.is_file() and report.stat().st_mtime_ns >= results_file.stat().st_mtime_ns:
         return f"the run finished and is saved whole in {run_dir} (results.json, report.md and plots)"

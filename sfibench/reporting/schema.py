@@ -61,6 +61,8 @@ THROUGHPUT = {
             "roofline_speedup?": MAYBE_NUMBER, "floor_ms?": "null|" + "object", "publish?": "str|null",
         }, min_items=1),
         "dense_kernels?": ListOf({"batch": "int", "context": "int", "kernel": "str"}),
+        # False: a stopped run's finished rows (`--resume` measures the rest)
+        "complete?": "bool", "progress?": {"rows": "int", "planned": "int"},
     },
 }
 

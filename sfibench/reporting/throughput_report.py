@@ -275,6 +275,11 @@ def markdown(results: dict) -> str:
                           "roofline ceiling."]),
         "",
     ]
+    if res.get("complete") is False:  # a stopped run keeps its finished rows
+        kept = res.get("progress") or {}
+        lines += [f"**Stopped early (partial)**: {kept.get('rows', len(rows))} of {kept.get('planned', '?')} "
+                  "measurements (a method at a context and batch) finished; repeating the command with `--out` "
+                  "this folder and `--resume` measures the rest.", ""]
     note = noise_note(rows)
     lines += [f"**{note}**", ""] if note else []
     lines += ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]

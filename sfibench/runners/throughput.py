@@ -16,6 +16,7 @@ from rich.console import Console
 
 from sfibench.core.budget import Budget
 from sfibench.core.device import idle_cores_only, resolve_device
+from sfibench.core.errors import RunInterrupted
 from sfibench.core.provenance import provenance
 from sfibench.core.parallel import interconnect, launched_ranks, rank_device, ranks
 from sfibench.core.device_facts import DTYPE_BYTES, default_dtype
@@ -25,7 +26,8 @@ from sfibench.models import fused
 from sfibench.options import budget_record, check_context_limit, config_before_loading
 from sfibench.registry import available, check_method
 from sfibench.reporting.report_run import render
-from sfibench.reporting.results import write_results
+from sfibench.reporting.results import read_results, write_results
+from sfibench.reporting.run_files import check_same_settings
 from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.runners.throughput_measure import (
     ThroughputConfig,
@@ -33,6 +35,7 @@ from sfibench.runners.throughput_measure import (
     check_before_loading,
     largest_batch,
     measure_all,
+    method_specs,
 )
 from sfibench.runners.throughput_memory import planned_before_loading
 from sfibench.sfi.config import SFIConfig
@@ -105,11 +108,23 @@ def resolve_methods(methods: tuple[str, ...], paths: tuple[str, ...]) -> list[tu
     return list(dict.fromkeys(pairs))
 
 
-def measure_at_k_head(session: Session, cfg: ThroughputConfig, k_head: Budget, progress) -> list[dict]:
+def at_k_head(cfg: ThroughputConfig, k_head: Budget, context: int) -> ThroughputConfig:
+    """`cfg` with SFI's k_head resolved at `context` (a percentage gives each context its own)."""
+    return replace(cfg, sfi=replace(cfg.sfi, k_head=k_head.resolve(context, "--k-head", at_most_context=False)))
+
+
+def planned_rows(cfg: ThroughputConfig, k_head: Budget) -> int:
+    """How many rows the whole run measures: every method spec at every (context, batch)."""
+    return len(cfg.batches) * sum(len(method_specs(at_k_head(cfg, k_head, c), c)) for c in cfg.contexts)
+
+
+def measure_at_k_head(session: Session, cfg: ThroughputConfig, k_head: Budget, progress,
+                      earlier: list[dict] = ()) -> list[dict]:
     """measure_all with SFI's k_head resolved at each context: a percentage gives each context its own,
-    so the contexts that share one are measured together (a token count: all of them, in one call)."""
+    so the contexts that share one are measured together (a token count: all of them, in one call). Rows
+    `earlier` holds (a resumed run's) are kept, not measured again."""
     def at(context: int) -> ThroughputConfig:
-        return replace(cfg, sfi=replace(cfg.sfi, k_head=k_head.resolve(context, "--k-head", at_most_context=False)))
+        return at_k_head(cfg, k_head, context)
 
     longest = max(cfg.contexts)  # "max" batches are sized where the cache is largest, and used at every context
     batches = [largest_batch(session, at(longest), longest) if b == "max" else int(b) for b in cfg.batches]
@@ -118,7 +133,7 @@ def measure_at_k_head(session: Session, cfg: ThroughputConfig, k_head: Budget, p
         groups.setdefault(at(context).sfi.k_head, []).append(context)
     rows = []
     for contexts in groups.values():
-        rows += measure_all(session, replace(at(contexts[0]), contexts=contexts, batches=batches), progress)
+        rows += measure_all(session, replace(at(contexts[0]), contexts=contexts, batches=batches), progress, earlier)
     return rows
 
 
@@ -189,15 +204,46 @@ def run_throughput(run: ThroughputRun, console: Console) -> Path | None:
             return None
         with claimed_run_dir(run.out, "throughput", overwrite=run.overwrite) as run_dir:
             session = Session.open(run.model, run.device, run.dtype, parallel=parallel)
-            cfg, results, ran_with = measure(run, session, console)
-            write_results(run_dir, "throughput", cfg, results, provenance_info=ran_with)
-            render(run_dir)
+            save(run_dir, *measure(run, session, console))
     return run_dir
 
 
-def measure(run: ThroughputRun, session: Session, console: Console) -> tuple[ThroughputConfig, dict, dict]:
+def resume_throughput(run: ThroughputRun, console: Console) -> Path:
+    """`--resume`: a run whose results.json is whole gets its report drawn, nothing measured again; a stopped
+    run (`complete` False) measures only the rows it lacks, into the same folder. The settings given must be
+    the run's recorded ones."""
+    with claimed_run_dir(run.out, "throughput", resume=True) as run_dir:
+        earlier = read_results(run_dir)
+        check_same_settings(earlier["config"], recorded_settings(run), run_dir)
+        if earlier["results"].get("complete", True):
+            render(run_dir)
+            return run_dir
+        check_memory_before_loading(run)
+        cfg, results, ran_with = measure(run, Session.open(run.model, run.device, run.dtype), console,
+                                         earlier["results"]["rows"])
+        ran_with["resumed_from"] = [*earlier["provenance"].pop("resumed_from", []), earlier["provenance"]]
+        save(run_dir, cfg, results, ran_with)
+    return run_dir
+
+
+def save(run_dir: Path, cfg: ThroughputConfig, results: dict, ran_with: dict) -> None:
+    """Write results.json and draw the report; a stopped run then stops the command, saying what it kept and
+    how to continue."""
+    write_results(run_dir, "throughput", cfg, results, provenance_info=ran_with)
+    render(run_dir)
+    if not results["complete"]:
+        kept = results["progress"]
+        raise RunInterrupted(f"stopped; {kept['rows']} of {kept['planned']} measurements (a method at a context "
+                             f"and batch) are saved in {run_dir} and its report.md covers them. To continue, "
+                             f"repeat the command with --out {run_dir} --resume")
+
+
+def measure(run: ThroughputRun, session: Session, console: Console,
+            earlier: list[dict] = ()) -> tuple[ThroughputConfig, dict, dict]:
     """Every method at every shape of the run: results.json's config, results and provenance (taken while the
-    steps' thread count holds)."""
+    steps' thread count holds). Rows `earlier` holds (a resumed run's) are kept, not measured again. Ctrl-C or
+    SIGTERM after a row finished stops the measuring and returns what finished, `complete` False (before any
+    row finished it stops the run)."""
     with idle_cores_only(session.device, run.threads):  # a busy core would stall every step's threads
         steps = run.steps
         check_context_limit(session.loaded.config, [c for c in run.contexts if c != "max"], steps)
@@ -209,13 +255,24 @@ def measure(run: ThroughputRun, session: Session, console: Console) -> tuple[Thr
         console.print(f"copy bandwidth {bandwidth / 1e9:,.0f} GB/s on {session.device}; {len(pairs)} methods, "
                       f"contexts {contexts}, batches {batches}, {steps} steps x {run.repeats} repeats")
 
+        rows: list[dict] = []
+
         def progress(row: dict) -> None:
+            rows.append(row)
             console.print(f"  {row['method']}/{row['path']} ctx {row['context']:,} B={row['batch']}: "
                           f"{row['tokens_per_s']:,.1f} tok/s")
 
-        rows = measure_at_k_head(session, cfg, run.k_head, progress)
+        try:
+            measure_at_k_head(session, cfg, run.k_head, progress, earlier)
+            complete = True
+        except KeyboardInterrupt:
+            if not rows:
+                raise  # nothing finished: the claimed directory is removed on the way out
+            complete = False
         add_comparisons(rows, cfg, session.loaded.config, session.cache_dtype_bytes, bandwidth)
         results = {
+            # a stopped run keeps every finished row; `--resume` measures the rest
+            "complete": complete, "progress": {"rows": len(rows), "planned": planned_rows(cfg, run.k_head)},
             "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
             "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
             "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
@@ -224,7 +281,8 @@ def measure(run: ThroughputRun, session: Session, console: Console) -> tuple[Thr
             "input_norms_folded": bool(getattr(session.loaded.model, "folded_input_norms", False)),
             "pdl": _pdl_state(),
             "threads": torch.get_num_threads(),  # torch's CPU threads the steps ran on (--threads, or the default)
-            "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows]) if run.dense_kernels else [],
+            "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows])
+            if run.dense_kernels and complete else [],
             # tensor parallelism: the ranks (processes) the model was split over, each holding 1/tp of the KV
             # heads; the rows' bytes and floors are one rank's
             "tp": session.parallel.world_size,

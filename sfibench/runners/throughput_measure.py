@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sfibench import registry
+from sfibench.core.progress import starting
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
@@ -266,37 +267,65 @@ def add_comparisons(rows: list[dict], cfg: ThroughputConfig, dims, dtype_bytes: 
             row["roofline_speedup"] = roofline_ratio(w, kv_full, kv_sparse, row["batch"], interval)
 
 
-def measure_all(session: Session, cfg: ThroughputConfig, progress=None) -> list[dict]:
-    """One row per (context, batch, method spec): the rows results.json holds, before add_comparisons."""
+def measure_all(session: Session, cfg: ThroughputConfig, progress=None, earlier: list[dict] = ()) -> list[dict]:
+    """One row per (context, batch, method spec): the rows results.json holds, before add_comparisons.
+
+    `progress(row)` is told of each row as it is finished, so a stopped run keeps every one. A row `earlier`
+    holds (a resumed run's) is taken as it is, not measured again, and a shape whose rows it holds is not
+    even prefilled; the rows come in the order an uninterrupted run makes them."""
     stream, tokenizer = load_replay(session.loaded.config.vocab_size, session.loaded.tokenizer)
     rows = []
     # "max" is the largest batch that fits at the longest context, used at every context
     batches = [largest_batch(session, cfg, max(cfg.contexts)) if b == "max" else int(b) for b in cfg.batches]
+    starting(f"timing the model's own products (the weights floor) at batch {', '.join(map(str, dict.fromkeys(batches)))}")
     floors = {batch: weights_floor_seconds(session.loaded.model, batch, session.device) for batch in dict.fromkeys(batches)}
     reduces = {batch: all_reduce_seconds(session.parallel, batch, session.loaded.config.hidden_size,
                                          2 * session.loaded.config.num_layers, session.dtype, session.device)
                for batch in dict.fromkeys(batches)} if session.parallel.world_size > 1 else {}
     for context in cfg.contexts:
         for batch in dict.fromkeys(batches):
-            for row in measure_shape(session, cfg, context, batch, stream, tokenizer):
-                row["weights_floor"] = floors[batch]
+            for row in measure_shape(session, cfg, context, batch, stream, tokenizer, earlier):
+                row.setdefault("weights_floor", floors[batch])
                 if reduces:  # tensor parallelism: the step's all-reduces, part of its floor
-                    row["all_reduce"] = reduces[batch]
+                    row.setdefault("all_reduce", reduces[batch])
                 rows.append(row)
                 if progress:
                     progress(row)
     return rows
 
 
+def finished_row(earlier, spec: MethodSpec, context: int, batch: int) -> dict | None:
+    """The row of `earlier` that measured `spec` at (context, batch), or None."""
+    facts = spec.config.row_facts()
+    return next((r for r in earlier if (r["method"], r["path"], r["context"], r["batch"]) ==
+                 (spec.name, spec.path, context, batch) and all(r.get(k) == v for k, v in facts.items())), None)
+
+
 def measure_shape(session: Session, cfg: ThroughputConfig, context: int, batch: int, stream: torch.Tensor,
-                  tokenizer):
-    """Prefill one (context, batch) and yield a row per method spec. Its snapshot and inputs live only here,
-    so the next shape's prefill starts with nothing of this one's allocated."""
+                  tokenizer, earlier=()):
+    """Prefill one (context, batch) and yield a row per method spec (a row `earlier` holds as it is). Its
+    snapshot and inputs live only here, so the next shape's prefill starts with nothing of this one's
+    allocated."""
+    specs = method_specs(cfg, context)
+    kept = [finished_row(earlier, spec, context, batch) for spec in specs]
+    if all(kept):
+        yield from kept
+        return
+    prefill_kind = "synthetic" if _synthetic(cfg, context) else "real"
+    starting(f"prefill of {context:,} tokens x {batch} ({prefill_kind})")
     prefilled, synthetic, prefill_seconds = prepare_cache(session, cfg, context, batch, stream, seed=0)
     prefill_peak = torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None
     # every sequence replays its own stretch of text, starting where its prompt would end
     inputs = step_inputs(take_rows(stream, context, batch, cfg.steps + 1), session.device)
-    for spec in method_specs(cfg, context):
+    for spec, row in zip(specs, kept):
+        if row is not None:
+            yield row
+            continue
+        # a method timed in several variants on a path (the optimized SFI's publishing) names the variant
+        several = sum((other.name, other.path) == (spec.name, spec.path) for other in specs) > 1
+        variant = " ".join(str(value) for value in spec.config.row_facts().values()) if several else ""
+        starting(f"{spec.name}{' ' + variant if variant else ''}/{spec.path} at {context:,} tokens, B={batch}: "
+                 f"1 warm-up + {cfg.repeats} timed passes of {cfg.steps} steps")
         row = measure(session, prefilled, spec, cfg, inputs, tokenizer, context)
         row["prefill"] = "synthetic" if synthetic else "real"
         row["prefill_seconds"] = prefill_seconds
