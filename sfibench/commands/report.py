@@ -16,22 +16,22 @@ def report(
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an earlier comparison in --out"),
 ):
     """Redraw report.md and plots from results.json; several runs of one command side by side, with deltas."""
-    from sfibench.reporting.compare import compare_runs, settings_summary
+    from sfibench.reporting.compare import compare_runs
+    from sfibench.reporting.report_run import render, terminal_summary
     from sfibench.reporting.results import read_results
-    from sfibench.reporting.report_run import render
 
     with user_errors():
         if len(run_dirs) == 1:
             if out is not None or overwrite:
                 raise UsageError("--out and --overwrite are for comparing several runs; one run is redrawn in place")
             written = render(run_dirs[0])
+            for shown in terminal_summary(read_results(run_dirs[0])):
+                console.print(shown, highlight=False)
             console.print(f"[green]wrote[/] {', '.join(str(path) for path in written)}", highlight=False)
             return
         run_dir = compare_runs(run_dirs, out, overwrite)
-        settings = read_results(run_dir)["results"]["differing_settings"]
-        if settings:
-            console.print(f"[yellow]the runs differ in {len(settings)} setting{'s' if len(settings) > 1 else ''}:[/] "
-                          f"{settings_summary(settings)}", highlight=False)
+        for shown in terminal_summary(read_results(run_dir)):
+            console.print(shown, highlight=False)
         console.print(f"[green]wrote[/] {run_dir}/results.json, report.md and one compare_*.png per metric",
                       highlight=False)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+from rich.table import Table
 
 from sfibench.reporting.baseline import BaselineError
 from sfibench.reporting.run_files import load_run
@@ -17,7 +18,7 @@ from sfibench.reporting.run_files import load_run
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from sfibench.reporting.formatting import commit_label
+from sfibench.reporting.formatting import commit_label, styled_table
 from sfibench.reporting.plot_style import context_axis, context_label, legend_below, save, wrapped, yerr
 from sfibench.reporting.results import read_results, write_results, write_text_atomically
 from sfibench.reporting.run_dir import claimed_run_dir
@@ -74,6 +75,10 @@ def _flat(value, prefix: str = "") -> dict[str, str]:
     if isinstance(value, dict):
         return {key: leaf for name, inner in value.items() if name not in RUN_LOCAL
                 for key, leaf in _flat(inner, f"{prefix}{name}.").items()}
+    if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+        # a list of records (SFI's settings per context and retention): one line per record, by its position
+        return {f"{prefix}{index}": ", ".join(f"{name} {leaf}" for name, leaf in _flat(item).items())
+                for index, item in enumerate(value)}
     if isinstance(value, list) and value and all(isinstance(item, list) for item in value):
         value = ["/".join(map(str, item)) for item in value]  # (method, path) pairs
     text = ",".join(map(str, value)) if isinstance(value, list) else "-" if value is None else str(value)
@@ -124,9 +129,24 @@ def markdown(document: dict, plots: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def settings_summary(settings: list[dict]) -> str:
-    """One line for the terminal: 'steps 32 / 4; repeats 3 / 1'."""
-    return "; ".join(f"{s['setting']} {' / '.join(s['values'])}" for s in settings)
+def terminal_tables(document: dict) -> list[Table]:
+    """What `sfibench report A B` prints: the settings the runs differ in (where they do), then every metric
+    with each run's value and its change against run 1, as report.md's tables."""
+    runs, rows = document["results"]["runs"], document["results"]["rows"]
+    names = [f"run {i + 1}" for i in range(len(runs))]
+    tables = []
+    settings = document["results"].get("differing_settings")
+    if settings:
+        table = styled_table(f"the runs differ in {len(settings)} setting{'s' if len(settings) > 1 else ''}; a "
+                             "delta may come from any of them", ("setting", *names))
+        for setting in settings:
+            table.add_row(setting["setting"], *setting["values"])
+        tables.append(table)
+    table = styled_table("metrics side by side (change against run 1)", ("metric", "unit", *names))
+    for row in rows:
+        table.add_row(row["key"], row["unit"], *(_cell(point, row["values"][0] if i else None)
+                                                 for i, point in enumerate(row["values"])))
+    return tables + [table]
 
 
 def settings_lines(settings: list[dict] | None, runs: int) -> list[str]:

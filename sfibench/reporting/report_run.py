@@ -81,3 +81,28 @@ def _comparison(run_dir: Path, document: dict) -> list[Path]:
 
 RENDERERS = {"throughput": _throughput, "quality": _quality, "stability": _stability, "profile": _profile,
              "report": _comparison}
+
+
+def terminal_summary(document: dict, wide: bool = False) -> list:
+    """What the command that made the run prints when it finishes (its table, and the notes under it), so
+    `sfibench report RUN` shows the result, not only the files it wrote."""
+    command, results = document["command"], document["results"]
+    if command == "throughput":
+        from sfibench.reporting.throughput_report import table_notes, terminal_table
+
+        return [terminal_table(document, wide), *table_notes(document)]
+    if command == "quality":
+        from sfibench.reporting.quality_report import results_table
+
+        return [results_table(results["cells"], wide)]
+    if command == "stability":
+        from sfibench.reporting.stability_markdown import terminal_table
+
+        return [terminal_table(document, wide)]
+    if command == "profile":
+        from sfibench.reporting.profile_report import terminal_table
+
+        return [terminal_table(document, wide)]
+    from sfibench.reporting.compare import terminal_tables
+
+    return terminal_tables(document)
