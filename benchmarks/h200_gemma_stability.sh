@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1
 started=$SECONDS
 cat DEVICE_COMMIT 2>/dev/null
 source benchmarks/h200_gemma_stage.sh  # sets $model
-common=(--model "$model" --ctx "${CONTEXTS:-8k,16k,32k}" --steps "${STEPS:-512}" --trigger fixed --no-nms
+common=(--model "$model" --ctx "${CONTEXTS:-8k,16k,32k}" --steps "${STEPS:-512}" --fixed-refresh auto --no-nms
         --keep-neighbours 7 --device cuda --dtype float32)
 runs=("stability-gemma3-h200|--prompts prose,niah_single --samples ${SAMPLES:-1}"
       "stability-gemma3-h200-generated|--prompts prose --generate")

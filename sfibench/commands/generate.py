@@ -9,38 +9,30 @@ import typer
 
 from sfibench import registry
 from sfibench.commands.common import (
-    BRIDGE_STEPS_HELP,
     DEVICE_HELP,
     DTYPE_HELP,
-    EVIDENCE_NORM_HELP,
-    KEEP_NEIGHBOURS_HELP,
     METHOD_NAMES,
-    NMS_ALPHA_HELP,
-    NMS_RADIUS_HELP,
     PATH_HELP,
-    PUBLISH_HELP,
     TIMED_THREADS_HELP,
     console,
     err_console,
     user_errors,
 )
 from sfibench.commands.ranks import TP_HELP, run_as_ranks
+from sfibench.commands.sfi_options import ALL, SFISettings, sfi_options
 from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 from sfibench.options import (
-    check_path,
     check_device_needs,
     check_memory_before_loading,
+    check_path,
     check_session_options,
-    check_sfi_settings,
     check_top_p,
-    check_trigger,
-    parse_k_head,
     read_text_file,
 )
-from sfibench.sfi.config import SelectorConfig, SFIConfig, TriggerConfig
 
 
+@sfi_options(*ALL)
 def generate(
     model: str = typer.Option("smollm2-135m", help="preset name, HF checkpoint directory or .gguf file"),
     method: str = typer.Option("sfi", help=METHOD_NAMES),
@@ -59,41 +51,23 @@ def generate(
     budget: str = typer.Option(None, help="tokens read per layer and KV head by every sparse method: whole tokens "
                                           "(600) or a percentage of the prompt (15%); sets SFI's k_head and the "
                                           "baselines' budgets"),
-    k_head: str = typer.Option("2048", help="SFI: selected tokens per KV head, whole tokens or a percentage of "
-                                            "the prompt (15%)"),
-    n_sink: int = typer.Option(4, min=0), n_recent: int = typer.Option(256, min=0), page: int = typer.Option(16, min=1),
-    w_prefill: int = typer.Option(16, min=1, help="SFI: prompt query rows used by the bootstrap refresh"),
-    t_max: int = typer.Option(96, min=1), min_gap: int = typer.Option(16, min=0),
-    trigger: str = typer.Option("punctuation_tmax", help="punctuation_tmax, fixed, random or bootstrap"),
-    interval: int = typer.Option(32, min=1, help="N for the fixed and random trigger policies"),
-    layer_groups: int = typer.Option(1, min=1, max=2, help="2: refresh even and odd layers on alternate slow steps"),
-    no_prior: bool = typer.Option(False, "--no-prior"), no_nms: bool = typer.Option(False, "--no-nms"),
-    no_cross_head: bool = typer.Option(False, "--no-cross-head"),
-    lambda_: float = typer.Option(None, "--lambda", min=0.0, max=1.0,
-                                  help="fixed fusion weight instead of the closed form"),
-    nms_radius: int = typer.Option(SelectorConfig.nms_radius, min=0, help=NMS_RADIUS_HELP),
-    nms_alpha: float = typer.Option(SelectorConfig.nms_alpha, min=0.0, help=NMS_ALPHA_HELP),
-    evidence_norm: str = typer.Option(SelectorConfig.evidence_norm, help=EVIDENCE_NORM_HELP),
-    keep_neighbours: int = typer.Option(SelectorConfig.keep_neighbours, min=1, help=KEEP_NEIGHBOURS_HELP),
-    bridge_steps: int = typer.Option(SFIConfig.bridge_steps, min=0, help=BRIDGE_STEPS_HELP),
-    publish: str = typer.Option(SFIConfig.publish, help=PUBLISH_HELP),
     tp: int = typer.Option(1, min=1, help=TP_HELP),
     threads: int = typer.Option(None, min=1, help=TIMED_THREADS_HELP),
+    sfi: SFISettings = SFISettings(),
 ):
     """Generate text with one method; slow (refresh) steps are highlighted, --json gives per-step stats."""
     with user_errors():
         # the checks that need no model and no torch first, so a bad command fails at once
         registry.check_name(method)
         check_path(path, "--path")
-        check_trigger(trigger)
         check_top_p(top_p)
-        check_sfi_settings(evidence_norm, keep_neighbours, publish if method == "sfi" else None, path)
+        sfi.check(path if method == registry.BUDGET_REFERENCE else None)
         if prompt is not None and prompt_file is not None:
             raise UsageError("give --prompt TEXT or --prompt-file FILE, not both")
         text = read_text_file(prompt_file, "--prompt-file") if prompt_file is not None else prompt
         if text is not None and not text.strip():
             raise UsageError("--prompt is empty; give some text, or leave it out to continue the shipped essays")
-        k_head_budget, budget_tokens = parse_k_head(k_head), None if budget is None else Budget.parse(budget)
+        k_head_budget, budget_tokens = sfi.k_head(), None if budget is None else Budget.parse(budget)
         check_session_options(model, device, dtype)
         check_device_needs(device, "--path", [path])
         # the weights and the decode's cache against the memory (one rank's under --tp), before any weight loads
@@ -103,18 +77,11 @@ def generate(
         from sfibench.runners.generate import GenerateRun, run_generate
 
         registry.check_method(method, path)
-        selector = SelectorConfig(use_prior=not no_prior, use_nms=not no_nms, use_cross_head=not no_cross_head,
-                                  lambda_fixed=lambda_, nms_radius=nms_radius, nms_alpha=nms_alpha,
-                                  evidence_norm=evidence_norm, keep_neighbours=keep_neighbours)
-        sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, page=page, w_prefill=w_prefill, layer_groups=layer_groups,
-                        bridge_steps=bridge_steps, publish=publish, selector=selector,
-                        trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap, interval=interval,
-                                              seed=seed))
         run = GenerateRun(model=model, method=method, path=path, device=device, dtype=dtype, prompt=text,
                           max_new_tokens=max_new_tokens, chat=chat,
                           sampling=SamplingConfig(temperature=temperature, top_p=top_p, seed=seed),
-                          k_head=k_head_budget, budget=budget_tokens,
-                          sfi=sfi, stream=not json_out, threads=threads)
+                          k_head=k_head_budget, budget=budget_tokens, sfi=sfi.config(seed=seed),
+                          stream=not json_out, threads=threads)
         result = run_generate(run, console, err_console)
         if json_out:
             print(json.dumps(result))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -17,9 +18,12 @@ from sfibench.commands.common import (
     user_errors,
 )
 from sfibench.commands.ranks import TP_HELP, run_as_ranks
+from sfibench.commands.sfi_options import ALL, SFISettings, sfi_options
+from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 from sfibench.options import (
     PROFILE_MARGIN,
+    budget_record,
     check_path,
     check_context_limit,
     check_device_needs,
@@ -29,6 +33,7 @@ from sfibench.options import (
 )
 
 
+@sfi_options(*ALL)
 def profile(
     model: str = typer.Option(None, help="default: qwen3-4b (random weights) on a GPU, tiny-llama on a CPU"),
     ctx: str = typer.Option(None, help="context in tokens (k = 1,024; default 32k on a GPU, 3k on a CPU)"),
@@ -37,6 +42,9 @@ def profile(
     steps: int = typer.Option(16, min=1, help="eager decode steps profiled, plus the first step of each other "
                                               "kind the method has (SFI: a slow step)"),
     batch: int = typer.Option(1, min=1, help="sequences decoded together, each replaying its own text"),
+    budget: str = typer.Option(None, help="tokens read per layer and KV head by the method: whole tokens (2308) "
+                                          "or a percentage of the context (15%), by the method's own budget rule "
+                                          "(default: the method's own settings; SFI's k_head, sinks and window)"),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/profile-<time>)"),
@@ -46,6 +54,7 @@ def profile(
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
     tp: int = typer.Option(1, min=1, help=TP_HELP),
     threads: int = typer.Option(None, min=1, help=TIMED_THREADS_HELP),
+    sfi: SFISettings = SFISettings(),
 ):
     """Where one decode step's time goes: attention, SFI selector, MLP, other ops, launch gaps."""
     from sfibench.models.presets import PRESETS
@@ -54,6 +63,8 @@ def profile(
         # the checks that need no model (and on a CPU-only torch no torch) first, so a bad command fails at once
         registry.check_name(method)
         check_path(path, "--path")
+        sfi.check(path if method == registry.BUDGET_REFERENCE else None)
+        given_budget = None if budget is None else Budget.parse(budget)
         given_context = None if ctx is None else parse_tokens(ctx, "--ctx")
         model, gpu = check_shape_options(model, device, dtype)
         if tp > 1 and gpu and path == "optimized":  # profile_graphed: a GPU's optimized step is profiled graphed
@@ -62,6 +73,12 @@ def profile(
         check_device_needs(device, "--path", [path])
         context = given_context or parse_tokens("32k" if gpu else "3k", "--ctx")
         check_context_limit(PRESETS.get(model), [context], steps + PROFILE_MARGIN)
+        budget_tokens = None if given_budget is None else given_budget.resolve(context)
+        # what results.json records beside the shape: a budget and SFI's settings, where given
+        given = {**({"budget": budget_record(given_budget)} if given_budget else {}),
+                 **({"sfi_settings": dict(sfi.given)} if sfi.given else {})}
+        if method == registry.BUDGET_REFERENCE:
+            sfi.k_head().resolve(context, "--k-head", at_most_context=False)  # a percentage must give a token
         check_memory_before_loading(model, [batch], [context], steps + PROFILE_MARGIN, device, dtype,
                                     synthetic_prefill=True, tp=tp)  # the smaller prefill workspace: a lower bound
         if resume and overwrite:
@@ -71,7 +88,7 @@ def profile(
             from sfibench.reporting.report_run import finish_saved_run
 
             settings = {"context": context, "method": method, "path": path, "steps": steps, "batch": batch,
-                        **({"model": PRESETS[model].name} if model in PRESETS else {})}
+                        **given, **({"model": PRESETS[model].name} if model in PRESETS else {})}
             run_dir = finish_saved_run(out, "profile", settings)
             _print(run_dir, wide)
             return
@@ -79,9 +96,15 @@ def profile(
         from sfibench.runners.profile import ProfileRun, run_profile  # loads torch
 
         registry.check_method(method, path)
+        config = registry.default_config(method)
+        if method == registry.BUDGET_REFERENCE:
+            config = sfi.config(config)
+            config = replace(config, k_head=sfi.k_head().resolve(context, "--k-head", at_most_context=False))
+        if budget_tokens is not None:
+            config = config.with_budget(budget_tokens)
         run = ProfileRun(model=model, device=device, dtype=dtype, method=method, path=path, context=context,
-                         steps=steps, batch=batch, out=out, overwrite=overwrite,
-                         threads=threads)
+                         steps=steps, batch=batch, out=out, overwrite=overwrite, threads=threads, config=config,
+                         given=given)
         run_dir = run_profile(run)
         if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
             return

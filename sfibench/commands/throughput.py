@@ -8,16 +8,16 @@ import typer
 
 from sfibench import registry
 from sfibench.commands.common import (
-    BRIDGE_STEPS_HELP,
     DEVICE_HELP,
     DTYPE_HELP,
-    KEEP_NEIGHBOURS_HELP,
     PATHS,
     TIMED_THREADS_HELP,
     console,
     user_errors,
 )
 from sfibench.commands.ranks import TP_HELP, check_tp, run_as_ranks
+from sfibench.commands.sfi_options import ALL, SFISettings, sfi_options
+from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 from sfibench.engine.workspace import LENGTH_BUCKET
 from sfibench.options import (
@@ -28,19 +28,17 @@ from sfibench.options import (
     check_device_needs,
     check_memory_before_loading,
     check_path,
-    check_sfi_settings,
     check_shape_options,
-    check_trigger,
     distinct_counts,
     ordered_contexts,
     parse_counts,
-    parse_k_head,
     parse_token_list,
     split_list,
 )
-from sfibench.sfi.config import SelectorConfig, SFIConfig, TriggerConfig
 
 
+# every SFI setting but --publish: the optimized path is timed with each publish mode (SFIConfig.variants)
+@sfi_options(*(name for name in ALL if name != "publish"))
 def throughput(
     model: str = typer.Option(None, help="default: qwen3-4b (random weights) on a GPU, tiny-llama on a CPU"),
     ctx: str = typer.Option(None, help="contexts in tokens (k = 1,024), e.g. 8k,32k,max; max = the model's limit "
@@ -56,14 +54,10 @@ def throughput(
     graphs: bool = typer.Option(None, "--graphs/--no-graphs", help="CUDA graphs (default: on with a GPU)"),
     length_bucket: int = typer.Option(LENGTH_BUCKET, min=1, help="graphed steps read up to a multiple of this"),
     dense_kernels: bool = typer.Option(True, help="time Full-KV's kernel against every SDPA backend (GPU)"),
-    k_head: str = typer.Option("2048", help="SFI: selected tokens per KV head, whole tokens or a percentage of each "
-                                            "context (10%)"),
-    n_sink: int = typer.Option(4, min=0), n_recent: int = typer.Option(256, min=0),
-    t_max: int = typer.Option(96, min=1), min_gap: int = typer.Option(16, min=0),
-    trigger: str = typer.Option("punctuation_tmax", help="punctuation_tmax, fixed, random or bootstrap"),
-    no_nms: bool = typer.Option(False, "--no-nms", help="SFI ablation beyond the paper: no Soft-NMS in the Selector"),
-    keep_neighbours: int = typer.Option(1, min=1, help=KEEP_NEIGHBOURS_HELP),
-    bridge_steps: int = typer.Option(0, min=0, help=BRIDGE_STEPS_HELP),
+    budget: str = typer.Option(None, help="tokens read per layer and KV head by every method: whole tokens (2308) "
+                                          "or a percentage of each context (15%), SFI's by its budget rule "
+                                          "(default: SFI at its own settings, every other method at the tokens it "
+                                          "reads after a refresh)"),
     device: str = typer.Option("auto", help=DEVICE_HELP),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
     out: Path = typer.Option(None, help="run directory (default runs/throughput-<time>)"),
@@ -73,6 +67,7 @@ def throughput(
     wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
     tp: int = typer.Option(1, min=1, help=TP_HELP),
     threads: int = typer.Option(None, min=1, help=TIMED_THREADS_HELP),
+    sfi: SFISettings = SFISettings(),
 ):
     """Decode speed of every method: tok/s, ms/step by kind, GB/s against the measured roofline."""
     from sfibench.models.presets import PRESETS
@@ -91,8 +86,8 @@ def throughput(
             if pinned:
                 check_path(pinned, f"--methods {item}")
         check_choice(prefill, PREFILL_MODES, "--prefill")
-        check_trigger(trigger)
-        check_sfi_settings(None, keep_neighbours, None, "optimized")
+        sfi.check("optimized")
+        given_budget = None if budget is None else Budget.parse(budget)
         model, gpu = check_shape_options(model, device, dtype)
         steps = steps or THROUGHPUT_STEPS["cuda" if gpu else "cpu"]
         contexts, order_note = given_contexts or ordered_contexts(parse_token_list("8k,32k,max" if gpu else "1k,3k",
@@ -106,7 +101,11 @@ def throughput(
         check_device_needs(device, "--paths", path_list + pinned, bool(graphs))
         known = [c for c in contexts if c != "max"]
         check_context_limit(PRESETS.get(model), known, steps)
-        k_head_budget = parse_k_head(k_head, known)
+        sfi_config = sfi.config()
+        for context in known:  # a percentage must give a token, and a budget must leave SFI room to select
+            sfi.k_head().resolve(context, "--k-head", at_most_context=False)
+            if given_budget is not None:
+                sfi_config.with_budget(given_budget.resolve(context, "--budget"))
         # auto counts as synthetic here, the smaller prefill workspace: this check only refuses what cannot fit
         check_memory_before_loading(model, batches, contexts, steps, device, dtype, synthetic_prefill=prefill != "real",
                                     tp=tp)
@@ -119,13 +118,11 @@ def throughput(
         if not resolve_methods(method_list, path_list):
             raise UsageError(f"--methods {methods} has no method registered on --paths {','.join(path_list)}; "
                              "pin one with name/path, e.g. full_kv/optimized")
-        sfi = SFIConfig(n_sink=n_sink, n_recent=n_recent, bridge_steps=bridge_steps,
-                        trigger=TriggerConfig(policy=trigger, t_max=t_max, min_gap=min_gap),
-                        selector=SelectorConfig(use_nms=not no_nms, keep_neighbours=keep_neighbours))
         run = ThroughputRun(model=model, device=device, dtype=dtype, contexts=tuple(contexts), batches=tuple(batches),
                             methods=method_list, paths=path_list, steps=steps, repeats=repeats, prefill=prefill,
                             graphs=gpu and tp == 1 if graphs is None else graphs, length_bucket=length_bucket,
-                            dense_kernels=dense_kernels and gpu, k_head=k_head_budget, sfi=sfi,
+                            dense_kernels=dense_kernels and gpu, k_head=sfi.k_head(), budget=given_budget,
+                            sfi=sfi_config,
                             out=out, overwrite=overwrite, threads=threads)
         if order_note:
             console.print(order_note, highlight=False)

@@ -1,7 +1,8 @@
 """A tokens-read budget, written one way per meaning: whole tokens (300) or a share of the context (15%).
 
 Every option that is a budget (`--budget`, `--k-head`) parses into a `Budget` once, when the options are
-checked, and resolves it against a context where the context is known.
+checked, and resolves it against a context where the context is known. Where a command's budget is a
+retention (quality's `--budget`), a fraction of the context (0.15) is a third spelling of the share.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ class BudgetError(UsageError):
 
 _WHOLE_TOKENS = re.compile(r"[0-9]+")
 _PERCENTAGE = re.compile(r"([0-9]+(?:\.[0-9]+)?)%")
+_FRACTION = re.compile(r"[01]?\.[0-9]+|1\.")
 BUDGET_SYNTAX = "a whole number of tokens (300) or a percentage of the context (15%)"
 
 
@@ -26,15 +28,18 @@ class Budget:
     """A tokens-read budget as the user wrote it: whole tokens, or a percentage of the context.
 
     One spelling per meaning, so `1` and `1.0` cannot mean different things: a fraction such as
-    0.15 or 300.9 is refused with the spelling to use instead (fractions belong to --retention).
+    0.15 or 300.9 is refused with the spelling to use instead, unless `fractions` (a retention) allows a
+    number with a decimal point in (0, 1] as the share it is (0.15 = 15%; `1` stays one token).
     """
 
     tokens: int | None = None
     percent: float | None = None
 
     @classmethod
-    def parse(cls, text: str, what: str = "--budget") -> Budget:
+    def parse(cls, text: str, what: str = "--budget", fractions: bool = False) -> Budget:
         spelled = str(text).strip()
+        if fractions and _FRACTION.fullmatch(spelled) and 0 < float(spelled) <= 1:
+            return cls(percent=round(float(spelled) * 100, 9))  # 0.15 -> 15, not 15.000000000000002
         if _WHOLE_TOKENS.fullmatch(spelled):
             if int(spelled) == 0:
                 raise BudgetError(f"{what} must be at least 1 token, got {spelled}")
@@ -45,6 +50,10 @@ class Budget:
             if not 0 < percent <= 100:
                 raise BudgetError(f"{what} {spelled} is not a percentage in (0%, 100%]")
             return cls(percent=percent)
+        if fractions:
+            positive = "; a budget must be positive" if _spelling_hint(spelled).endswith("positive") else ""
+            raise BudgetError(f"{what} {spelled!r} is not {BUDGET_SYNTAX}, or a fraction of the context in (0, 1] "
+                              f"(0.15){positive}")
         raise BudgetError(f"{what} {spelled!r} is not {BUDGET_SYNTAX}" + _spelling_hint(spelled))
 
     def resolve(self, context_len: int, what: str = "--budget", at_most_context: bool = True) -> int:

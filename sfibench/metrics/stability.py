@@ -78,9 +78,9 @@ def check_config(cfg: StabilityConfig) -> None:
     if cfg.max_offset < 1:
         raise StabilityInputError(f"--max-offset must be at least 1, got {cfg.max_offset}")
     if cfg.trigger not in TRIGGERS:
-        raise StabilityInputError(f"--trigger {cfg.trigger!r} is not one of: {', '.join(TRIGGERS)}")
+        raise StabilityInputError(f"trigger {cfg.trigger!r} is not one of: {', '.join(TRIGGERS)}")
     if cfg.interval is not None and cfg.trigger != "fixed":
-        raise StabilityInputError("--interval sets the fixed trigger's refresh interval; add --trigger fixed")
+        raise StabilityInputError("an interval is the fixed trigger's; set trigger to fixed (--fixed-refresh N)")
     if not cfg.contexts and cfg.prompts != (PROSE,):
         raise StabilityInputError("task prompts are sized to a context; give --ctx (e.g. --ctx 8k) with --prompts")
     least = cfg.sfi.n_sink + cfg.sfi.n_recent + cfg.sfi.page

@@ -6,7 +6,7 @@ stale memory at that step. Beside them, under names of their own:
 
 - the reference with a Selector ablation (`variant`, e.g. no Soft-NMS and neighbours kept), its stale
   memory only;
-- the reference refreshed every N steps instead of at sentence starts (`--trigger fixed`), N matched to
+- the reference refreshed every N steps instead of at sentence starts (`--fixed-refresh`), N matched to
   the sentence trigger's rate. The two triggers are compared by the recall they give over every step
   both have a memory for, a refresh step counting whole (it reads densely), so the same number of
   refreshes buys more or less recall depending only on where they fall.

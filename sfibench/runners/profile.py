@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,7 +34,7 @@ from sfibench.core.parallel import rank_device, ranks
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
-from sfibench.engine.method import MethodSpec
+from sfibench.engine.method import MethodConfig, MethodSpec
 from sfibench.engine.prefill import prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
@@ -231,6 +231,8 @@ class ProfileRun:
     out: Path | None = None
     overwrite: bool = False
     threads: int | None = None  # torch's CPU threads; None: idle_cores_only's choice
+    config: MethodConfig | None = None  # the method's settings at `context`; None: its defaults
+    given: dict = field(default_factory=dict)  # --budget and SFI's settings as given, recorded in results.json
 
 
 def run_profile(run: ProfileRun) -> Path | None:
@@ -247,7 +249,7 @@ def run_profile(run: ProfileRun) -> Path | None:
             result, ran_with = _profile(run, session)
             write_results(run_dir, "profile", {"model": session.loaded.config.name, "context": run.context,
                                                "method": run.method, "path": run.path, "steps": run.steps,
-                                               "batch": run.batch}, result, provenance_info=ran_with)
+                                               "batch": run.batch, **run.given}, result, provenance_info=ran_with)
         render(run_dir)
     return run_dir
 
@@ -260,8 +262,8 @@ def _profile(run: ProfileRun, session: Session) -> tuple[dict, dict]:
     search = max(min(SEARCH_STEPS, session.max_tokens - run.context - PROFILE_MARGIN), run.steps + WARMUP)
     _check_batch_fits(session, run.batch, run.context + search + PROFILE_MARGIN)
     with idle_cores_only(session.device, run.threads):  # a busy core would stall every step's threads
-        result = profile_steps(session, registry.spec(run.method, run.path), run.context, run.steps, run.batch,
-                               search)
+        result = profile_steps(session, registry.spec(run.method, run.path, run.config), run.context, run.steps,
+                               run.batch, search)
         ran_with, threads = provenance(), torch.get_num_threads()
     # the ranks (processes) the model was split over; the components are rank 0's share of each step
     return {**result, "tp": session.parallel.world_size, "world_size": session.parallel.world_size,

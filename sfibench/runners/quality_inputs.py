@@ -1,7 +1,7 @@
 """Everything a user can get wrong about a quality run, checked before the model loads where possible.
 
-Unknown tasks or methods, a method without the requested path, a retention outside (0, 1] or too
-small for a method's fixed parts, a context a preset cannot hold, sample counts that do not match
+Unknown tasks or methods, a method without the requested path, a budget that is no share of the context or
+too small for a method's fixed parts, a context a preset cannot hold, sample counts that do not match
 the contexts, a LongBench path that is missing or malformed, an earlier run that --resume cannot
 continue with these settings: each is one error naming the option. What needs the model's tokenizer
 (the answer budget beside the longest prompt, `--ctx max`) is checked right after it loads.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sfibench import registry
-from sfibench.core.budget import BudgetError
+from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 from sfibench.models.presets import PRESETS
 from sfibench.options import (
@@ -47,18 +47,21 @@ BEFORE_OPTION = {"path": "reference", "engine": "sfibench", "graphs": False}
 ENGINES = ("sfibench", "transformers")
 
 
-def parse_retentions(values) -> list[float]:
-    """Each a share of the context in (0, 1]; '15%' is --budget's spelling and is refused here."""
+def parse_retentions(values, contexts=(), option: str = "--budget") -> list[float]:
+    """Each budget as the retention it is, the share of the context every method reads: a fraction (0.15) or a
+    percentage (15%) as given, whole tokens (600) over the one context of `contexts` (a cell is one retention,
+    and a token count is a different share of each context)."""
     out = []
     for value in values:
-        try:
-            r = float(value)
-        except (TypeError, ValueError):
-            raise BudgetError(f"--retention {value!r} is not a number; give fractions of the context such as "
-                              "0.15,0.5") from None
-        if not 0 < r <= 1:
-            raise BudgetError(f"retention {value} is outside (0, 1]; give fractions of the context such as 0.15")
-        out.append(r)
+        budget = Budget.parse(str(value), option, fractions=True)
+        if budget.percent is not None:
+            out.append(budget.percent / 100)
+            continue
+        if len(contexts) != 1 or parse_context(contexts[0]) == "max":
+            raise UsageError(f"{option} {value} is whole tokens, a different share of each context; give it with "
+                             "exactly one --ctx in tokens, or give a share such as 15%")
+        context = parse_context(contexts[0])
+        out.append(budget.resolve(context, option) / context)
     return out
 
 
@@ -143,16 +146,18 @@ def quality_run(model: str = "smollm2-135m", methods=DEFAULT_METHODS, tasks=DEFA
                 device: str = "auto", dtype: str = "auto", path: str = "reference", engine: str = "sfibench",
                 longbench: Path | str | None = None, sfi_variant: dict | None = None, sfi_preset: str | None = None,
                 out: Path | str | None = None, overwrite: bool = False, resume: bool = False,
-                tp: int = 1, graphs: bool | None = None, threads: int | None = None) -> QualityRun:
+                tp: int = 1, graphs: bool | None = None, threads: int | None = None,
+                budget_option: str = "--budget") -> QualityRun:
     """Check a quality run's options as given (strings or numbers) and build the run from them.
 
-    `sfi_variant` changes SFI settings for an ablation, e.g. {"use_nms": False}; `sfi_preset`
+    `retentions`: budgets as `--budget` takes them (0.15, 15% or 600 tokens with one context), named
+    `budget_option` in errors. `sfi_variant` changes SFI settings for an ablation, e.g. {"use_nms": False}; `sfi_preset`
     (sfi/config.PRESETS, in place of `retentions`, one context) runs every method at the budget of the
     authors' operating point."""
     if overwrite and resume:
         raise UsageError("give --overwrite (replace the run in --out) or --resume (continue it), not both")
     variant = dict(sfi_variant or {})
-    retentions = parse_retentions(_preset_retentions(sfi_preset, contexts, retentions))
+    retentions = _preset_retentions(sfi_preset, contexts, retentions, budget_option)
     if not methods:
         raise UsageError(f"--methods is empty; give at least one of {', '.join(registry.names())}")
     for method in methods:  # the names now; each method's paths once its module loads, below
@@ -221,16 +226,16 @@ def check_engine(engine: str, model: str, device: str, dtype: str, path: str) ->
     device_kind(device)  # a device this machine has
 
 
-def _preset_retentions(preset: str | None, contexts, retentions) -> list:
+def _preset_retentions(preset: str | None, contexts, retentions, option: str = "--budget") -> list[float]:
     """The retentions to run: given, the default ones, or those that are the presets' budgets at the context.
 
     `preset` is one name or several, comma-separated (paper-2k,paper-4k: both share each prefill). A
     preset's budget is fixed in tokens, so its retention differs per context; the run's conditions are
     the same at every context, hence one context per preset run."""
     if preset is None:
-        return DEFAULT_RETENTIONS if retentions is None else retentions
+        return list(DEFAULT_RETENTIONS) if retentions is None else parse_retentions(retentions, contexts, option)
     if retentions is not None:
-        raise UsageError("give --retention or --sfi-preset, not both: the preset fixes the budget in tokens")
+        raise UsageError(f"give {option} or --sfi-preset, not both: the preset fixes the budget in tokens")
     if len(contexts) != 1 or parse_context(contexts[0]) == "max":
         raise UsageError(f"--sfi-preset needs exactly one --ctx in tokens, got {','.join(map(str, contexts))}: "
                          "its budget is fixed in tokens, so each context is a run of its own")

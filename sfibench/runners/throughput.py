@@ -59,10 +59,11 @@ class ThroughputRun:
     length_bucket: int
     dense_kernels: bool
     k_head: Budget  # SFI's selected tokens per KV head; a percentage is resolved at each context
-    sfi: SFIConfig  # SFI's other settings (its k_head is replaced by `k_head` resolved)
+    sfi: SFIConfig  # SFI's other settings (its k_head is replaced by `k_head` resolved, or set by `budget`)
     out: Path | None = None
     overwrite: bool = False
     threads: int | None = None  # torch's CPU threads; None: idle_cores_only's choice
+    budget: Budget | None = None  # every method's tokens read per (layer, KV head), SFI's by its budget rule
 DECODE_GEMV = ("Triton (optimized/gemv.py: o_proj + residual add + norm, unless folded below, and gate_up + "
                "activation as epilogues; cuBLAS for prefill)")
 
@@ -108,29 +109,32 @@ def resolve_methods(methods: tuple[str, ...], paths: tuple[str, ...]) -> list[tu
     return list(dict.fromkeys(pairs))
 
 
-def at_k_head(cfg: ThroughputConfig, k_head: Budget, context: int) -> ThroughputConfig:
-    """`cfg` with SFI's k_head resolved at `context` (a percentage gives each context its own)."""
-    return replace(cfg, sfi=replace(cfg.sfi, k_head=k_head.resolve(context, "--k-head", at_most_context=False)))
+def sfi_at(run: ThroughputRun, context: int) -> SFIConfig:
+    """SFI's settings at `context`: by its budget rule at `run.budget` where one is given, else with its k_head
+    resolved (a percentage gives each context its own)."""
+    if run.budget is not None:
+        return run.sfi.with_budget(run.budget.resolve(context, "--budget"))
+    return replace(run.sfi, k_head=run.k_head.resolve(context, "--k-head", at_most_context=False))
 
 
-def planned_rows(cfg: ThroughputConfig, k_head: Budget) -> int:
+def planned_rows(cfg: ThroughputConfig, run: ThroughputRun) -> int:
     """How many rows the whole run measures: every method spec at every (context, batch)."""
-    return len(cfg.batches) * sum(len(method_specs(at_k_head(cfg, k_head, c), c)) for c in cfg.contexts)
+    return len(cfg.batches) * sum(len(method_specs(replace(cfg, sfi=sfi_at(run, c)), c)) for c in cfg.contexts)
 
 
-def measure_at_k_head(session: Session, cfg: ThroughputConfig, k_head: Budget, progress,
+def measure_at_k_head(session: Session, cfg: ThroughputConfig, run: ThroughputRun, progress,
                       earlier: list[dict] = ()) -> list[dict]:
-    """measure_all with SFI's k_head resolved at each context: a percentage gives each context its own,
-    so the contexts that share one are measured together (a token count: all of them, in one call). Rows
+    """measure_all with SFI's settings at each context (sfi_at): where a percentage gives each context its
+    own, the contexts that share one are measured together (a token count: all of them, in one call). Rows
     `earlier` holds (a resumed run's) are kept, not measured again."""
     def at(context: int) -> ThroughputConfig:
-        return at_k_head(cfg, k_head, context)
+        return replace(cfg, sfi=sfi_at(run, context))
 
     longest = max(cfg.contexts)  # "max" batches are sized where the cache is largest, and used at every context
     batches = [largest_batch(session, at(longest), longest) if b == "max" else int(b) for b in cfg.batches]
     groups: dict[int, list[int]] = {}
     for context in cfg.contexts:
-        groups.setdefault(at(context).sfi.k_head, []).append(context)
+        groups.setdefault(at(context).sfi, []).append(context)
     rows = []
     for contexts in groups.values():
         rows += measure_all(session, replace(at(contexts[0]), contexts=contexts, batches=batches), progress, earlier)
@@ -168,8 +172,7 @@ def check_memory_before_loading(run: ThroughputRun) -> None:
                            methods=resolve_methods(run.methods, run.paths), prefill=run.prefill)
     planned = planned_before_loading(device)
     for context in contexts:
-        k_head = run.k_head.resolve(context, "--k-head", at_most_context=False)
-        check_before_loading(replace(cfg, sfi=replace(run.sfi, k_head=k_head)), context, dims, dtype_bytes,
+        check_before_loading(replace(cfg, sfi=sfi_at(run, context)), context, dims, dtype_bytes,
                              device.type == "cuda", planned)
 
 
@@ -187,10 +190,17 @@ def recorded_settings(run: ThroughputRun) -> dict:
 
 
 def run_config(run: ThroughputRun, model: str | None, contexts: list, pairs: list) -> ThroughputConfig:
-    """results.json's config of `run`: its budget as results.json records it (a percentage as written)."""
+    """results.json's config of `run`: its budgets as results.json records them (a percentage as written). With
+    --budget SFI's k_head and recent window are the budget rule's: recorded where whole tokens fix them."""
+    if run.budget is None:
+        sfi, budget = replace(run.sfi, k_head=budget_record(run.k_head)), None
+    elif run.budget.tokens is not None:
+        sfi, budget = run.sfi.with_budget(run.budget.tokens), run.budget.tokens
+    else:  # each context its own k_head and window
+        sfi, budget = replace(run.sfi, k_head=None, n_recent=None), budget_record(run.budget)
     return ThroughputConfig(model=model, contexts=contexts, batches=list(run.batches), methods=pairs, steps=run.steps,
                             repeats=run.repeats, prefill=run.prefill, graphs=run.graphs,
-                            length_bucket=run.length_bucket, sfi=replace(run.sfi, k_head=budget_record(run.k_head)))
+                            length_bucket=run.length_bucket, sfi=sfi, budget=budget)
 
 
 def run_throughput(run: ThroughputRun, console: Console) -> Path | None:
@@ -263,7 +273,7 @@ def measure(run: ThroughputRun, session: Session, console: Console,
                           f"{row['tokens_per_s']:,.1f} tok/s")
 
         try:
-            measure_at_k_head(session, cfg, run.k_head, progress, earlier)
+            measure_at_k_head(session, cfg, run, progress, earlier)
             complete = True
         except KeyboardInterrupt:
             if not rows:
@@ -272,7 +282,7 @@ def measure(run: ThroughputRun, session: Session, console: Console,
         add_comparisons(rows, cfg, session.loaded.config, session.cache_dtype_bytes, bandwidth)
         results = {
             # a stopped run keeps every finished row; `--resume` measures the rest
-            "complete": complete, "progress": {"rows": len(rows), "planned": planned_rows(cfg, run.k_head)},
+            "complete": complete, "progress": {"rows": len(rows), "planned": planned_rows(cfg, run)},
             "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
             "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
             "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,

@@ -54,6 +54,7 @@ class ThroughputConfig:
     graphs: bool = True
     length_bucket: int = LENGTH_BUCKET
     sfi: MethodConfig = field(default_factory=lambda: registry.default_config(registry.BUDGET_REFERENCE))
+    budget: int | str | None = None  # --budget as given (None: every method at the budget reference's tokens)
 
 
 def method_specs(cfg: ThroughputConfig, context: int) -> list[MethodSpec]:

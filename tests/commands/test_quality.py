@@ -116,10 +116,13 @@ def test_budget_rule():
     assert make_condition("snapkv", 0.5, 2048).spec.config.budget == 1024
     with pytest.raises(BudgetError, match="50 tokens: .*SnapKV's 64-token observation window"):
         make_condition("snapkv", 0.1, 500)
-    with pytest.raises(BudgetError, match=r"outside \(0, 1\]"):
+    with pytest.raises(BudgetError, match=r"or a fraction of the context in \(0, 1\]"):
         parse_retentions(["0.2", "1.5"])
-    with pytest.raises(BudgetError, match=r"outside \(0, 1\]"):
+    with pytest.raises(BudgetError, match="at least 1 token"):
         parse_retentions(["0"])
+    # one share, three spellings; whole tokens are that share of the one context
+    assert parse_retentions(["0.15", "15%"]) == [0.15, 0.15]
+    assert parse_retentions(["512"], ["2k"]) == [0.25]
     assert parse_context("2k") == 2048 and parse_context("3000") == 3000 and parse_context("max") == "max"
 
 
@@ -215,7 +218,7 @@ def test_ablation_run_records_the_sfi_variant(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--tasks", "niah_triple"], "unknown task 'niah_triple'"),
     (["--ctx", "9000"], "exceeds tiny-llama's limit of 4096"),
-    (["--retention", "0.2,1.5"], "outside (0, 1]"),
+    (["--budget", "0.2,1.5"], "or a fraction of the context in (0, 1]"),
     (["--methods", "sfi,h2o"], "unknown method 'h2o'"),
     (["--longbench", "/nonexistent/longbench"], "does not exist"),
     # SFI ablation settings

@@ -170,7 +170,7 @@ def test_a_run_over_contexts_and_prompts_on_a_sliding_window_model(tmp_path):
     run_dir = tmp_path / "run"
     result = CliRunner().invoke(app, [
         "stability", "--model", "tiny-gemma3", "--ctx", "1000", "--steps", "24", "--prompts", "prose,niah_single",
-        "--trigger", "fixed", "--no-nms", "--keep-neighbours", "7", "--n-recent", "32", "--page", "4", "--k-head", "64",
+        "--fixed-refresh", "auto", "--no-nms", "--keep-neighbours", "7", "--n-recent", "32", "--page", "4", "--k-head", "64",
         "--device", "cpu", "--dtype", "float32", "--out", str(run_dir)])
     assert result.exit_code == 0, result.output
     document = json.loads((run_dir / "results.json").read_text())
