@@ -47,13 +47,38 @@ def env_table(resolved) -> Table:
 
     table = styled_table("sfibench env", ("key", "value"))
     table.show_header = False
-    for key, value in {**provenance(), **device_info(resolved)}.items():
-        table.add_row(key, str(value))
+    for key, value in env_facts(provenance(), device_info(resolved)).items():
+        table.add_row(key, value)
     if resolved.type == "cuda":
         bandwidth = measure_copy_bandwidth(resolved)
         table.add_row("copy bandwidth (read+write)", f"{bandwidth / 1e9:,.0f} GB/s")
     table.add_row("cuda available", str(torch.cuda.is_available()))
     return table
+
+
+# a device fact that provenance already states, under provenance's name for it: shown once
+STATED_BY_PROVENANCE = {"type": "device", "name": "device", "cpu_model": "cpu", "cpu_count": "cpu_count",
+                        "usable_cores": "cpu_count", "torch_threads": "torch_threads", "cuda_version": "cuda",
+                        "driver_version": "gpu_driver"}
+
+
+def env_facts(provenance: dict, device: dict) -> dict[str, str]:
+    """Provenance, then each device fact it does not already state, as text: byte counts with their size in
+    GiB and thousands separators."""
+    facts = {key: str(value) for key, value in provenance.items()}
+    for key, value in device.items():
+        if key in STATED_BY_PROVENANCE and str(value) == facts.get(STATED_BY_PROVENANCE[key]):
+            continue
+        if key.endswith("_bytes") and isinstance(value, int):
+            facts[key.removesuffix("_bytes").replace("_", " ")] = f"{value / 2**30:,.1f} GiB ({value:,} bytes)"
+        else:
+            facts[key] = str(value)
+    return facts
+
+
+def parameters(count: int) -> str:
+    """'135M', or for a tiny test model '61K' (not '0M')."""
+    return f"{count / 1e6:,.0f}M" if count >= 1e6 else f"{count / 1e3:,.0f}K"
 
 
 def models(wide: bool = typer.Option(False, "--wide", help="print all columns (default: what fits 80 columns)"),
@@ -152,6 +177,6 @@ def models_table(wide: bool = False) -> tuple[Table, list[str]]:
                 weights, detail = "[red]missing[/]", "[red]missing[/]"
                 real.append(f"{cfg.name} weights: missing; install them with: {INSTALL_COMMANDS[cfg.name]}")
         shape = (str(cfg.num_layers), f"{cfg.num_heads}/{cfg.num_kv_heads}", str(cfg.head_dim)) if wide else ()
-        table.add_row(cfg.name, cfg.arch, *shape, f"{cfg.max_context:,}", f"{cfg.num_params() / 1e6:,.0f}M",
+        table.add_row(cfg.name, cfg.arch, *shape, f"{cfg.max_context:,}", parameters(cfg.num_params()),
                       f"{cfg.kv_bytes_per_token():,} B", detail if wide else weights)
     return table, real

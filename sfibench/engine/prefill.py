@@ -51,8 +51,8 @@ def check_prompts(prompts: list[list[int]], max_tokens: int, max_new_tokens: int
             raise PromptError(f"prompt {index} is empty; give at least one token of text")
         if len(prompt) + max_new_tokens > max_tokens:
             raise PromptError(
-                f"prompt {index} has {len(prompt)} tokens; with {max_new_tokens} new tokens that exceeds the "
-                f"limit of {max_tokens} tokens (model context / cache size); shorten the prompt or ask for "
+                f"prompt {index} has {len(prompt):,} tokens; with {max_new_tokens:,} new tokens that exceeds the "
+                f"limit of {max_tokens:,} tokens (model context / cache size); shorten the prompt or ask for "
                 "fewer new tokens"
             )
 

@@ -190,18 +190,18 @@ def check_fits(estimate: dict, available_bytes: int, method_at=None) -> None:
     if estimate["total"] <= available_bytes:
         return
     batch, max_seq = estimate["batch"], estimate["max_seq"]
-    asked = (f"batch {batch} x {max_seq} tokens needs about {_gib(estimate['total'])} "
+    asked = (f"batch {batch:,} x {max_seq:,} tokens needs about {_gib(estimate['total'])} "
              f"(weights {_gib(estimate['weights'])}, KV cache {_gib(estimate['kv_cache'])}, "
              f"key norms {_gib(estimate['key_norms'])}, method state {_gib(estimate['method_state'])}, "
              f"workspace {_gib(estimate['workspace'])}) but only {_gib(available_bytes)} is available")
     fits = []
     sequences = largest_batch(estimate, available_bytes, method_at)
     if sequences >= 1:
-        fits.append(f"batch {sequences} at {max_seq} tokens")
+        fits.append(f"batch {sequences:,} at {max_seq:,} tokens")
     for sequences in sorted({batch, 1}, reverse=True):
         slots = largest_context(estimate, sequences, available_bytes, method_at)
         if slots >= 1:
-            fits.append(f"{slots} tokens at batch {sequences}")
+            fits.append(f"{slots:,} tokens at batch {sequences:,}")
             break
     if not fits:
         raise MemoryEstimateError(

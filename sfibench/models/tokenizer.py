@@ -54,6 +54,13 @@ class Tokenizer:
             return self.backend.decode(ids)
         return self.backend.decode(ids, skip_special_tokens=False)
 
+    def readable(self, ids: list[int]) -> str:
+        """The text a reader is shown: control tokens such as a chat model's `<|im_end|>` left out (a byte
+        table has none to leave out)."""
+        if self.byte_table:
+            return self.backend.decode(ids)
+        return self.backend.decode(ids, skip_special_tokens=True)
+
     @property
     def eos_token_id(self) -> int | None:
         return self.backend.eos_token_id

@@ -78,7 +78,7 @@ def generate_with(session: Session, run: GenerateRun, console: Console, err_cons
     return {
         "model": session.loaded.config.name, "method": run.method, "path": run.path,
         "prompt_tokens": len(ids), "budget_tokens": config.tokens_read(len(ids)), "threads": threads,
-        "generated_ids": tokens, "generated_text": tokenizer.decode(tokens),
+        "generated_ids": tokens, "generated_text": tokenizer.readable(tokens),
         "summary": {**summarize(trace, 0), **summary}, "steps": step_stats(trace, 0)[: max(len(tokens) - 1, 0)],
     }
 
@@ -108,7 +108,7 @@ class TextStreamer:
         if not self.enabled:
             return
         self.ids.append(int(tokens[0]))
-        text = self.tokenizer.decode(self.ids)  # decode the whole prefix: multi-byte characters stay whole
+        text = self.tokenizer.readable(self.ids)  # the whole prefix: multi-byte characters stay whole
         new, self.shown = text[len(self.shown):], text
         slow = self.highlight and record is not None and record.kinds[0] == "slow"
         self.console.print(new, end="", style="bold black on yellow" if slow else None, highlight=False,

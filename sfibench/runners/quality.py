@@ -101,6 +101,7 @@ def _evaluate(run: QualityRun, run_dir: Path | None, earlier: dict | None, paral
     except KeyboardInterrupt:
         if not ledger.records or run_dir is None:
             raise  # nothing finished: the claimed directory is removed on the way out
+        ledger.save(complete=False)  # the wall time up to the stop, not to the last finished batch
         render(run_dir)
         raise RunInterrupted(
             f"stopped; {len(ledger.records)} of {ledger.total} sample results are saved in {run_dir} and its "

@@ -32,7 +32,7 @@ def test_bad_input_exits_non_zero_with_the_fix():
         (["generate", "--model", "tiny-llama", "--method", "h2o", "--prompt", "x"], "valid methods"),
         (["generate", "--model", "tiny-llama", "--prompt", ""], "empty"),
         (["generate", "--model", "tiny-llama", "--prompt", "x", "--prompt-file", "README.md"], "not both"),
-        (["generate", "--model", "tiny-llama", "--prompt", "x" * 5000], "limit of 4096"),
+        (["generate", "--model", "tiny-llama", "--prompt", "x" * 5000], "limit of 4,096"),
         (["generate", "--model", "tiny-llama", "--prompt", "hello", "--budget", "900"], "larger than"),
         (["generate", "--model", "tiny-llama", "--prompt", "hello", "--path", "fast", "--method", "sfi"],
          "no 'fast' path"),

@@ -108,7 +108,7 @@ def test_gpu_request_on_cpu_machine_is_refused():
 
 def test_context_limit_of_the_model_is_enforced():
     session = Session.open("tiny-llama", device="cpu")
-    with pytest.raises(PromptError, match="limit of 4096"):
+    with pytest.raises(PromptError, match="limit of 4,096"):
         session.prefill([list(range(200)) * 21], max_new_tokens=8)
 
 

@@ -107,8 +107,8 @@ def test_a_shape_that_does_not_fit_is_one_line_naming_what_fits():
         check_fits(est, est["total"] - 1)
     message = str(info.value)
     assert "\n" not in message
-    assert "batch 4 x 1000 tokens" in message and "What fits: batch 3 at 1000 tokens" in message
-    allowed = int(message.split(" or ")[1].split(" tokens at batch 4")[0])
+    assert "batch 4 x 1,000 tokens" in message and "What fits: batch 3 at 1,000 tokens" in message
+    allowed = int(message.split(" or ")[1].split(" tokens at batch 4")[0].replace(",", ""))
     assert estimate_memory(TINY, 4, allowed, 2)["total"] <= est["total"] - 1
     assert estimate_memory(TINY, 4, allowed + 1, 2)["total"] > est["total"] - 1
     with pytest.raises(MemoryEstimateError, match="weights and workspace alone do not fit"):
@@ -133,9 +133,9 @@ def test_qwen3_32b_at_128k_batch_8_is_refused_before_any_weight_is_allocated(tmp
     with pytest.raises(MemoryEstimateError) as info:
         run_throughput(h200_run(tmp_path, 8), Console(file=io.StringIO()))
     message, slots = str(info.value), LONGEST + STEPS + 1
-    assert "\n" not in message and f"batch 8 x {slots} tokens" in message
-    fits = re.search(r"What fits: batch (\d+) at (\d+) tokens or (\d+) tokens at batch 8\. Fix: ", message)
-    assert fits and int(fits[2]) == slots, message
+    assert "\n" not in message and f"batch 8 x {slots:,} tokens" in message  # thousands separated
+    fits = re.search(r"What fits: batch ([\d,]+) at ([\d,]+) tokens or ([\d,]+) tokens at batch 8\. Fix: ", message)
+    assert fits and int(fits[2].replace(",", "")) == slots, message
     dims = get_preset("qwen3-32b")
     specs = method_specs(ThroughputConfig(model="qwen3-32b", contexts=[LONGEST], batches=[8], steps=STEPS,
                                           methods=[(name, "optimized") for name in registry.names()]), LONGEST)
@@ -144,7 +144,7 @@ def test_qwen3_32b_at_128k_batch_8_is_refused_before_any_weight_is_allocated(tmp
         return estimate_memory(dims, batch, max_seq, 2, steps=STEPS,
                                **method_bytes(specs, dims, 2, batch, max_seq, STEPS))["total"]
 
-    batch, tokens = int(fits[1]), int(fits[3])
+    batch, tokens = int(fits[1].replace(",", "")), int(fits[3].replace(",", ""))
     assert total(batch, slots) <= planned < total(batch + 1, slots)
     assert total(8, tokens) <= planned < total(8, tokens + 1)
     assert not (tmp_path / "run").exists()
