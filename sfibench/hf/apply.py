@@ -15,9 +15,11 @@ implementation back, so the model is exactly as it was.
 
 from __future__ import annotations
 
+import inspect
 from typing import Self
 
 from transformers.cache_utils import Cache
+from transformers.models.llama.modeling_llama import LlamaForCausalLM
 
 from sfibench import registry
 from sfibench.core.budget import Budget
@@ -29,6 +31,11 @@ from sfibench.hf.model import Described, describe, switch_attention
 from sfibench.models.tokenizer import Tokenizer
 
 PATH = "reference"  # the path sfibench.hf runs: plain PyTorch, any device (for speed, the engine)
+# The name transformers' forwards and `generate` give their cache argument in the installed release, read
+# from a forward's signature: `cache` from 5.24 on (`past_key_values` still taken there, with a deprecation
+# warning), `past_key_values` before.
+CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters \
+    else "past_key_values"
 
 
 class Applied:
@@ -78,7 +85,7 @@ class Applied:
         def with_cache(*args, **kwargs):
             given = given_cache(kwargs)
             if given is None:
-                kwargs["past_key_values"] = given = self.cache(self._new_tokens(args, kwargs))
+                kwargs[CACHE_ARGUMENT] = given = self.cache(self._new_tokens(args, kwargs))
             self.last_cache = given
             return generate(*args, **kwargs)
 
@@ -132,7 +139,7 @@ class Applied:
             raise UnsupportedGenerationError(
                 f"this forward continues a {type(cache).__name__} holding {cache.get_seq_length()} tokens, which "
                 "sfibench.hf did not make: its decode would bypass the method. Inside sfibench.hf.apply call "
-                "model.generate, or pass the block's .cache(max_new_tokens) as past_key_values")
+                f"model.generate, or pass the block's .cache(max_new_tokens) as {CACHE_ARGUMENT}")
         return DenseRoute(), None
 
     def _after(self, module, args, kwargs, output):
@@ -144,9 +151,13 @@ class Applied:
 
 
 def given_cache(kwargs: dict) -> Cache | None:
-    """The cache a call was given, whatever its argument's name (`past_key_values`; transformers 5.24 also
-    takes `cache`)."""
-    return next((value for value in kwargs.values() if isinstance(value, Cache)), None)
+    """The cache a call was given as `CACHE_ARGUMENT` or as `past_key_values`. A cache under `cache` where the
+    release has no such argument is refused: the model would ignore it and attend densely."""
+    if CACHE_ARGUMENT != "cache" and isinstance(kwargs.get("cache"), Cache):
+        raise UsageError("cache= is not an argument of this transformers release's forwards; pass the cache as "
+                         "past_key_values=")
+    return next((kwargs[name] for name in (CACHE_ARGUMENT, "past_key_values") if isinstance(kwargs.get(name), Cache)),
+                None)
 
 
 def apply(model, tokenizer, method: str, budget: int | str | None = None, config: MethodConfig | None = None,

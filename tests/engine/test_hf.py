@@ -112,11 +112,11 @@ def test_a_callers_decode_loop_triggers_slow_steps_at_the_sentences_it_feeds(tin
     inputs = left_padded([prompt])
     with sfibench.hf.apply(twin, loaded.tokenizer, spec.name, config=spec.config) as applied:
         cache = applied.cache(max_new_tokens=len(fed))
-        twin(**inputs, past_key_values=cache)
+        twin(**inputs, **{sfibench.hf.CACHE_ARGUMENT: cache})
         mask = inputs["attention_mask"]
         for token in fed:
             mask = torch.cat([mask, torch.ones(1, 1, dtype=torch.long)], dim=1)
-            twin(input_ids=torch.tensor([[token]]), attention_mask=mask, past_key_values=cache)
+            twin(input_ids=torch.tensor([[token]]), attention_mask=mask, **{sfibench.hf.CACHE_ARGUMENT: cache})
     kinds = [step.kinds[0] for step in cache.steps]
     starts = [i for i in range(2, len(text)) if text[i - 2] == "." and text[i] != " "]  # "I", "T", "W"
     # decode step i feeds fed[i - 1]: the step feeding a sentence's first token is its slow step

@@ -4,8 +4,11 @@ docs/transformers.md as written, and `sfibench quality --engine transformers`.""
 from __future__ import annotations
 
 import copy
+import importlib
+import inspect
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,7 @@ from sfibench.sfi.config import SFIConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENIZER = Tokenizer(ByteTokenizer())
+CACHE = sfibench.hf.CACHE_ARGUMENT  # `cache` from transformers 5.24, `past_key_values` before
 PROMPTS = [list(b"In the valley there were three mills. The oldest one ground flour for the whole town, and the "
                 b"miller kept a ledger of every sack. In the ledger the number of the last sack was"),
            list(b"Tom counted the stars from his window. He wrote the count on a card:")]
@@ -129,11 +133,36 @@ def test_what_the_cache_cannot_follow_is_refused():
         with pytest.raises(sfibench.hf.UnsupportedGenerationError, match="beam search"):
             model.generate(**inputs, max_new_tokens=4, num_beams=2, pad_token_id=0)
         with pytest.raises(sfibench.hf.UnsupportedGenerationError, match="holds 2 new tokens"):
-            model.generate(**inputs, max_new_tokens=4, pad_token_id=0, past_key_values=applied.cache(2))
+            model.generate(**inputs, max_new_tokens=4, pad_token_id=0, **{CACHE: applied.cache(2)})
         other = transformers.DynamicCache(config=model.config)
-        model(**inputs, past_key_values=other)  # a prompt pass: dense, as every method prefills
+        model(**inputs, **{CACHE: other})  # a prompt pass: dense, as every method prefills
         with pytest.raises(sfibench.hf.UnsupportedGenerationError, match="did not make"):
-            model(input_ids=inputs["input_ids"][:, -1:], past_key_values=other)
+            model(input_ids=inputs["input_ids"][:, -1:], **{CACHE: other})
+
+
+def test_the_cache_goes_under_the_installed_releases_argument_name_with_no_deprecation_warning():
+    """transformers 5.24 renamed the forwards' `past_key_values` to `cache`, keeping the old name with a
+    FutureWarning: the block's generate passes its cache under the installed release's name, and a cache given
+    under either name the release takes is the one the method runs on."""
+    assert CACHE in inspect.signature(transformers.LlamaForCausalLM.forward).parameters
+    model, inputs = tiny("mistral"), left_padded(PROMPTS)
+    with sfibench.hf.apply(model, TOKENIZER, "sfi") as applied, warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        model.generate(**inputs, max_new_tokens=3, pad_token_id=0)
+        assert len(applied.last_cache.steps) == 2  # the prompt forward, then two decode steps
+        own = applied.cache(max_new_tokens=3)
+        model.generate(**inputs, max_new_tokens=3, pad_token_id=0, **{CACHE: own})
+        assert applied.last_cache is own and len(own.steps) == 2
+
+
+def test_a_cache_under_a_name_the_release_does_not_take_is_refused(monkeypatch):
+    """Before 5.24 a forward has no `cache` argument and would leave a cache given so unused (a dense run)."""
+    # the module, not the `apply` function sfibench.hf exports under the same name
+    monkeypatch.setattr(importlib.import_module("sfibench.hf.apply"), "CACHE_ARGUMENT", "past_key_values")
+    model, inputs = tiny("mistral"), left_padded(PROMPTS)
+    with sfibench.hf.apply(model, TOKENIZER, "sfi") as applied, \
+            pytest.raises(UsageError, match="pass the cache as past_key_values="):
+        model(**inputs, cache=applied.cache(max_new_tokens=2))
 
 
 def docs_example() -> str:
