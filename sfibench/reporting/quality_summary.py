@@ -25,6 +25,7 @@ from sfibench.reporting.quality_paired import (
     paired_section,
 )
 from sfibench.reporting.quality_refresh import refresh_cell, refresh_section
+from sfibench.reporting.quality_sfi_notes import below_full_kv_note
 
 
 def _mean(values: list[float]) -> float | None:
@@ -211,6 +212,8 @@ def markdown(results: dict, plots: list[str]) -> str:
                                    if all(c["accuracy"] is None for c in cells) else "."))
     if unsolved:
         lines += ["", "Tasks Full-KV does not solve (reported below, not interpreted): " + "; ".join(unsolved) + "."]
+    sfi_notes = below_full_kv_note(cfg, cells)
+    lines += [""] + sfi_notes if sfi_notes else []
     if any(c["accuracy"] is not None for c in cells):
         lines += ["", "## Accuracy", ""]
     for task in sorted({c["task"] for c in cells if c["accuracy"] is not None}):

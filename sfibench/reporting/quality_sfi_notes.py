@@ -1,0 +1,58 @@
+"""What a quality report says about SFI's cells beyond their numbers: where SFI scores below Full-KV, what
+docs/findings.md showed to be the cause and which variant tests it here."""
+
+from __future__ import annotations
+
+from sfibench import registry
+from sfibench.reporting.quality_paired import SOLVED
+
+FINDINGS = "docs/findings.md"
+VARIANT_FLAGS = "--no-nms --keep-neighbours 7"
+
+
+def losing_cells(cells: list[dict]) -> list[tuple[dict, dict]]:
+    """(SFI's cell, Full-KV's cell) for every task, context and retention where SFI scored below a Full-KV that
+    solves the task (a cell Full-KV fails decides nothing)."""
+    dense = {(c["task"], c["context"]): c for c in cells if c["method"] == registry.dense().name
+             and c["accuracy"] is not None and c["accuracy"] >= SOLVED}
+    pairs = []
+    for cell in cells:
+        full = dense.get((cell["task"], cell["context"]))
+        if cell["method"] == registry.BUDGET_REFERENCE and full and None not in (cell["accuracy"], full["accuracy"]) \
+                and cell["accuracy"] < full["accuracy"]:
+            pairs.append((cell, full))
+    return pairs
+
+
+def below_full_kv_note(cfg: dict, cells: list[dict]) -> list[str]:
+    """A paragraph where SFI scored below Full-KV: the cells, the cause the findings showed on Gemma-3 (Soft-NMS
+    suppressing the needle's neighbours), and the variant flags that test it; empty where SFI did not lose."""
+    losing = losing_cells(cells)
+    if not losing:
+        return []
+    by_shape: dict[tuple, list[tuple[dict, dict]]] = {}
+    for sfi, full in losing:
+        by_shape.setdefault((sfi["task"], sfi["context"]), []).append((sfi, full))
+    where = "; ".join(_shape_scores(task, context, pairs) for (task, context), pairs in by_shape.items())
+    variant = cfg.get("sfi_variant") or {}
+    text = (f"**SFI scores below Full-KV** ({where}). Between refreshes a fast step reads only what SFI's last "
+            "selection holds, and a short answer may get no refresh after the prompt's (the refresh section "
+            "below counts them): it is copied from what the prompt's selection kept. On Gemma-3-270M "
+            f"({FINDINGS}, niah_single at 8K) the cause of SFI's needle failures was the Selector's Soft-NMS: it "
+            "lowers every position by its distance below the highest score within ±16 positions, so the tokens "
+            "right after the needle's strongest peak, its remaining digits, are the last the top-K takes at any "
+            "k_head; without Soft-NMS and keeping each peak's neighbours, SFI answered as Full-KV did. ")
+    if variant.get("use_nms") is False or variant.get("keep_neighbours", 1) > 1:
+        text += (f"This run's SFI already ran as that variant ({', '.join(f'{k}={v}' for k, v in variant.items())}), "
+                 "so Soft-NMS does not explain these cells.")
+    else:
+        text += (f"The variant that tests this on this model (an ablation beyond the paper): repeat the run with "
+                 f"`--methods {registry.BUDGET_REFERENCE} {VARIANT_FLAGS}`.")
+    return [text, ""]
+
+
+def _shape_scores(task: str, context: int, pairs: list[tuple[dict, dict]]) -> str:
+    """'niah_single at 2,048 tokens: 0.00 / 0.15 at retention 0.15 / 0.5, Full-KV 1.00'."""
+    scores = " / ".join(f"{sfi['accuracy']:.2f}" for sfi, _ in pairs)
+    retentions = " / ".join(f"{sfi['retention']:g}" for sfi, _ in pairs)
+    return f"{task} at {context:,} tokens: {scores} at retention {retentions}, Full-KV {pairs[0][1]['accuracy']:.2f}"

@@ -1,0 +1,45 @@
+"""A quality report whose SFI cells lose to a Full-KV that solves the task says why, as docs/findings.md
+found it (Soft-NMS suppressing the needle's neighbours, shown on Gemma-3), and names the variant flags that
+test it; a run that already is that variant says so instead; a run where SFI does not lose says nothing."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from sfibench.reporting.quality_summary import markdown
+
+REPORTS = Path(__file__).resolve().parents[2] / "reports"
+
+
+def committed(name: str) -> dict:
+    return json.loads((REPORTS / name / "results.json").read_text())
+
+
+def note(report: str) -> str:
+    start = report.index("**SFI scores below Full-KV**")
+    return " ".join(report[start:report.index("\n\n", start)].split())
+
+
+def test_sfi_losing_to_full_kv_is_explained_with_the_findings_and_the_variant_flags():
+    text = note(markdown(committed("quality-smollm2"), []))
+    assert "niah_single at 2,048 tokens: 0.00 / 0.00 / 0.00 / 0.15 at retention 0.1 / 0.15 / 0.2 / 0.5, " \
+           "Full-KV 1.00" in text
+    assert "8,172" not in text  # Full-KV 0.60 there: a cell it does not solve decides nothing
+    assert "Soft-NMS" in text and "Gemma-3" in text and "docs/findings.md" in text
+    assert "`--methods sfi --no-nms --keep-neighbours 7`" in text
+
+
+def test_a_run_of_the_variant_says_soft_nms_does_not_explain_its_losses():
+    document = committed("quality-smollm2-4k-no-nms-keep7")
+    text = note(markdown(document, []))
+    assert "already ran as that variant (use_nms=False, keep_neighbours=7)" in text and "--no-nms" not in text
+
+
+def test_no_note_where_sfi_does_not_lose():
+    document = copy.deepcopy(committed("quality-smollm2"))
+    for cell in document["results"]["cells"]:
+        if cell["method"] == "sfi":
+            cell["accuracy"] = 1.0
+    assert "SFI scores below Full-KV" not in markdown(document, [])
