@@ -7,7 +7,7 @@ from rich.table import Table
 
 from sfibench.commands.common import DEVICE_HELP, console, user_errors
 from sfibench.options import THROUGHPUT_STEPS, check_device, device_kind, parse_memory
-from sfibench.reporting.formatting import styled_table
+from sfibench.reporting.formatting import print_table, styled_table
 
 
 def env(device: str = typer.Option("auto", help=DEVICE_HELP),
@@ -90,7 +90,7 @@ def models(wide: bool = typer.Option(False, "--wide", help="print all columns (d
     with user_errors():
         room = None if device is None and memory is None else memory_room(device, memory)
     table, real = models_table(wide)
-    console.print(table)
+    print_table(console, table, wide)
     for line in real:  # the whole install command, which no table cell could hold at 80 columns
         console.print(line, highlight=False, soft_wrap=True)
     console.print("Any Hugging Face checkpoint directory (Llama, Qwen2, Qwen3, Gemma-3) or .gguf path also "

@@ -112,8 +112,9 @@ def profile(
 
 
 def _print(run_dir: Path, wide: bool) -> None:
+    from sfibench.reporting.formatting import print_table
     from sfibench.reporting.profile_report import terminal_table
     from sfibench.reporting.results import read_results
 
-    console.print(terminal_table(read_results(run_dir), wide))
+    print_table(console, terminal_table(read_results(run_dir), wide), wide)
     console.print(f"[green]wrote[/] {run_dir}/results.json, report.md and profile.png")

@@ -94,8 +94,9 @@ def quality(
         run_dir = run_quality(run, err_console)
         if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
             return
+        from sfibench.reporting.formatting import print_table
         from sfibench.reporting.quality_report import results_table
         from sfibench.reporting.results import read_results
 
-        console.print(results_table(read_results(run_dir)["results"]["cells"], wide))
+        print_table(console, results_table(read_results(run_dir)["results"]["cells"], wide), wide)
         console.print(f"report: {run_dir / 'report.md'}")

@@ -108,10 +108,11 @@ def stability(
             run_dir = finish_saved_run(out, "stability", {k: v for k, v in settings.items() if k != "device"})
         else:
             run_dir = run_stability(StabilityRun(analysis, out=out, overwrite=overwrite, threads=threads))
+        from sfibench.reporting.formatting import print_table
         from sfibench.reporting.results import read_results
         from sfibench.reporting.stability_markdown import terminal_table
 
-        console.print(terminal_table(read_results(run_dir), wide))
+        print_table(console, terminal_table(read_results(run_dir), wide), wide)
         console.print(f"report: {run_dir / 'report.md'}")
 
 

@@ -134,11 +134,12 @@ def throughput(
             run_dir = run_throughput(run, console)
         if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
             return
+        from sfibench.reporting.formatting import print_table
         from sfibench.reporting.results import read_results
         from sfibench.reporting.throughput_report import table_notes, terminal_table
 
         document = read_results(run_dir)
-        console.print(terminal_table(document, wide))
+        print_table(console, terminal_table(document, wide), wide)
         for note in table_notes(document):
             console.print(note, highlight=False)
         console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, throughput.png, latency.png")

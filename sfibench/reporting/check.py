@@ -23,7 +23,7 @@ from rich.table import Table
 
 from sfibench.core.provenance import device_name
 from sfibench.reporting.baseline import Baseline, BaselineError, load
-from sfibench.reporting.formatting import commit_label, styled_table
+from sfibench.reporting.formatting import commit_label, print_table, styled_table
 from sfibench.reporting.gate import Verdict, compare
 from sfibench.reporting.results import RESULTS_FILENAME
 from sfibench.reporting.run_files import load_run
@@ -101,7 +101,7 @@ def _print(verdicts: list[Verdict], baseline_docs: dict, current_docs: dict, con
         prov = next(iter(docs.values()))["provenance"]
         console.print(f"{label}: commit {commit_label(prov)}, {prov.get('timestamp_utc')}, {device_identity(prov)}",
                       highlight=False)
-    console.print(table(verdicts, wide))
+    print_table(console, table(verdicts, wide), wide)
     notes: dict[tuple[str, str], int] = {}
     for v in verdicts:
         if v.note:

@@ -1,10 +1,12 @@
 """How every report and summary spells a measured number and the commit a run came from, and the one
-style of the rich tables the commands print, the cores a CPU run used and the ranks a run was split over,
-written once."""
+style of the rich tables the commands print (a --wide one printed whole), the cores a CPU run used and
+the ranks a run was split over, written once."""
 
 from __future__ import annotations
 
 from rich import box
+from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 
@@ -26,6 +28,15 @@ def styled_table(title: str, columns: tuple[str, ...], right: tuple[str, ...] = 
     for column in columns:
         table.add_column(column, justify="right" if column in right else "left")
     return table
+
+
+def print_table(console: Console, table: Table, wide: bool) -> None:
+    """Print a command's result table; `wide` (every column) at the table's own width whatever the terminal:
+    rich would otherwise fit it to the console's width (80 columns when the output is a pipe or a file),
+    squeezing cells to '…' and cutting each line at that width."""
+    if wide:
+        table.width = Measurement.get(console, console.options.update_width(10**6), table).maximum
+    console.print(table, crop=not wide)
 
 
 def commit_label(provenance: dict) -> str:
