@@ -39,8 +39,9 @@ CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forwar
 
 
 class Applied:
-    """A method applied to a model while the `with` block lasts; `last_cache` is the latest generate's cache
-    (its `steps` say what each decode step read, `summary()` the method's own facts)."""
+    """A method applied to a model while the `with` block lasts; `last_cache` is the latest generation's cache,
+    a `generate` call's or the last one `cache()` made for a loop of your own (its `steps` say what each decode
+    step read, `summary()` the method's own facts)."""
 
     def __init__(self, model, tokenizer, method: str, budget: int | str | None = None,
                  config: MethodConfig | None = None, evidence_rows: int = 64):
@@ -100,7 +101,8 @@ class Applied:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise UsageError(f"max_new_tokens {max_new_tokens!r} is not a whole number >= 1; give the tokens the "
                              "generation adds, such as 64")
-        return MethodCache(self.described, self.new_method, max_new_tokens, self.evidence_rows)
+        self.last_cache = MethodCache(self.described, self.new_method, max_new_tokens, self.evidence_rows)
+        return self.last_cache
 
     def new_method(self, context: int) -> AttentionMethod:
         """The method for a batch whose longest prompt has `context` tokens (a percentage budget's context)."""
@@ -156,8 +158,8 @@ def given_cache(kwargs: dict) -> Cache | None:
     if CACHE_ARGUMENT != "cache" and isinstance(kwargs.get("cache"), Cache):
         raise UsageError("cache= is not an argument of this transformers release's forwards; pass the cache as "
                          "past_key_values=")
-    return next((kwargs[name] for name in (CACHE_ARGUMENT, "past_key_values") if isinstance(kwargs.get(name), Cache)),
-                None)
+    given = (kwargs.get(name) for name in (CACHE_ARGUMENT, "past_key_values"))
+    return next((cache for cache in given if isinstance(cache, Cache)), None)
 
 
 def apply(model, tokenizer, method: str, budget: int | str | None = None, config: MethodConfig | None = None,
