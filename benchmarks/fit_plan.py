@@ -19,7 +19,7 @@ import torch
 from sfibench import registry
 from sfibench.metrics.memory import GIB, planning_bytes
 from sfibench.models.presets import get_preset
-from sfibench.options import parse_memory
+from sfibench.commands.options import parse_memory
 from sfibench.runners.throughput_measure import ThroughputConfig, method_specs
 from sfibench.runners.throughput_memory import capacity, planned_before_loading, shape_estimate
 

@@ -46,7 +46,7 @@ from sfibench.registry import create_method
 from sfibench.metrics.quality import mean_ci
 from sfibench.reporting.formatting import commit_label
 from sfibench.runners.quality_batch import make_condition
-from sfibench.runners.quality_inputs import parse_context
+from sfibench.commands.quality_options import parse_context
 from sfibench.sfi import geometry
 from sfibench.sfi.config import preset_retention
 from sfibench.sfi.selector import top_k_positions

@@ -22,13 +22,13 @@ from sfibench.commands.ranks import TP_HELP, run_as_ranks
 from sfibench.commands.sfi_options import ALL, SFISettings, sfi_options
 from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
-from sfibench.options import (
+from sfibench.workloads.text_file import read_text_file
+from sfibench.commands.options import (
     check_device_needs,
     check_memory_before_loading,
     check_path,
     check_session_options,
     check_top_p,
-    read_text_file,
 )
 
 

@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from sfibench.commands.common import DEVICE_HELP, console, user_errors
-from sfibench.options import THROUGHPUT_STEPS, check_device, device_kind, parse_memory
+from sfibench.commands.options import THROUGHPUT_STEPS, check_device, device_kind, parse_memory
 from sfibench.reporting.formatting import print_table, styled_table
 
 

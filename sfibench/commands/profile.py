@@ -19,13 +19,11 @@ from sfibench.commands.common import (
 )
 from sfibench.commands.ranks import TP_HELP, run_as_ranks
 from sfibench.commands.sfi_options import ALL, SFISettings, sfi_options
-from sfibench.core.budget import Budget
+from sfibench.core.budget import Budget, budget_record
 from sfibench.core.errors import UsageError
-from sfibench.options import (
-    PROFILE_MARGIN,
-    budget_record,
+from sfibench.models.shape import PROFILE_MARGIN, check_context_limit
+from sfibench.commands.options import (
     check_path,
-    check_context_limit,
     check_device_needs,
     check_memory_before_loading,
     check_shape_options,

@@ -19,7 +19,7 @@ from sfibench.commands.common import (
 from sfibench.commands.ranks import TP_HELP, run_as_ranks
 from sfibench.commands.sfi_options import VARIANT, SFISettings, sfi_options
 from sfibench.core.errors import UsageError
-from sfibench.options import split_list
+from sfibench.commands.options import split_list
 from sfibench.workloads.tasks import task_names
 
 
@@ -64,7 +64,7 @@ def quality(
     sfi: SFISettings = SFISettings(),
 ):
     """Offline long-context tasks and fidelity to Full-KV, every method from one prefill; Ctrl-C keeps what is done."""
-    from sfibench.runners.quality_inputs import quality_run
+    from sfibench.commands.quality_options import quality_run
 
     with user_errors():
         sfi.check(path)

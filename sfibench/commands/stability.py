@@ -16,9 +16,9 @@ from sfibench.commands.common import (
     user_errors,
 )
 from sfibench.commands.sfi_options import SFISettings, sfi_options
+from sfibench.core.budget import budget_record
 from sfibench.core.errors import UsageError
-from sfibench.options import (
-    budget_record,
+from sfibench.commands.options import (
     check_device_needs,
     check_memory_before_loading,
     check_path,

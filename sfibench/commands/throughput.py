@@ -20,11 +20,11 @@ from sfibench.commands.sfi_options import ALL, SFISettings, sfi_options
 from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 from sfibench.engine.workspace import LENGTH_BUCKET
-from sfibench.options import (
+from sfibench.models.shape import check_context_limit
+from sfibench.commands.options import (
     PREFILL_MODES,
     THROUGHPUT_STEPS,
     check_choice,
-    check_context_limit,
     check_device_needs,
     check_memory_before_loading,
     check_path,

@@ -39,7 +39,7 @@ from sfibench.engine.prefill import prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.metrics.memory import check_fits, estimate_memory
-from sfibench.options import PROFILE_MARGIN, check_context_limit
+from sfibench.models.shape import PROFILE_MARGIN, check_context_limit
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import write_results
 from sfibench.reporting.run_dir import claimed_run_dir

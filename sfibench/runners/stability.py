@@ -25,6 +25,7 @@ from rich.progress import (
 )
 
 from sfibench import registry
+from sfibench.core.budget import budget_record
 from sfibench.core.device import torch_threads
 from sfibench.core.errors import RunInterrupted
 from sfibench.engine.cache import KVCache
@@ -44,7 +45,6 @@ from sfibench.metrics.stability import (
 from sfibench.metrics.stability_reducer import StabilityReducer
 from sfibench.metrics.stability_where import NeedleWatch
 from sfibench.models.presets import PRESETS
-from sfibench.options import budget_record, read_text_file
 from sfibench.reference.attention import dense_attention
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import write_results
@@ -52,6 +52,7 @@ from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.runners.stability_prompts import Segment, build_segments, check_prompt_sources, matched_interval
 from sfibench.sfi.config import TriggerConfig
 from sfibench.sfi.triggers import SlowStepScheduler, token_classes
+from sfibench.workloads.text_file import read_text_file
 
 SHIPPED_TEXT = "essays_en.txt"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from sfibench.core.budget import Budget
+from sfibench.core.budget import Budget, budget_record
 from sfibench.core.device import idle_cores_only, resolve_device
 from sfibench.core.errors import RunInterrupted
 from sfibench.core.provenance import provenance
@@ -23,7 +23,7 @@ from sfibench.core.device_facts import DTYPE_BYTES, default_dtype
 from sfibench.engine.session import Session
 from sfibench.metrics.timing import measure_copy_bandwidth
 from sfibench.models import fused
-from sfibench.options import budget_record, check_context_limit, config_before_loading
+from sfibench.models.shape import check_context_limit, config_before_loading
 from sfibench.registry import available, check_method
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import read_results, write_results

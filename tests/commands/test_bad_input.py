@@ -169,7 +169,7 @@ def test_the_context_limit_hint_is_the_length_ctx_max_gives(tmp_path):
     import re
 
     from sfibench.runners.quality import _fit_contexts
-    from sfibench.runners.quality_inputs import quality_run
+    from sfibench.commands.quality_options import quality_run
     from sfibench.workloads.base import PromptFormat
 
     result = CliRunner().invoke(app, ["quality", "--model", "tiny-llama", "--tasks", "niah_multiturn", "--ctx", "4000",

@@ -110,7 +110,7 @@ def test_sigterm_saves_renders_says_how_to_resume_and_resuming_gives_the_whole_r
 
     from sfibench.reporting.results import read_results
     from sfibench.runners.quality import run_quality
-    from sfibench.runners.quality_inputs import quality_run
+    from sfibench.commands.quality_options import quality_run
 
     out, marker = tmp_path / "run", tmp_path / "waiting"
     # The child decodes with this process's torch thread count: a CPU reduction's order, and so its last bits,

@@ -18,7 +18,7 @@ from sfibench.metrics import longbench, quality
 from sfibench.registry import create_method
 from sfibench.runners.quality import run_quality
 from sfibench.runners.quality_batch import conditions, make_condition
-from sfibench.runners.quality_inputs import _preset_retentions, parse_context, parse_retentions, quality_run
+from sfibench.commands.quality_options import _preset_retentions, parse_context, parse_retentions, quality_run
 from sfibench.sfi.config import SFIConfig, preset_retention
 
 

@@ -12,7 +12,7 @@ from sfibench.core.errors import RunInterrupted
 from sfibench.reporting.results import read_results
 from sfibench.runners import quality_batch
 from sfibench.runners.quality import run_quality
-from sfibench.runners.quality_inputs import quality_run
+from sfibench.commands.quality_options import quality_run
 
 IN_FLIGHT = 0.3  # seconds the interrupted decode pass runs before Ctrl-C
 

@@ -11,7 +11,7 @@ from sfibench.core.errors import RunInterrupted
 from sfibench.reporting.results import read_results
 from sfibench.runners import quality_batch
 from sfibench.runners.quality import run_quality
-from sfibench.runners.quality_inputs import quality_run
+from sfibench.commands.quality_options import quality_run
 
 # Two tasks x two batches (3 samples, batch 2) x three conditions: an interrupt can land mid-task and mid-batch.
 RUN = {"model": "tiny-llama", "methods": ["sfi", "streaming_llm"], "tasks": ["niah_single", "ppl"],

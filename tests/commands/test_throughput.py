@@ -15,7 +15,7 @@ from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
 from sfibench.metrics.memory import MemoryEstimateError
 from sfibench.metrics.nvml import energy_per_token
-from sfibench.options import parse_tokens
+from sfibench.commands.options import parse_tokens
 from sfibench.reporting.throughput_report import latency_energy_rows
 from sfibench.runners.throughput import resolve_methods
 from sfibench.runners.throughput_measure import ThroughputConfig, measure_all, prepare_cache

@@ -26,7 +26,7 @@ from sfibench.core.errors import UsageError
 from sfibench.models.loading import LoadedModel, load_model
 from sfibench.models.tokenizer import ByteTokenizer, Tokenizer
 from sfibench.runners.quality import run_quality
-from sfibench.runners.quality_inputs import quality_run
+from sfibench.commands.quality_options import quality_run
 from sfibench.sfi.config import SFIConfig
 
 ROOT = Path(__file__).resolve().parents[2]

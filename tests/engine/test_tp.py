@@ -27,7 +27,7 @@ from sfibench.engine.session import Session
 from sfibench.metrics.memory import MARGIN, MemoryEstimateError, estimate_memory
 from sfibench.models.loading import load_for_decode
 from sfibench.models.presets import PRESETS
-from sfibench.options import check_memory_before_loading
+from sfibench.commands.options import check_memory_before_loading
 
 RANK_SCRIPT = Path(__file__).resolve().parents[1] / "tp_rank.py"  # a shared module in tests/
 
@@ -221,7 +221,7 @@ def test_a_ranks_share_of_the_shape_counts_the_bytes_its_decoder_holds(model):
 def gpu_of(monkeypatch, gib: float) -> None:
     """options.check_memory_before_loading sees a GPU with `gib` GiB free, of `gib` GiB."""
     import sfibench.core.device as device
-    import sfibench.options as options
+    import sfibench.commands.options as options
 
     monkeypatch.setattr(options, "device_kind", lambda name: "cuda")
     monkeypatch.setattr(options, "check_device", lambda name: torch.device("cuda", 0))

@@ -12,7 +12,7 @@ from sfibench.core.errors import UsageError
 from sfibench.metrics.paired import paired_difference_ci
 from sfibench.metrics.quality import wilson_interval
 from sfibench.runners.quality import run_quality
-from sfibench.runners.quality_inputs import quality_run
+from sfibench.commands.quality_options import quality_run
 
 # a maintainer's script, not the package
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -4,7 +4,7 @@ module reads an SFIBENCH_ environment variable.
 The import graph is read from the sources with `ast` (every import statement, those inside functions
 too), so a lazy import cannot hide an upward edge; only an `if TYPE_CHECKING:` block, read by type
 checkers and never run, is left out. A node is a package under sfibench/ (`engine`,
-`metrics`, ...) or a top-level module (`registry`, `cli`, `options`); `optimized/sfi.py`, SFI's optimized
+`metrics`, ...) or a top-level module (`registry`, `cli`); `optimized/sfi.py`, SFI's optimized
 method, is a node of its own in the methods layer while the rest of optimized/ are kernels, below models.
 """
 
@@ -29,7 +29,6 @@ LAYERS = (
     ("metrics",),
     ("workloads",),
     ("reporting",),
-    ("options",),
     ("runners",),
     ("commands",),
     ("cli",),

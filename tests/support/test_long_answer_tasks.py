@@ -15,7 +15,7 @@ from sfibench.metrics import quality
 from sfibench.models.tokenizer import ByteTokenizer, Tokenizer
 from sfibench.registry import create_method
 from sfibench.runners.quality_batch import evaluate_batch, make_condition, refresh_fields
-from sfibench.runners.quality_inputs import quality_run
+from sfibench.commands.quality_options import quality_run
 from sfibench.sfi.config import SFIConfig
 from sfibench.workloads.base import TASKS, PromptFormat
 from sfibench.workloads.needle_list import answer_cap, list_needle, needle_list

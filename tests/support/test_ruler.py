@@ -192,7 +192,8 @@ def test_a_missing_package_is_one_line_with_the_install_command(tmp_path, monkey
 def test_ruler_context_is_max_seq_length_so_ctx_max_reserves_no_answer_room():
     from sfibench.engine.session import Session
     from sfibench.runners.quality import _fit_contexts
-    from sfibench.runners.quality_inputs import MAX_MARGIN, quality_run
+    from sfibench.commands.quality_options import quality_run
+    from sfibench.runners.quality_inputs import MAX_MARGIN
 
     session = Session.open("tiny-llama", "cpu")
     fmt = PromptFormat(session.loaded.tokenizer, chat=False)

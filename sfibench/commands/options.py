@@ -1,8 +1,8 @@
 """Command-line values checked before any expensive work, each error naming its option and the fix.
 
 Typer already checks types and simple ranges (`min=`); these cover what it cannot: comma-separated
-lists, token counts such as `8k`, text files, names that must exist here (model, device, dtype,
-trigger policy), contexts a model can hold, SFI settings and whether a batch can fit. All raise UsageError,
+lists, token counts such as `8k`, names that must exist here (model, device, dtype), and whether a batch
+can fit; SFI's settings are checked in commands/sfi_options.py. All raise UsageError,
 which the CLI prints as one line with exit 2. None of them imports torch where the answer is known without
 it (a preset, a CPU-only torch build), so a bad command fails at once.
 """
@@ -12,14 +12,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sfibench.core.budget import Budget
 from sfibench.core.device_facts import DTYPE_BYTES, default_dtype, device_type
 from sfibench.core.errors import UsageError
+from sfibench.models.shape import config_before_loading
 
 _TOKEN_COUNT = re.compile(r"([0-9]+)(k?)")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 PREFILL_MODES = ("auto", "real", "synthetic")  # throughput's --prefill
-PROFILE_MARGIN = 8  # cache positions `sfibench profile` needs beyond its profiled steps: two warm-ups and slack
 THROUGHPUT_STEPS = {"cuda": 128, "cpu": 32}  # `sfibench throughput`'s decode steps per pass by device type
 _MEMORY = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kmgt]i?b)")
 MEMORY_UNITS = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -76,22 +75,6 @@ def parse_counts(text: str, option: str, allow_max: bool = False) -> list[int | 
     return counts
 
 
-def parse_k_head(text: str, contexts=()) -> Budget:
-    """`--k-head` as a Budget (whole tokens or a percentage), checked against every context already known.
-
-    SFI's k_head is a cap (K = min(k_head, |C|)), so it may exceed a context; a percentage must still
-    give at least one token."""
-    k_head = Budget.parse(text, "--k-head")
-    for context in contexts:
-        k_head.resolve(context, "--k-head", at_most_context=False)
-    return k_head
-
-
-def budget_record(budget: Budget) -> int | str:
-    """How results.json records a budget: whole tokens as a number (300), a percentage as written ("15%")."""
-    return budget.tokens if budget.tokens is not None else f"{budget.percent:g}%"
-
-
 def check_choice(value: str, choices, option: str) -> str:
     if value not in choices:
         raise UsageError(f"{option} {value!r} is not one of: {', '.join(choices)}")
@@ -105,24 +88,6 @@ def check_path(path: str, option: str) -> str:
     if path not in PATHS:
         raise UsageError(f"{option}: there is no {path!r} path; valid paths: {', '.join(PATHS)}")
     return path
-
-
-def read_text_file(path: Path | str, option: str) -> str:
-    """The file's text; missing, a directory, unreadable, not UTF-8 or blank are each named."""
-    path = Path(path)
-    if not path.exists():
-        raise UsageError(f"{option} {path} does not exist; give the path of a text file")
-    if not path.is_file():
-        raise UsageError(f"{option} {path} is not a file (a directory?); give the path of a text file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except PermissionError:
-        raise UsageError(f"{option} {path} cannot be read (permission denied)") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{option} {path} is not UTF-8 text; give a plain-text file") from None
-    if not text.strip():
-        raise UsageError(f"{option} {path} is empty; give a file with some text")
-    return text
 
 
 def check_model(model: str) -> None:
@@ -187,12 +152,6 @@ def check_dtype(dtype: str) -> str:
     return check_choice(dtype, DTYPES, "--dtype")
 
 
-def check_trigger(policy: str) -> str:
-    from sfibench.sfi.config import TRIGGER_POLICIES
-
-    return check_choice(policy, TRIGGER_POLICIES, "--trigger")
-
-
 def check_session_options(model: str, device: str, dtype: str) -> str:
     """The three options every model-loading command shares; returns the device's type ('cpu', 'cuda')."""
     check_model(model)
@@ -230,40 +189,6 @@ def check_shape_options(model: str | None, device: str, dtype: str) -> tuple[str
     return model, gpu
 
 
-def check_context_limit(config, contexts: list[int], decode: int) -> None:
-    """Each context plus `decode` tokens must fit the model. Called with the preset's config before
-    loading, and with the loaded config after (checkpoint directories and GGUF files say their limit
-    only then); None skips the check."""
-    if config is None:
-        return
-    if contexts and decode >= config.max_context:
-        raise UsageError(f"{decode:,} decode tokens leave no room for a prompt in {config.name}'s limit of "
-                         f"{config.max_context:,} tokens; lower --steps")
-    for context in contexts:
-        if context + decode > config.max_context:
-            raise UsageError(f"--ctx {context:,} plus {decode} decode tokens exceeds {config.name}'s limit of "
-                             f"{config.max_context:,} tokens; the longest --ctx that fits with this --steps is "
-                             f"{config.max_context - decode:,}")
-
-
-def check_sfi_settings(evidence_norm: str | None, keep_neighbours: int | None, publish: str | None,
-                       path: str) -> None:
-    """The SFI settings whose bad values typer cannot catch by itself."""
-    from sfibench.sfi.config import PUBLISH_POLICIES
-    from sfibench.sfi.selector_config import EVIDENCE_NORMS
-
-    if publish is not None:
-        check_choice(publish, PUBLISH_POLICIES, "--publish")
-        if publish == "when_ready" and path != "optimized":
-            raise UsageError("--publish when_ready runs the Selector on a side stream, which only the optimized "
-                             "path has; add --path optimized or leave --publish out")
-    if evidence_norm is not None:
-        check_choice(evidence_norm, EVIDENCE_NORMS, "--evidence-norm")
-    if keep_neighbours is not None and keep_neighbours % 2 == 0:
-        raise UsageError(f"--keep-neighbours {keep_neighbours} is even; the pool is centred on each position, "
-                         "so give an odd kernel such as 3, 5 or 7 (1 = off)")
-
-
 def ordered_contexts(contexts: list[int | str], option: str = "--ctx") -> tuple[list[int | str], str]:
     """Each context once, shortest first ('max' last), and a note to print once where the order changed.
     A repeat is refused (it would measure the same shape twice and plot it as two points)."""
@@ -283,22 +208,6 @@ def distinct_counts(counts: list[int | str], option: str) -> list[int | str]:
     if repeated:
         raise UsageError(f"{option} gives {', '.join(repeated)} more than once; list each size once")
     return counts
-
-
-def config_before_loading(model: str):
-    """The model's shape without loading it: a preset's, or a checkpoint directory's config.json (a damaged one
-    is refused in one line now); None for a .gguf file, whose shape is known only once transformers reads it,
-    and for a directory without config.json, which the loader refuses."""
-    from sfibench.models.presets import PRESETS
-
-    if model in PRESETS:
-        return PRESETS[model]
-    config_file = Path(model) / "config.json"
-    if config_file.is_file():
-        from sfibench.models.loading import checkpoint_config
-
-        return checkpoint_config(config_file)
-    return None
 
 
 def check_memory_before_loading(model: str, batches: list[int | str], contexts: list[int | str], decode: int,
