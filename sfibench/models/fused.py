@@ -4,7 +4,8 @@ At decode each op touches a few kilobytes, so a step is launch-bound: measured o
 qwen3-0.6b shape at 8K, a CUDA-graph replay of the unfused step ran ~1,500 kernels in 4.7 ms against a
 0.57 ms byte roofline. Every function here is pure (weights and caches are arguments) and is the
 reference its fused version is checked against. `ops` is what the decoder and the cache call: plain
-torch by default (CPU, tests); `enable_fusion()` switches GPU runs to one kernel per op, the
+torch by default (CPU, tests); `enable_fusion()`, called when a model is loaded for decode (which records
+the choice on the loaded model as a `DecodeKernels`), switches GPU runs to one kernel per op, the
 normalisations and the gated activations (SwiGLU, GeGLU) compiled by torch.compile (one compilation
 serves every layer), the q/k post-processing and the cache append as the Triton kernels of
 optimized/layer_kernels.py, and decode's weight products as optimized/gemv.py's kernel, the residual
@@ -12,6 +13,8 @@ add + norm after o_proj and the gated activation after gate_up folded into it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -225,3 +228,27 @@ def enable_fusion(enabled: bool = True) -> None:
     for name in COMPILED:
         ops[name] = torch.compile(EAGER[name], fullgraph=True, dynamic=False)
     ops.update(kernel_ops())
+
+
+@dataclass(frozen=True)
+class DecodeKernels:
+    """The kernels a loaded model decodes with, chosen when it is loaded (loading.load_for_decode) and
+    recorded in a run's results.json. `fused`: the step's small ops run their fused versions
+    (enable_fusion); `norms_folded`: the input and post-attention norms were folded into the qkv and gate_up
+    products (Decoder.fold_input_norms)."""
+
+    fused: bool = False
+    norms_folded: bool = False
+
+    def decode_gemv(self) -> str:
+        """The kernels of decode's weight products, in words."""
+        if not self.fused:
+            return "cuBLAS (F.linear)"
+        described = ("Triton (optimized/gemv.py: o_proj + residual add + norm, unless folded below, and "
+                     "gate_up + activation as epilogues; cuBLAS for prefill); qkv + q/k norm, RoPE and the KV "
+                     "append in one kernel (optimized/qkv_epilogue.py)")
+        if self.norms_folded:
+            described += ("; input norms folded into the qkv products, down_proj + residual add + sums of "
+                          "squares; post-attention norms folded into gate_up, o_proj + residual add + sums of "
+                          "squares")
+        return described

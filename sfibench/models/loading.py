@@ -15,7 +15,7 @@ import contextlib
 import importlib.util
 import io
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -60,6 +60,8 @@ class LoadedModel:
     model: Decoder
     tokenizer: Tokenizer
     config: ModelConfig
+    # the kernels decode runs, chosen by load_for_decode
+    kernels: fused.DecodeKernels = field(default_factory=fused.DecodeKernels)
 
 
 def find_smollm2_gguf() -> Path:
@@ -156,15 +158,18 @@ def load_for_decode(name_or_path: str, device: torch.device, dtype: torch.dtype,
     ops through their fused versions (models/fused.py), and where the weight products' epilogues pay
     (GPU decode with fusion on, not Gemma-3's layers) the norms are folded into the products. Under tensor
     parallelism (`parallel` of more than one rank) the model is this rank's shard (models/sharding.py), its
-    shapes checked before any weight loads, and its norms unfolded."""
+    shapes checked before any weight loads, and its norms unfolded. The choice is the loaded model's
+    `kernels`, which a run records."""
     device = torch.device(device)
     fuse = device.type == "cuda" if fuse is None else fuse
     fused.enable_fusion(fuse)
     if parallel.world_size > 1:
-        return _load_shard(name_or_path, device, dtype, seed, parallel)
-    loaded = load_model(name_or_path, device, dtype, seed)
-    if fuse and device.type == "cuda" and loaded.model.fold_pays(device):
-        loaded.model.fold_input_norms()
+        loaded = _load_shard(name_or_path, device, dtype, seed, parallel)
+    else:
+        loaded = load_model(name_or_path, device, dtype, seed)
+        if fuse and device.type == "cuda" and loaded.model.fold_pays(device):
+            loaded.model.fold_input_norms()
+    loaded.kernels = fused.DecodeKernels(fuse, bool(getattr(loaded.model, "folded_input_norms", False)))
     return loaded
 
 

@@ -22,7 +22,6 @@ from sfibench.core.parallel import interconnect, launched_ranks, rank_device, ra
 from sfibench.core.device_facts import DTYPE_BYTES, default_dtype
 from sfibench.engine.session import Session
 from sfibench.metrics.timing import measure_copy_bandwidth
-from sfibench.models import fused
 from sfibench.models.shape import check_context_limit, config_before_loading
 from sfibench.registry import available, check_method
 from sfibench.reporting.report_run import render
@@ -64,32 +63,12 @@ class ThroughputRun:
     overwrite: bool = False
     threads: int | None = None  # torch's CPU threads; None: idle_cores_only's choice
     budget: Budget | None = None  # every method's tokens read per (layer, KV head), SFI's by its budget rule
-DECODE_GEMV = ("Triton (optimized/gemv.py: o_proj + residual add + norm, unless folded below, and gate_up + "
-               "activation as epilogues; cuBLAS for prefill)")
 
 
 def _pdl_state() -> str:
     from sfibench.optimized import pdl  # Triton: imported only when a report is written
 
     return pdl.describe()
-
-
-def _decode_gemv(model) -> str:
-    """Which kernels ran the decode products (fusion on: gemv.py's, the qkv one with its epilogue, and
-    whether the input norms were folded into the qkv products)."""
-    if fused.ops["linear"] is fused.linear:
-        return "cuBLAS (F.linear)"
-    from sfibench.optimized import qkv_epilogue
-
-    described = DECODE_GEMV
-    qkv_kernel = getattr(fused.ops["linear_qk_norm_rope_append"], "kernel", None)
-    if qkv_kernel is qkv_epilogue.linear_qk_norm_rope_append:
-        described += "; qkv + q/k norm, RoPE and the KV append in one kernel (optimized/qkv_epilogue.py)"
-    if getattr(model, "folded_input_norms", False):
-        described += "; input norms folded into the qkv products, down_proj + residual add + sums of squares"
-        if getattr(model, "folded_post_attention_norms", False):
-            described += "; post-attention norms folded into gate_up, o_proj + residual add + sums of squares"
-    return described
 
 
 def resolve_methods(methods: tuple[str, ...], paths: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -285,10 +264,11 @@ def measure(run: ThroughputRun, session: Session, console: Console,
             "complete": complete, "progress": {"rows": len(rows), "planned": planned_rows(cfg, run)},
             "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
             "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
-            "fused_elementwise": fused.ops["rms_norm"] is not fused.rms_norm,
-            "decode_gemv": _decode_gemv(session.loaded.model),
+            # the kernels the loaded model decodes with, chosen when it was loaded (models/fused.DecodeKernels)
+            "fused_elementwise": session.loaded.kernels.fused,
+            "decode_gemv": session.loaded.kernels.decode_gemv(),
             # the norms' weights moved into the qkv and gate_up weights in place (Decoder.fold_input_norms)
-            "input_norms_folded": bool(getattr(session.loaded.model, "folded_input_norms", False)),
+            "input_norms_folded": session.loaded.kernels.norms_folded,
             "pdl": _pdl_state(),
             "threads": torch.get_num_threads(),  # torch's CPU threads the steps ran on (--threads, or the default)
             "dense_kernels": dense_kernel_check(session, contexts, [r["batch"] for r in rows])
