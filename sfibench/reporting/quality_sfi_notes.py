@@ -56,3 +56,27 @@ def _shape_scores(task: str, context: int, pairs: list[tuple[dict, dict]]) -> st
     scores = " / ".join(f"{sfi['accuracy']:.2f}" for sfi, _ in pairs)
     retentions = " / ".join(f"{sfi['retention']:g}" for sfi, _ in pairs)
     return f"{task} at {context:,} tokens: {scores} at retention {retentions}, Full-KV {pairs[0][1]['accuracy']:.2f}"
+
+
+def same_answers_note(samples: list[dict] | None) -> list[str]:
+    """A line per (task, context) where SFI wrote the same answer at every retention on at least half the
+    prompts: its fidelity then barely moves with the budget, and this is why (docs/findings.md measured it)."""
+    by_shape: dict[tuple, dict[int, dict]] = {}
+    for record in samples or []:
+        if record["method"] == registry.BUDGET_REFERENCE and record.get("prediction") is not None:
+            by_shape.setdefault((record["task"], record["context"]), {}).setdefault(record["index"], {})[
+                record["retention"]] = record["prediction"]
+    lines = []
+    for (task, context), prompts in by_shape.items():
+        retentions = sorted({r for answers in prompts.values() for r in answers})
+        if len(retentions) < 2:
+            continue
+        same = sum(len(answers) == len(retentions) and len({str(a) for a in answers.values()}) == 1
+                   for answers in prompts.values())
+        if 2 * same >= len(prompts):
+            lines.append(f"**SFI wrote the same answer at retention {' / '.join(f'{r:g}' for r in retentions)} on "
+                         f"{same} of {len(prompts)} {task} prompts at {context:,} tokens**, so its fidelity there "
+                         "barely moves with the budget: a larger selection did not give the heads that copy the "
+                         "answer what they need (on smollm2 at 2K, measured in docs/findings.md: the needle's "
+                         "digits stay in a minority of the (layer, KV head) selections at either budget).")
+    return lines + ([""] if lines else [])

@@ -25,7 +25,7 @@ from sfibench.reporting.quality_paired import (
     paired_section,
 )
 from sfibench.reporting.quality_refresh import refresh_cell, refresh_section
-from sfibench.reporting.quality_sfi_notes import below_full_kv_note
+from sfibench.reporting.quality_sfi_notes import below_full_kv_note, same_answers_note
 
 
 def _mean(values: list[float]) -> float | None:
@@ -212,7 +212,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                                    if all(c["accuracy"] is None for c in cells) else "."))
     if unsolved:
         lines += ["", "Tasks Full-KV does not solve (reported below, not interpreted): " + "; ".join(unsolved) + "."]
-    sfi_notes = below_full_kv_note(cfg, cells)
+    sfi_notes = below_full_kv_note(cfg, cells) + same_answers_note(results.get("samples"))
     lines += [""] + sfi_notes if sfi_notes else []
     if any(c["accuracy"] is not None for c in cells):
         lines += ["", "## Accuracy", ""]

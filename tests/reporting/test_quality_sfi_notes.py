@@ -43,3 +43,15 @@ def test_no_note_where_sfi_does_not_lose():
         if cell["method"] == "sfi":
             cell["accuracy"] = 1.0
     assert "SFI scores below Full-KV" not in markdown(document, [])
+
+
+def test_sfi_writing_the_same_answers_at_every_retention_is_said_with_the_count():
+    report = markdown(committed("sfi-retention-smollm2/quality"), [])
+    line = " ".join(report[report.index("**SFI wrote the same answer"):].split("\n\n")[0].split())
+    assert "at retention 0.15 / 0.5 on 3 of 4 niah_single prompts at 2,048 tokens" in line
+    assert "docs/findings.md" in line
+    document = committed("sfi-retention-smollm2/quality")
+    for record in document["samples"]:  # SFI at 0.5 answers differently on three prompts: no longer half
+        if record["method"] == "sfi" and record["retention"] == 0.5 and record["index"] < 3:
+            record["prediction"] = ["something else"]
+    assert "SFI wrote the same answer" not in markdown(document, [])
