@@ -17,6 +17,7 @@ from sfibench.core.budget import Budget
 from sfibench.core.device import idle_cores_only, resolve_device
 from sfibench.core.errors import NonFiniteOutputError
 from sfibench.core.parallel import ranks
+from sfibench.core.progress import starting
 from sfibench.engine.method import MethodSpec
 from sfibench.engine.sampling import SamplingConfig
 from sfibench.engine.session import Session
@@ -68,6 +69,7 @@ def generate_with(session: Session, run: GenerateRun, console: Console, err_cons
         config = config.with_budget(run.budget.resolve(len(ids)))
     with idle_cores_only(session.device, run.threads):  # a busy core would stall every step's threads
         threads = torch.get_num_threads()  # what the steps run on, reported beside them
+        starting(f"prefill of {len(ids):,} prompt tokens")
         prefilled = session.prefill([ids], run.max_new_tokens)
         check_finite(prefilled.last_logits, session.loaded.config.name, session.dtype)
         spec = MethodSpec(run.method, run.path, config)

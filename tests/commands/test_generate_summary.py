@@ -47,7 +47,7 @@ class _Record:
 class _Letters:
     """Token i is the character chr(i)."""
 
-    def decode(self, ids):
+    def readable(self, ids):  # the text a reader is shown (no control tokens in this one)
         return "".join(map(chr, ids))
 
 
