@@ -20,13 +20,12 @@ import torch.nn.functional as F
 from sfibench.baselines.tail_segment import TwoSegmentPath
 from sfibench.core.budget import BudgetError
 from sfibench.engine.method import AttentionMethod, AttentionView, MethodConfig, MethodDef, RecallMemory
-from sfibench.engine.workspace import FLOAT32_BYTES, bucketed_slots, gather_attention_bytes
+from sfibench.engine.workspace import FLOAT32_BYTES, INDEX_BYTES, bucketed_slots, gather_attention_bytes
 from sfibench.optimized.decode_attention import tile_rows
 from sfibench.optimized.triton_device import require_triton_device
 from sfibench.reference.sparse_memory import TailPlan, attend_fixed_plus_tail
 
 POOLINGS = ("max", "avg")
-INDEX_BYTES = 8  # kept positions are int64
 
 
 @dataclass(frozen=True)

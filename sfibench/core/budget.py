@@ -88,11 +88,6 @@ def _spelling_hint(spelled: str) -> str:
     return f"; tokens are whole numbers, e.g. {int(value)}"
 
 
-def parse_budget(text: str, context_len: int, what: str = "--budget", at_most_context: bool = True) -> int:
-    """'300' -> 300 tokens; '15%' -> 15% of `context_len` (tokens read per layer and KV head)."""
-    return Budget.parse(text, what).resolve(context_len, what, at_most_context)
-
-
 def budget_record(budget: Budget) -> int | str:
     """How results.json records a budget: whole tokens as a number (300), a percentage as written ("15%")."""
     return budget.tokens if budget.tokens is not None else f"{budget.percent:g}%"

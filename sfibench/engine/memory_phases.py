@@ -8,10 +8,10 @@ import torch
 
 from sfibench.core.device import available_device_memory
 from sfibench.core.oom import memory_phase
+from sfibench.engine.workspace import FLOAT32_BYTES
 from sfibench.models.presets import PRESETS, ModelConfig
 
 GIB = 1 << 30
-FLOAT32_BYTES = 4
 
 
 def _gib(nbytes: float) -> str:

@@ -6,8 +6,10 @@ normalises keys in. No torch here: the settings classes that call these load wit
 
 from __future__ import annotations
 
+# element sizes every byte count of the package uses (scores, key norms and evidence logits are float32;
+# positions are int64)
 FLOAT32_BYTES = 4
-INDEX_BYTES = 8  # int64 positions
+INDEX_BYTES = 8
 LENGTH_BUCKET = 256  # graphed steps read up to a multiple of this many slots (the default --length-bucket)
 NORM_CHUNK = 8192  # cached keys whose float32 norms a synthetic prefill computes at once (engine/synthetic.py)
 

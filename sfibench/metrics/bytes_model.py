@@ -21,9 +21,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from sfibench.engine.workspace import FLOAT32_BYTES
 from sfibench.models.presets import ModelConfig
-
-FLOAT32_BYTES = 4  # evidence logits and cached key norms are kept in float32
 
 
 def weight_bytes(model_cfg: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -127,24 +126,3 @@ def roofline_ratio(W: float, kv_full: float, kv_sparse: float, batch: int, n_slo
     dense = W + batch * kv_full
     slow_share = 0.0 if math.isinf(n_slow) else dense / n_slow
     return dense / (W + batch * kv_sparse + slow_share)
-
-
-def roofline_seconds(nbytes: float, bandwidth: float) -> float:
-    """Time the step would take if it moved `nbytes` at `bandwidth` bytes/s."""
-    if bandwidth <= 0:
-        raise ValueError(f"bandwidth must be positive, got {bandwidth}")
-    return nbytes / bandwidth
-
-
-def achieved_bandwidth(nbytes: float, seconds: float) -> float:
-    """Bytes per second a measured step achieved."""
-    if seconds <= 0:
-        raise ValueError(f"seconds must be positive, got {seconds}")
-    return nbytes / seconds
-
-
-def efficiency(roofline_seconds: float, measured_seconds: float) -> float:
-    """Fraction of the roofline reached: 1.0 means the step ran at the measured copy bandwidth."""
-    if measured_seconds <= 0:
-        raise ValueError(f"measured_seconds must be positive, got {measured_seconds}")
-    return roofline_seconds / measured_seconds

@@ -25,10 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sfibench.engine.workspace import NORM_CHUNK
+from sfibench.engine.workspace import FLOAT32_BYTES, NORM_CHUNK
 from sfibench.models.presets import ModelConfig
 
-FLOAT32_BYTES = 4
 GIB = 1 << 30
 MARGIN = 0.95  # share of the device's memory a run may plan to fill
 PREFILL_CHUNK = 2048  # prompt tokens a real prefill runs at once (engine/prefill.py)

@@ -170,7 +170,3 @@ def get_preset(name: str) -> ModelConfig:
             "(or pass a Hugging Face checkpoint directory or a .gguf file path)"
         )
     return PRESETS[name]
-
-
-def with_context(config: ModelConfig, max_context: int) -> ModelConfig:
-    return replace(config, max_context=max_context)

@@ -61,5 +61,5 @@ def tensor_parallel_lines(results: dict, measured: str) -> list[str]:
     if tp == 1:
         return []
     link = f" ({results['interconnect']})" if results.get("interconnect") else ""
-    return [f"- Tensor parallel: tp {tp}, world size {results['world_size']}{link}: each rank holds 1/{tp} of "
-            f"the attention and KV heads, the MLP rows and the LM head's vocabulary; {measured}."]
+    return [(f"- Tensor parallel: tp {tp}{link}: each rank holds 1/{tp} of the attention and KV heads, the MLP "
+             f"rows and the LM head's vocabulary; {measured}.")]

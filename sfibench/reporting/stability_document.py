@@ -31,7 +31,3 @@ def layer_names(results: dict, segment: dict) -> list[str]:
     if layers is None:
         layers = range(len(segment["consecutive"]["topk"]["within"]["overlap_per_layer"]))
     return [str(layer) for layer in layers]
-
-
-def short_context(tokens: int | None) -> str:
-    return "" if tokens is None else f"{tokens // 1024}K" if tokens % 1024 == 0 else f"{tokens:,}"

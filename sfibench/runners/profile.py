@@ -266,8 +266,7 @@ def _profile(run: ProfileRun, session: Session) -> tuple[dict, dict]:
                                run.batch, search)
         ran_with, threads = provenance(), torch.get_num_threads()
     # the ranks (processes) the model was split over; the components are rank 0's share of each step
-    return {**result, "tp": session.parallel.world_size, "world_size": session.parallel.world_size,
-            "threads": threads}, ran_with
+    return {**result, "tp": session.parallel.world_size, "threads": threads}, ran_with
 
 
 def _check_batch_fits(session: Session, batch: int, max_seq: int) -> None:

@@ -85,7 +85,7 @@ def _evaluate(run: QualityRun, run_dir: Path | None, earlier: dict | None, paral
               "device": str(session.device), "dtype": str(session.dtype).replace("torch.", ""),
               "threads": torch.get_num_threads(), "longbench": str(run.longbench) if run.longbench else None,
               # the ranks (processes) the model was split over, each holding 1/tp of the KV heads
-              "tp": parallel.world_size, "world_size": parallel.world_size,
+              "tp": parallel.world_size,
               # what a report needs to say what a retention is over and what SFI ran with
               "attention_layers": {"layers": model_cfg.num_layers, "global": len(model_cfg.global_layers),
                                    "sliding_window": model_cfg.sliding_window},

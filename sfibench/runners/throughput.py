@@ -276,7 +276,6 @@ def measure(run: ThroughputRun, session: Session, console: Console,
             # tensor parallelism: the ranks (processes) the model was split over, each holding 1/tp of the KV
             # heads; the rows' bytes and floors are one rank's
             "tp": session.parallel.world_size,
-            "world_size": session.parallel.world_size,
             "interconnect": interconnect(session.parallel, session.device),
         }
         return cfg, results, provenance()

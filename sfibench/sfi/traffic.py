@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
+from sfibench.engine.workspace import FLOAT32_BYTES, INDEX_BYTES
 from sfibench.models.presets import ModelConfig
-
-FLOAT32_BYTES = 4  # evidence logits and cached key norms are kept in float32
-INDEX_BYTES = 8  # selected positions are stored as int64
 
 
 def refresh_bytes(model_cfg: ModelConfig, candidates, k_head: int, batch: int, dtype_bytes: int = 2,
@@ -44,9 +42,9 @@ def refresh_bytes(model_cfg: ModelConfig, candidates, k_head: int, batch: int, d
     selected = np.minimum(per_sequence, k_head)
     rows = model_cfg.group_size if evidence_rows is None else evidence_rows
     layers = len(model_cfg.global_layers) if layers_refreshed is None else layers_refreshed
-    evidence = 2 * rows * per_sequence * FLOAT32_BYTES
+    evidence = 2 * rows * per_sequence * FLOAT32_BYTES  # evidence logits and key norms are float32
     norms = per_sequence * FLOAT32_BYTES
-    selection = selected * INDEX_BYTES
+    selection = selected * INDEX_BYTES  # selected positions are int64
     if path == "optimized":
         moved = 2 * selected * 2 * model_cfg.head_dim * dtype_bytes
     else:

@@ -141,10 +141,10 @@ def test_throughput_with_tp_writes_one_run_directory_that_records_the_ranks(tmp_
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("wrote ") == 1
     results = json.loads((out / "results.json").read_text())["results"]
-    assert (results["tp"], results["world_size"]) == (2, 2)
+    assert results["tp"] == 2
     assert results["interconnect"] == "gloo between CPU processes"
     assert {row["method"] for row in results["rows"]} == {"full_kv", "sfi"}
-    assert "Tensor parallel: tp 2, world size 2 (gloo between CPU processes)" in (out / "report.md").read_text()
+    assert "Tensor parallel: tp 2 (gloo between CPU processes)" in (out / "report.md").read_text()
     from sfibench.metrics.bytes_model import kv_read_bytes
 
     rank = PRESETS["tiny-qwen3"].rank_share(2)
@@ -180,7 +180,7 @@ def test_quality_with_tp_writes_one_run_directory_with_the_scores_of_one_process
     assert two.stdout.count("report: ") == 1  # rank 1 prints nothing
     assert sorted(p.name for p in tmp_path.iterdir()) == ["one", "two"]
     ran = [json.loads((tmp_path / name / "results.json").read_text()) for name in ("one", "two")]
-    assert [(r["config"]["tp"], r["config"]["world_size"]) for r in ran] == [(1, 1), (2, 2)]
+    assert [r["config"]["tp"] for r in ran] == [1, 2]
     assert len(ran[1]["samples"]) == len(ran[0]["samples"]) == 12  # 2 tasks x 2 samples x 3 conditions
     for got, want in zip(ran[1]["samples"], ran[0]["samples"]):
         for exact in ("task", "index", "method", "steps_by_kind", "prediction", "score"):
@@ -197,9 +197,9 @@ def test_profile_with_tp_writes_one_run_directory_that_records_the_ranks(tmp_pat
     assert done.stdout.count("wrote ") == 1
     assert [p.name for p in tmp_path.iterdir()] == ["run"]
     results = json.loads((out / "results.json").read_text())["results"]
-    assert (results["tp"], results["world_size"]) == (2, 2)
+    assert results["tp"] == 2
     assert set(results["by_kind"]) == {"fast", "slow"}
-    assert "Tensor parallel: tp 2, world size 2" in (out / "report.md").read_text()
+    assert "Tensor parallel: tp 2: each rank" in (out / "report.md").read_text()
 
 
 def test_env_with_tp_lists_each_ranks_device():

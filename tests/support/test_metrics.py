@@ -14,13 +14,10 @@ import torch
 
 from sfibench.core.device import available_device_memory
 from sfibench.metrics.bytes_model import (
-    achieved_bandwidth,
-    efficiency,
     embedding_gather_bytes,
     kv_append_bytes,
     kv_read_bytes,
     roofline_ratio,
-    roofline_seconds,
     step_bytes,
     weight_bytes,
 )
@@ -120,14 +117,6 @@ def test_roofline_ratio_by_hand():
     assert roofline_ratio(100, 50, 10, batch=2, n_slow=float("inf")) == pytest.approx(200 / 120)
     with pytest.raises(ValueError):
         roofline_ratio(100, 50, 10, batch=2, n_slow=0)
-
-
-def test_bandwidth_and_efficiency():
-    assert achieved_bandwidth(4e9, 2.0) == 2e9
-    assert roofline_seconds(4e9, 4e12) == pytest.approx(1e-3)
-    assert efficiency(1e-3, 4e-3) == 0.25
-    with pytest.raises(ValueError):
-        achieved_bandwidth(1.0, 0.0)
 
 
 # ---------------------------------------------------------------- stats
