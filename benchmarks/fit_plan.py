@@ -20,8 +20,9 @@ from sfibench import registry
 from sfibench.metrics.memory import GIB, planning_bytes
 from sfibench.models.presets import get_preset
 from sfibench.commands.options import parse_memory
-from sfibench.runners.throughput_measure import ThroughputConfig, method_specs
+from sfibench.runners.throughput_measure import method_specs
 from sfibench.runners.throughput_memory import capacity, planned_before_loading, shape_estimate
+from sfibench.runners.throughput_run import ThroughputRun
 
 DTYPE_BYTES = 2  # bfloat16, the GPU's default
 
@@ -35,7 +36,7 @@ def fitting_methods(model: str, context: int, batch: int, steps: int, planned: i
     """The methods whose run of `batch` x `context` fits `planned` bytes, and {method: GiB} of the others."""
     dims, kept, left_out = get_preset(model), [], {}
     for method in optimized_methods():
-        cfg = ThroughputConfig(model=model, contexts=[context], batches=[batch], methods=[method], steps=steps)
+        cfg = ThroughputRun(model=model, contexts=[context], batches=[batch], methods=[method], steps=steps)
         total = shape_estimate(dims, method_specs(cfg, context), batch, context + steps + 1, DTYPE_BYTES, True,
                                True, steps)["total"]
         if total <= planned:
@@ -49,7 +50,7 @@ def longest_context(model: str, batch: int, steps: int, planned: int) -> int:
     """The longest --ctx, in whole K (1,024 tokens), at which a run of every method at `batch` fits (0: none)."""
     dims = get_preset(model)
     longest = dims.max_context - steps
-    cfg = ThroughputConfig(model=model, contexts=[longest], batches=[batch], methods=optimized_methods(),
+    cfg = ThroughputRun(model=model, contexts=[longest], batches=[batch], methods=optimized_methods(),
                            steps=steps)
     (tokens,), _ = capacity(dims, method_specs(cfg, longest), DTYPE_BYTES, True, planned, steps, [batch], [])
     return tokens if tokens == longest else tokens // 1024 * 1024

@@ -133,8 +133,9 @@ def fits_table(kind: str, planned: int, room: str) -> Table:
     from sfibench.core.device_facts import DTYPE_BYTES, default_dtype
     from sfibench.metrics.memory import GIB, MARGIN
     from sfibench.models.presets import PRESETS
-    from sfibench.runners.throughput_measure import ThroughputConfig, method_specs
+    from sfibench.runners.throughput_measure import method_specs
     from sfibench.runners.throughput_memory import capacity
+    from sfibench.runners.throughput_run import ThroughputRun
 
     steps, paths = THROUGHPUT_STEPS[kind], ("reference", "optimized") if kind == "cuda" else ("reference",)
     methods = [(name, path) for name, path in registry.available() if path in paths]
@@ -148,7 +149,7 @@ def fits_table(kind: str, planned: int, room: str) -> Table:
                      "–: beyond the model's context")
     for dims in PRESETS.values():
         longest = dims.max_context - steps
-        cfg = ThroughputConfig(model=dims.name, contexts=[longest], batches=[1], methods=methods, steps=steps)
+        cfg = ThroughputRun(model=dims.name, contexts=[longest], batches=[1], methods=methods, steps=steps)
         prompts, sequences = capacity(dims, method_specs(cfg, longest), DTYPE_BYTES[default_dtype(kind)],
                                       kind == "cuda", planned, steps, list(FIT_BATCHES), [*FIT_CONTEXTS, longest])
         table.add_row(dims.name, *(f"{tokens:,}" for tokens in prompts),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -20,13 +21,13 @@ from sfibench.commands.sfi_options import ALL, SFISettings, sfi_options
 from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 from sfibench.engine.workspace import LENGTH_BUCKET
-from sfibench.models.shape import check_context_limit
+from sfibench.models.shape import check_context_limit, config_before_loading
+from sfibench.runners.throughput_run import ThroughputRun, resolve_contexts
 from sfibench.commands.options import (
     PREFILL_MODES,
     THROUGHPUT_STEPS,
     check_choice,
     check_device_needs,
-    check_memory_before_loading,
     check_path,
     check_shape_options,
     distinct_counts,
@@ -70,8 +71,6 @@ def throughput(
     sfi: SFISettings = SFISettings(),
 ):
     """Decode speed of every method: tok/s, ms/step by kind, GB/s against the measured roofline."""
-    from sfibench.models.presets import PRESETS
-
     with user_errors():
         # Every check before the runner's import needs no model and no measurement, and (where torch's build
         # says there is no GPU) no torch: a bad command fails at once. Options as given first, then the
@@ -99,38 +98,40 @@ def throughput(
         pinned = tuple(item.partition("/")[2] for item in method_list)
         check_tp(tp, bool(graphs))
         check_device_needs(device, "--paths", path_list + pinned, bool(graphs))
+        shape = config_before_loading(model)
+        check_context_limit(shape, [c for c in contexts if c != "max"], steps)
+        if shape is not None:  # --ctx max, once, from the shape (a GGUF file's once it loads)
+            contexts = resolve_contexts(contexts, shape.max_context, steps)
         known = [c for c in contexts if c != "max"]
-        check_context_limit(PRESETS.get(model), known, steps)
-        sfi_config = sfi.config()
+        run = ThroughputRun(model=model, device=device, dtype=dtype, contexts=tuple(contexts), batches=tuple(batches),
+                            methods=(), steps=steps, repeats=repeats, prefill=prefill,
+                            graphs=gpu and tp == 1 if graphs is None else graphs, length_bucket=length_bucket,
+                            dense_kernels=dense_kernels and gpu, k_head=sfi.k_head(), budget=given_budget,
+                            sfi=sfi.config(), out=out, overwrite=overwrite, threads=threads)
         for context in known:  # a percentage must give a token, and a budget must leave SFI room to select
-            sfi.k_head().resolve(context, "--k-head", at_most_context=False)
-            if given_budget is not None:
-                sfi_config.with_budget(given_budget.resolve(context, "--budget"))
-        # auto counts as synthetic here, the smaller prefill workspace: this check only refuses what cannot fit
-        check_memory_before_loading(model, batches, contexts, steps, device, dtype, synthetic_prefill=prefill != "real",
-                                    tp=tp)
+            run.sfi_at(context)
         if resume and overwrite:
             raise UsageError("--resume keeps the run in --out and --overwrite replaces it; give one of them")
         if not resume:
             run_as_ranks(tp)
-        from sfibench.runners.throughput import ThroughputRun, resolve_methods, run_throughput  # loads torch
+        from sfibench.runners.throughput import (  # loads torch
+            check_memory_before_loading,
+            resolve_methods,
+            resume_throughput,
+            run_throughput,
+        )
 
-        if not resolve_methods(method_list, path_list):
+        pairs = resolve_methods(method_list, path_list)
+        if not pairs:
             raise UsageError(f"--methods {methods} has no method registered on --paths {','.join(path_list)}; "
                              "pin one with name/path, e.g. full_kv/optimized")
-        run = ThroughputRun(model=model, device=device, dtype=dtype, contexts=tuple(contexts), batches=tuple(batches),
-                            methods=method_list, paths=path_list, steps=steps, repeats=repeats, prefill=prefill,
-                            graphs=gpu and tp == 1 if graphs is None else graphs, length_bucket=length_bucket,
-                            dense_kernels=dense_kernels and gpu, k_head=sfi.k_head(), budget=given_budget,
-                            sfi=sfi_config,
-                            out=out, overwrite=overwrite, threads=threads)
+        run = replace(run, methods=tuple(pairs))
         if order_note:
             console.print(order_note, highlight=False)
         if resume:
-            from sfibench.runners.throughput import resume_throughput
-
             run_dir = resume_throughput(run, console)
         else:
+            check_memory_before_loading(run)  # the run's one memory check, before the model loads
             run_dir = run_throughput(run, console)
         if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
             return

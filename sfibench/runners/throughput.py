@@ -1,20 +1,20 @@
 """`sfibench throughput` run: claim the folder, measure every method, write results.json, render.
 
-The command (commands/throughput.py) has checked every option and resolved the device defaults. Whether
-every (context, batch) fits with the run's methods is checked here from the model's shape, before the run
-directory is claimed or a weight allocated; what needs the loaded model (a GGUF file's shape, a
-checkpoint's own context limit) after the directory is claimed and before anything is measured.
+The command (commands/throughput.py) has built and checked the run (runners/throughput_run.ThroughputRun):
+every option, the device defaults, `--ctx max` where the model's shape is known, and with
+`check_memory_before_loading` whether every (context, batch) fits with the run's methods. What needs the
+loaded model (a GGUF file's shape and limit, a checkpoint's own context limit) is checked here after the
+directory is claimed and before anything is measured.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from rich.console import Console
 
-from sfibench.core.budget import Budget, budget_record
 from sfibench.core.device import idle_cores_only, resolve_device
 from sfibench.core.errors import RunInterrupted
 from sfibench.core.provenance import provenance
@@ -29,7 +29,6 @@ from sfibench.reporting.results import read_results, write_results
 from sfibench.reporting.run_files import check_same_settings
 from sfibench.reporting.run_dir import claimed_run_dir
 from sfibench.runners.throughput_measure import (
-    ThroughputConfig,
     add_comparisons,
     check_before_loading,
     largest_batch,
@@ -37,32 +36,7 @@ from sfibench.runners.throughput_measure import (
     method_specs,
 )
 from sfibench.runners.throughput_memory import planned_before_loading
-from sfibench.sfi.config import SFIConfig
-
-
-@dataclass(frozen=True)
-class ThroughputRun:
-    """Everything `sfibench throughput` runs with, checked by the command (commands/throughput.py)."""
-
-    model: str
-    device: str
-    dtype: str
-    contexts: tuple[int | str, ...]  # tokens, or "max": the model's limit minus `steps`, known once it loads
-    batches: tuple[int | str, ...]  # counts, or "max": the largest batch that fits at the longest context
-    methods: tuple[str, ...]  # names, or name/path to pin one path
-    paths: tuple[str, ...]
-    steps: int
-    repeats: int
-    prefill: str  # one of options.PREFILL_MODES
-    graphs: bool
-    length_bucket: int
-    dense_kernels: bool
-    k_head: Budget  # SFI's selected tokens per KV head; a percentage is resolved at each context
-    sfi: SFIConfig  # SFI's other settings (its k_head is replaced by `k_head` resolved, or set by `budget`)
-    out: Path | None = None
-    overwrite: bool = False
-    threads: int | None = None  # torch's CPU threads; None: idle_cores_only's choice
-    budget: Budget | None = None  # every method's tokens read per (layer, KV head), SFI's by its budget rule
+from sfibench.runners.throughput_run import ThroughputRun, resolve_contexts
 
 
 def _pdl_state() -> str:
@@ -88,35 +62,25 @@ def resolve_methods(methods: tuple[str, ...], paths: tuple[str, ...]) -> list[tu
     return list(dict.fromkeys(pairs))
 
 
-def sfi_at(run: ThroughputRun, context: int) -> SFIConfig:
-    """SFI's settings at `context`: by its budget rule at `run.budget` where one is given, else with its k_head
-    resolved (a percentage gives each context its own)."""
-    if run.budget is not None:
-        return run.sfi.with_budget(run.budget.resolve(context, "--budget"))
-    return replace(run.sfi, k_head=run.k_head.resolve(context, "--k-head", at_most_context=False))
-
-
-def planned_rows(cfg: ThroughputConfig, run: ThroughputRun) -> int:
+def planned_rows(run: ThroughputRun) -> int:
     """How many rows the whole run measures: every method spec at every (context, batch)."""
-    return len(cfg.batches) * sum(len(method_specs(replace(cfg, sfi=sfi_at(run, c)), c)) for c in cfg.contexts)
+    return len(run.batches) * sum(len(method_specs(run.at(c), c)) for c in run.contexts)
 
 
-def measure_at_k_head(session: Session, cfg: ThroughputConfig, run: ThroughputRun, progress,
-                      earlier: list[dict] = ()) -> list[dict]:
-    """measure_all with SFI's settings at each context (sfi_at): where a percentage gives each context its
-    own, the contexts that share one are measured together (a token count: all of them, in one call). Rows
-    `earlier` holds (a resumed run's) are kept, not measured again."""
-    def at(context: int) -> ThroughputConfig:
-        return replace(cfg, sfi=sfi_at(run, context))
-
-    longest = max(cfg.contexts)  # "max" batches are sized where the cache is largest, and used at every context
-    batches = [largest_batch(session, at(longest), longest) if b == "max" else int(b) for b in cfg.batches]
-    groups: dict[int, list[int]] = {}
-    for context in cfg.contexts:
-        groups.setdefault(at(context).sfi, []).append(context)
+def measure_at_each_budget(session: Session, run: ThroughputRun, progress, earlier: list[dict] = ()) -> list[dict]:
+    """measure_all with the budget reference's settings at each context (ThroughputRun.at): where a percentage
+    gives each context its own, the contexts that share one are measured together (a token count: all of them,
+    in one call). "max" batches are resolved here, once. Rows `earlier` holds (a resumed run's) are kept, not
+    measured again."""
+    longest = max(run.contexts)  # "max" batches are sized where the cache is largest, and used at every context
+    batches = tuple(largest_batch(session, run.at(longest), longest) if b == "max" else int(b) for b in run.batches)
+    groups: dict = {}
+    for context in run.contexts:
+        groups.setdefault(run.sfi_at(context), []).append(context)
     rows = []
     for contexts in groups.values():
-        rows += measure_all(session, replace(at(contexts[0]), contexts=contexts, batches=batches), progress, earlier)
+        rows += measure_all(session, replace(run.at(contexts[0]), contexts=tuple(contexts), batches=batches),
+                            progress, earlier)
     return rows
 
 
@@ -137,22 +101,19 @@ def dense_kernel_check(session: Session, contexts: list[int], batches: list[int]
 
 
 def check_memory_before_loading(run: ThroughputRun) -> None:
-    """Every (context, batch) of the run, with its methods, against the device's memory by the estimate from
-    the model's shape (a preset's or a checkpoint's config.json), before any weight is allocated or the run
-    directory claimed. A GGUF file's shape is known once it loads: prepare_cache checks each shape then."""
+    """The run's one memory check before loading (the command calls it, and a resumed run before measuring
+    what it lacks): every (context, batch), with its methods, against the device's memory by the estimate
+    from the model's shape (a preset's or a checkpoint's config.json), before any weight is allocated or the
+    run directory claimed. A GGUF file's shape is known once it loads: prepare_cache checks each shape then."""
     dims = config_before_loading(run.model)
     if dims is None:
         return
     dims = dims.rank_share(launched_ranks())  # under tensor parallelism, what one rank holds
     device = rank_device(resolve_device(run.device))
     dtype_bytes = DTYPE_BYTES[default_dtype(device.type) if run.dtype == "auto" else run.dtype]
-    contexts = [dims.max_context - run.steps if c == "max" else c for c in run.contexts]
-    cfg = ThroughputConfig(model=dims.name, contexts=contexts, batches=list(run.batches), steps=run.steps,
-                           methods=resolve_methods(run.methods, run.paths), prefill=run.prefill)
     planned = planned_before_loading(device)
-    for context in contexts:
-        check_before_loading(replace(cfg, sfi=sfi_at(run, context)), context, dims, dtype_bytes,
-                             device.type == "cuda", planned)
+    for context in run.contexts:  # "max" was resolved from the same shape
+        check_before_loading(run.at(context), context, dims, dtype_bytes, device.type == "cuda", planned)
 
 
 def recorded_settings(run: ThroughputRun) -> dict:
@@ -163,30 +124,15 @@ def recorded_settings(run: ThroughputRun) -> dict:
     from sfibench.reporting.results import to_jsonable
 
     name = PRESETS[run.model].name if run.model in PRESETS else None
-    settings = to_jsonable(run_config(run, name, list(run.contexts), resolve_methods(run.methods, run.paths)))
+    settings = to_jsonable(run.record(name))
     unknown = {"model": name is None, "contexts": "max" in run.contexts, "batches": "max" in run.batches}
     return {key: value for key, value in settings.items() if not unknown.get(key)}
-
-
-def run_config(run: ThroughputRun, model: str | None, contexts: list, pairs: list) -> ThroughputConfig:
-    """results.json's config of `run`: its budgets as results.json records them (a percentage as written). With
-    --budget SFI's k_head and recent window are the budget rule's: recorded where whole tokens fix them."""
-    if run.budget is None:
-        sfi, budget = replace(run.sfi, k_head=budget_record(run.k_head)), None
-    elif run.budget.tokens is not None:
-        sfi, budget = run.sfi.with_budget(run.budget.tokens), run.budget.tokens
-    else:  # each context its own k_head and window
-        sfi, budget = replace(run.sfi, k_head=None, n_recent=None), budget_record(run.budget)
-    return ThroughputConfig(model=model, contexts=contexts, batches=list(run.batches), methods=pairs, steps=run.steps,
-                            repeats=run.repeats, prefill=run.prefill, graphs=run.graphs,
-                            length_bucket=run.length_bucket, sfi=sfi, budget=budget)
 
 
 def run_throughput(run: ThroughputRun, console: Console) -> Path | None:
     """Run the benchmark into a claimed run directory and return it (results.json, plots, report.md). Under
     tensor parallelism every rank measures (their collectives keep them in step) and rank 0 alone claims,
     writes and returns the directory; the other ranks return None."""
-    check_memory_before_loading(run)
     with ranks(rank_device(resolve_device(run.device))) as parallel:
         if not parallel.is_main:
             measure(run, Session.open(run.model, run.device, run.dtype, parallel=parallel), Console(quiet=True))
@@ -215,7 +161,7 @@ def resume_throughput(run: ThroughputRun, console: Console) -> Path:
     return run_dir
 
 
-def save(run_dir: Path, cfg: ThroughputConfig, results: dict, ran_with: dict) -> None:
+def save(run_dir: Path, cfg: dict, results: dict, ran_with: dict) -> None:
     """Write results.json and draw the report; a stopped run then stops the command, saying what it kept and
     how to continue."""
     write_results(run_dir, "throughput", cfg, results, provenance_info=ran_with)
@@ -228,7 +174,7 @@ def save(run_dir: Path, cfg: ThroughputConfig, results: dict, ran_with: dict) ->
 
 
 def measure(run: ThroughputRun, session: Session, console: Console,
-            earlier: list[dict] = ()) -> tuple[ThroughputConfig, dict, dict]:
+            earlier: list[dict] = ()) -> tuple[dict, dict, dict]:
     """Every method at every shape of the run: results.json's config, results and provenance (taken while the
     steps' thread count holds). Rows `earlier` holds (a resumed run's) are kept, not measured again. Ctrl-C or
     SIGTERM after a row finished stops the measuring and returns what finished, `complete` False (before any
@@ -236,13 +182,13 @@ def measure(run: ThroughputRun, session: Session, console: Console,
     with idle_cores_only(session.device, run.threads):  # a busy core would stall every step's threads
         steps = run.steps
         check_context_limit(session.loaded.config, [c for c in run.contexts if c != "max"], steps)
-        contexts = [session.max_tokens - steps if c == "max" else c for c in run.contexts]
-        pairs = resolve_methods(run.methods, run.paths)
-        batches = list(run.batches)
-        cfg = run_config(run, session.loaded.config.name, contexts, pairs)
+        if "max" in run.contexts:  # a GGUF file, whose limit is known only now it has loaded
+            run = replace(run, contexts=resolve_contexts(run.contexts, session.max_tokens, steps))
+        contexts = list(run.contexts)
+        cfg = run.record(session.loaded.config.name)
         bandwidth = measure_copy_bandwidth(session.device)
-        console.print(f"copy bandwidth {bandwidth / 1e9:,.0f} GB/s on {session.device}; {len(pairs)} methods, "
-                      f"contexts {contexts}, batches {batches}, {steps} steps x {run.repeats} repeats")
+        console.print(f"copy bandwidth {bandwidth / 1e9:,.0f} GB/s on {session.device}; {len(run.methods)} methods, "
+                      f"contexts {contexts}, batches {list(run.batches)}, {steps} steps x {run.repeats} repeats")
 
         rows: list[dict] = []
 
@@ -252,16 +198,16 @@ def measure(run: ThroughputRun, session: Session, console: Console,
                           f"{row['tokens_per_s']:,.1f} tok/s")
 
         try:
-            measure_at_k_head(session, cfg, run, progress, earlier)
+            measure_at_each_budget(session, run, progress, earlier)
             complete = True
         except KeyboardInterrupt:
             if not rows:
                 raise  # nothing finished: the claimed directory is removed on the way out
             complete = False
-        add_comparisons(rows, cfg, session.loaded.config, session.cache_dtype_bytes, bandwidth)
+        add_comparisons(rows, run, session.loaded.config, session.cache_dtype_bytes, bandwidth)
         results = {
             # a stopped run keeps every finished row; `--resume` measures the rest
-            "complete": complete, "progress": {"rows": len(rows), "planned": planned_rows(cfg, run)},
+            "complete": complete, "progress": {"rows": len(rows), "planned": planned_rows(run)},
             "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
             "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
             # the kernels the loaded model decodes with, chosen when it was loaded (models/fused.DecodeKernels)

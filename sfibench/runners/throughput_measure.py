@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -19,11 +18,10 @@ from sfibench.core.progress import starting
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
-from sfibench.engine.method import MethodConfig, MethodSpec
+from sfibench.engine.method import MethodSpec
 from sfibench.engine.prefill import Prefilled, prefill
 from sfibench.engine.session import Session
 from sfibench.engine.synthetic import synthetic_prefill
-from sfibench.engine.workspace import LENGTH_BUCKET
 from sfibench.metrics.bytes_model import kv_read_bytes, roofline_ratio, step_bytes
 from sfibench.metrics.floor import all_reduce_seconds, weights_floor_seconds
 from sfibench.metrics.memory import EVIDENCE_ROWS, MemoryEstimateError, memory_record
@@ -37,27 +35,13 @@ from sfibench.runners.throughput_memory import (
     planned_bytes,
     run_estimate,
 )
+from sfibench.runners.throughput_run import ThroughputRun
 from sfibench.workloads.replay import load_replay, step_inputs, take_rows
 
 MAX_REDONE = 3  # timed passes run again because they had to capture a graph (measure)
 
 
-@dataclass
-class ThroughputConfig:
-    model: str
-    contexts: list[int]
-    batches: list[int | str]  # ints, or "max": the largest batch that fits at the longest context
-    methods: list[tuple[str, str]]  # (method, path)
-    steps: int
-    repeats: int = 3
-    prefill: str = "auto"  # real | synthetic | auto (synthetic from 16K tokens)
-    graphs: bool = True
-    length_bucket: int = LENGTH_BUCKET
-    sfi: MethodConfig = field(default_factory=lambda: registry.default_config(registry.BUDGET_REFERENCE))
-    budget: int | str | None = None  # --budget as given (None: every method at the budget reference's tokens)
-
-
-def method_specs(cfg: ThroughputConfig, context: int) -> list[MethodSpec]:
+def method_specs(cfg: ThroughputRun, context: int) -> list[MethodSpec]:
     """Every method at the budget reference's tokens read (SFI's right after a refresh): equal budgets, not
     nominal ratios. `cfg.sfi` holds the budget reference's settings; every other method takes its own
     settings at that budget. A method may time several variants on a path (the optimized SFI: its Selector
@@ -70,7 +54,7 @@ def method_specs(cfg: ThroughputConfig, context: int) -> list[MethodSpec]:
     return specs
 
 
-def largest_batch(session: Session, cfg: ThroughputConfig, context: int) -> int:
+def largest_batch(session: Session, cfg: ThroughputRun, context: int) -> int:
     """The largest batch whose memory estimate fits at `context` (runners/throughput_memory.py); refused
     with the one-line error before anything is allocated where not even one sequence fits."""
     max_seq = context + cfg.steps + 1
@@ -82,7 +66,7 @@ def largest_batch(session: Session, cfg: ThroughputConfig, context: int) -> int:
     return batch
 
 
-def check_before_loading(cfg: ThroughputConfig, context: int, dims, dtype_bytes: int, gpu: bool,
+def check_before_loading(cfg: ThroughputRun, context: int, dims, dtype_bytes: int, gpu: bool,
                          planned: int) -> None:
     """Refuse, from the model's shape `dims` alone (no weight allocated yet), each batch of `cfg` at `context`
     whose estimate with the run's methods exceeds `planned` bytes: the one-line MemoryEstimateError names
@@ -98,11 +82,11 @@ def _check_session_fits(session: Session, specs: list[MethodSpec], batch: int, m
                      session.device.type == "cuda", planned_bytes(session), steps)
 
 
-def _synthetic(cfg: ThroughputConfig, context: int) -> bool:
+def _synthetic(cfg: ThroughputRun, context: int) -> bool:
     return cfg.prefill == "synthetic" or (cfg.prefill == "auto" and context >= 16384)
 
 
-def prepare_cache(session: Session, cfg: ThroughputConfig, context: int, batch: int, stream: torch.Tensor,
+def prepare_cache(session: Session, cfg: ThroughputRun, context: int, batch: int, stream: torch.Tensor,
                   seed: int) -> tuple[Prefilled, bool, float]:
     """Allocate (after checking it fits) and prefill.
 
@@ -139,7 +123,7 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: ThroughputConfig,
+def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: ThroughputRun,
             inputs: torch.Tensor, tokenizer, context: int) -> dict:
     """Decode `cfg.steps` teacher-forced steps per pass; one warm pass, then `cfg.repeats` timed ones.
     `inputs [cfg.steps + 1, B]`: step i's tokens are row i (replay.step_inputs)."""
@@ -197,7 +181,7 @@ def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: Throu
     return summarize(session, spec, cfg, facts, runner, method)
 
 
-def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: dict, runner: StepDriver,
+def summarize(session: Session, spec: MethodSpec, cfg: ThroughputRun, facts: dict, runner: StepDriver,
               method) -> dict:
     """Turn one method's timed passes into the row of the report (see module docstring)."""
     passes, kinds, read_sums, energy = facts["passes"], facts["kinds"], facts["read_sums"], facts["energy"]
@@ -241,7 +225,7 @@ def summarize(session: Session, spec: MethodSpec, cfg: ThroughputConfig, facts: 
     }
 
 
-def add_comparisons(rows: list[dict], cfg: ThroughputConfig, dims, dtype_bytes: int, bandwidth: float) -> None:
+def add_comparisons(rows: list[dict], cfg: ThroughputRun, dims, dtype_bytes: int, bandwidth: float) -> None:
     """Speedup vs the fastest Full-KV path at the same shape, roofline efficiency and ratio, step floors.
 
     `speedup_supported` records reporting/speedup_claims.py's rule (the tok/s ranges over the passes apart),
@@ -268,7 +252,7 @@ def add_comparisons(rows: list[dict], cfg: ThroughputConfig, dims, dtype_bytes: 
             row["roofline_speedup"] = roofline_ratio(w, kv_full, kv_sparse, row["batch"], interval)
 
 
-def measure_all(session: Session, cfg: ThroughputConfig, progress=None, earlier: list[dict] = ()) -> list[dict]:
+def measure_all(session: Session, cfg: ThroughputRun, progress=None, earlier: list[dict] = ()) -> list[dict]:
     """One row per (context, batch, method spec): the rows results.json holds, before add_comparisons.
 
     `progress(row)` is told of each row as it is finished, so a stopped run keeps every one. A row `earlier`
@@ -302,7 +286,7 @@ def finished_row(earlier, spec: MethodSpec, context: int, batch: int) -> dict | 
                  (spec.name, spec.path, context, batch) and all(r.get(k) == v for k, v in facts.items())), None)
 
 
-def measure_shape(session: Session, cfg: ThroughputConfig, context: int, batch: int, stream: torch.Tensor,
+def measure_shape(session: Session, cfg: ThroughputRun, context: int, batch: int, stream: torch.Tensor,
                   tokenizer, earlier=()):
     """Prefill one (context, batch) and yield a row per method spec (a row `earlier` holds as it is). Its
     snapshot and inputs live only here, so the next shape's prefill starts with nothing of this one's

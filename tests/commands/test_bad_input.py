@@ -68,7 +68,8 @@ BAD_INPUT = {
     # counts and lists
     "batch zero": (["throughput", "--batch", "0"], "--batch '0' is not a whole number >= 1"),
     "batch word": (["throughput", "--batch", "abc"], "--batch 'abc' is not a whole number >= 1"),
-    # memory, estimated from the preset's shape before the model loads or anything is measured
+    # memory, estimated from the preset's shape before the model loads or anything is measured (throughput's with
+    # its methods' state, so after the methods' modules load)
     "throughput batch beyond memory": (["throughput", "--batch", "100000"], "lower the batch size"),
     "throughput batch beyond memory at max": (["throughput", "--batch", "1,100000", "--ctx", "1k,max"],
                                               "lower the batch size"),
@@ -189,7 +190,6 @@ NO_TORCH = {
     "repeated batch": (["throughput", "--batch", "2,2"], "--batch gives 2 more than once"),
     "unknown method": (["throughput", "--methods", "h2o"], "unknown method 'h2o'; valid methods:"),
     "unknown pinned path": (["throughput", "--methods", "sfi/gpu"], "--methods sfi/gpu: there is no 'gpu' path"),
-    "batch beyond memory": (["throughput", "--batch", "100000", "--device", "cpu"], "lower the batch size"),
     "optimized on a cpu": (["throughput", "--paths", "optimized", "--device", "cpu"],
                            "--paths optimized runs Triton kernels and needs a CUDA device"),
     "graphs on a cpu": (["throughput", "--graphs", "--device", "cpu"], "--graphs needs a CUDA device"),

@@ -18,7 +18,8 @@ from sfibench.metrics.nvml import energy_per_token
 from sfibench.commands.options import parse_tokens
 from sfibench.reporting.throughput_report import latency_energy_rows
 from sfibench.runners.throughput import resolve_methods
-from sfibench.runners.throughput_measure import ThroughputConfig, measure_all, prepare_cache
+from sfibench.runners.throughput_measure import measure_all, prepare_cache
+from sfibench.runners.throughput_run import ThroughputRun
 from sfibench.sfi.config import SFIConfig, TriggerConfig
 from sfibench.workloads.replay import ReplayTokenizer, load_replay, take, take_rows
 
@@ -53,7 +54,7 @@ def test_speedup_is_claimed_only_where_the_run_supports_it(sparse_read, sparse_t
 
     dims = Session.open("tiny-llama", "cpu").loaded.config
     rows = [_row("full_kv", [10.0, 11.0, 12.0], 4096), _row("streaming_llm", sparse_tok_s, sparse_read)]
-    cfg = ThroughputConfig(model="tiny-llama", contexts=[4096], batches=[1], methods=[], steps=8)
+    cfg = ThroughputRun(model="tiny-llama", contexts=[4096], batches=[1], methods=[], steps=8)
     add_comparisons(rows, cfg, dims, 4, bandwidth=1e10)
     assert rows[1]["speedup_supported"] is supported
     # every sparse row gets its roofline speedup; K and V of a token: 2 layers x 2 KV heads x 2 x 16 dims x 4 bytes
@@ -81,7 +82,7 @@ def test_synthetic_prefill_fills_exactly_the_context():
 
 def test_tiny_run_reports_consistent_numbers():
     session = Session.open("tiny-qwen3", "cpu")
-    cfg = ThroughputConfig(model="tiny-qwen3", contexts=[2900], batches=[2],
+    cfg = ThroughputRun(model="tiny-qwen3", contexts=[2900], batches=[2],
                            methods=[("full_kv", "reference"), ("sfi", "reference")], steps=40, repeats=2,
                            graphs=False)
     rows = measure_all(session, cfg)
@@ -113,7 +114,7 @@ def test_a_timed_pass_that_captured_a_graph_is_run_again(monkeypatch):
 
     monkeypatch.setattr(throughput_measure, "StepDriver", CapturesInFirstTimedPass)
     session = Session.open("tiny-qwen3", "cpu")
-    cfg = ThroughputConfig(model="tiny-qwen3", contexts=[600], batches=[1], methods=[("full_kv", "reference")],
+    cfg = ThroughputRun(model="tiny-qwen3", contexts=[600], batches=[1], methods=[("full_kv", "reference")],
                            steps=12, repeats=2, graphs=False)
     row = measure_all(session, cfg)[0]
     assert CapturesInFirstTimedPass.starts == 4  # warm-up, the discarded pass, two kept ones
@@ -136,7 +137,7 @@ def test_each_step_is_fed_a_contiguous_row_of_its_own_tokens(monkeypatch):
 
     monkeypatch.setattr(throughput_measure, "StepDriver", Recording)
     session = Session.open("tiny-qwen3", "cpu")
-    cfg = ThroughputConfig(model="tiny-qwen3", contexts=[600], batches=[3], methods=[("full_kv", "reference")],
+    cfg = ThroughputRun(model="tiny-qwen3", contexts=[600], batches=[3], methods=[("full_kv", "reference")],
                            steps=5, repeats=1, graphs=False)
     measure_all(session, cfg)
     stream, _ = load_replay(session.loaded.config.vocab_size, session.loaded.tokenizer)
@@ -154,7 +155,7 @@ def test_refresh_bytes_follow_layer_groups():
     refresh = {}
     for groups in (1, 2):
         sfi = SFIConfig(layer_groups=groups, trigger=TriggerConfig(policy="fixed", interval=8))
-        cfg = ThroughputConfig(model="tiny-qwen3", contexts=[2900], batches=[1], methods=[("sfi", "reference")],
+        cfg = ThroughputRun(model="tiny-qwen3", contexts=[2900], batches=[1], methods=[("sfi", "reference")],
                                steps=40, repeats=1, graphs=False, sfi=sfi)
         row = measure_all(session, cfg)[0]
         assert row["slow_steps"] > 0
@@ -166,7 +167,7 @@ def test_refresh_bytes_follow_layer_groups():
 def test_memory_estimate_refuses_before_allocating():
     session = Session.open("qwen3-0.6b", "cpu", dtype="bfloat16")
     with pytest.raises(MemoryEstimateError, match="fits"):
-        cfg = ThroughputConfig(model="qwen3-0.6b", contexts=[131072], batches=[64], methods=[("full_kv", "reference")],
+        cfg = ThroughputRun(model="qwen3-0.6b", contexts=[131072], batches=[64], methods=[("full_kv", "reference")],
                                steps=8, prefill="synthetic")
         prepare_cache(session, cfg, 131072, 64, torch.arange(10), seed=0)
     assert session.cache is None

@@ -30,8 +30,9 @@ from sfibench.metrics.memory import (
 )
 from sfibench.models.presets import get_preset
 from sfibench.runners import throughput as throughput_runner
-from sfibench.runners.throughput import ThroughputRun, run_throughput
-from sfibench.runners.throughput_measure import ThroughputConfig, measure, method_specs, prepare_cache
+from sfibench.runners.throughput import run_throughput
+from sfibench.runners.throughput_run import ThroughputRun
+from sfibench.runners.throughput_measure import measure, method_specs, prepare_cache
 from sfibench.runners.throughput_memory import method_bytes, run_estimate
 from sfibench.sfi.config import SFIConfig
 from sfibench.workloads.replay import load_replay, step_inputs, take_rows
@@ -81,7 +82,7 @@ def test_the_largest_batch_at_128k_on_an_h200(model, expected):
     qwen3-0.6b, 1.7b (9) and 14b (5) the optimized SFI's per-token state (a float32 evidence row per query
     head and slot, beside two compact K/V buffers per layer) takes one sequence's room."""
     dims = get_preset(model)
-    cfg = ThroughputConfig(model=model, contexts=[LONGEST], batches=["max"], steps=STEPS,
+    cfg = ThroughputRun(model=model, contexts=[LONGEST], batches=["max"], steps=STEPS,
                            methods=[(name, path) for name, path in registry.available() if name in FAMILY_METHODS])
     specs, slots = method_specs(cfg, LONGEST), LONGEST + STEPS + 1
 
@@ -116,9 +117,10 @@ def test_a_shape_that_does_not_fit_is_one_line_naming_what_fits():
 
 
 def h200_run(tmp_path, batch: int) -> ThroughputRun:
-    """qwen3-32b at `--ctx max` of every registered method's optimized path, in bfloat16."""
-    return ThroughputRun(model="qwen3-32b", device="cpu", dtype="bfloat16", contexts=("max",), batches=(batch,),
-                         methods=tuple(registry.names()), paths=("optimized",), steps=STEPS, repeats=1,
+    """qwen3-32b at `--ctx max` (as the command resolves it) of every registered method's optimized path, in
+    bfloat16."""
+    return ThroughputRun(model="qwen3-32b", device="cpu", dtype="bfloat16", contexts=(LONGEST,), batches=(batch,),
+                         methods=tuple((name, "optimized") for name in registry.names()), steps=STEPS, repeats=1,
                          prefill="auto", graphs=False, length_bucket=256, dense_kernels=False,
                          k_head=Budget(tokens=SFIConfig.k_head), sfi=SFIConfig(), out=tmp_path / "run")
 
@@ -131,13 +133,13 @@ def test_qwen3_32b_at_128k_batch_8_is_refused_before_any_weight_is_allocated(tmp
     planned = planning_bytes(H200_BYTES, H200_BYTES)
     monkeypatch.setattr(throughput_runner, "planned_before_loading", lambda device: planned)
     with pytest.raises(MemoryEstimateError) as info:
-        run_throughput(h200_run(tmp_path, 8), Console(file=io.StringIO()))
+        throughput_runner.check_memory_before_loading(h200_run(tmp_path, 8))
     message, slots = str(info.value), LONGEST + STEPS + 1
     assert "\n" not in message and f"batch 8 x {slots:,} tokens" in message  # thousands separated
     fits = re.search(r"What fits: batch ([\d,]+) at ([\d,]+) tokens or ([\d,]+) tokens at batch 8\. Fix: ", message)
     assert fits and int(fits[2].replace(",", "")) == slots, message
     dims = get_preset("qwen3-32b")
-    specs = method_specs(ThroughputConfig(model="qwen3-32b", contexts=[LONGEST], batches=[8], steps=STEPS,
+    specs = method_specs(ThroughputRun(model="qwen3-32b", contexts=[LONGEST], batches=[8], steps=STEPS,
                                           methods=[(name, "optimized") for name in registry.names()]), LONGEST)
 
     def total(batch, max_seq):
@@ -148,7 +150,8 @@ def test_qwen3_32b_at_128k_batch_8_is_refused_before_any_weight_is_allocated(tmp
     assert total(batch, slots) <= planned < total(batch + 1, slots)
     assert total(8, tokens) <= planned < total(8, tokens + 1)
     assert not (tmp_path / "run").exists()
-    with pytest.raises(ModelLoaded):  # batch 1 fits: the run goes on to load the model
+    throughput_runner.check_memory_before_loading(h200_run(tmp_path, 1))  # batch 1 fits
+    with pytest.raises(ModelLoaded):  # and the run goes on to load the model
         run_throughput(h200_run(tmp_path, 1), Console(file=io.StringIO()))
 
 
@@ -166,7 +169,7 @@ def test_models_prints_what_fits_in_a_named_memory_without_the_device():
     for name, cells in lines.items():
         dims = get_preset(name)
         longest = dims.max_context - steps
-        specs = method_specs(ThroughputConfig(model=name, contexts=[longest], batches=[1], methods=methods,
+        specs = method_specs(ThroughputRun(model=name, contexts=[longest], batches=[1], methods=methods,
                                               steps=steps), longest)
 
         def fits(batch, context):
@@ -191,7 +194,7 @@ def test_the_family_scripts_fit_plan_asks_only_for_what_fits(capsys):
     planned, steps = planning_bytes(H200_BYTES, H200_BYTES), 64
 
     def fits(model, method, context, batch):
-        cfg = ThroughputConfig(model=model, contexts=[context], batches=[batch], methods=[method], steps=steps)
+        cfg = ThroughputRun(model=model, contexts=[context], batches=[batch], methods=[method], steps=steps)
         specs, dims = method_specs(cfg, context), get_preset(model)
         return estimate_memory(dims, batch, context + steps + 1, 2, gpu=True, steps=steps,
                                **method_bytes(specs, dims, 2, batch, context + steps + 1, steps))["total"] <= planned
@@ -227,7 +230,7 @@ def test_the_estimate_is_the_cpu_allocators_peak(model, prefill, context, batch,
     own MethodConfig. The optimized paths run Triton's interpreter here, whose buffers are not the GPU's;
     the GPU test (tests/support/test_memory_gpu.py) checks those."""
     session = Session.open(model, "cpu", dtype="float32")
-    cfg = ThroughputConfig(model=model, contexts=[context], batches=[batch], methods=[(name, path)],
+    cfg = ThroughputRun(model=model, contexts=[context], batches=[batch], methods=[(name, path)],
                            steps=8, repeats=1, prefill=prefill, graphs=False)
     stream, tokenizer = load_replay(session.loaded.config.vocab_size, session.loaded.tokenizer)
     inputs = step_inputs(take_rows(stream, context, batch, cfg.steps + 1), session.device)

@@ -8,7 +8,8 @@ import torch
 
 from sfibench import registry
 from sfibench.engine.session import Session
-from sfibench.runners.throughput_measure import ThroughputConfig, measure_all
+from sfibench.runners.throughput_measure import measure_all
+from sfibench.runners.throughput_run import ThroughputRun
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_every_methods_peak_is_its_estimate(model):
     session = Session.open(model, "cuda")
     methods = [(name, "optimized") for name in registry.names() if (name, "optimized") in registry.available()]
-    cfg = ThroughputConfig(model=model, contexts=[16384], batches=[2], methods=methods, steps=32, repeats=1,
+    cfg = ThroughputRun(model=model, contexts=[16384], batches=[2], methods=methods, steps=32, repeats=1,
                            prefill="synthetic")
     rows = measure_all(session, cfg)
     assert rows
@@ -32,7 +33,7 @@ def test_a_real_prefills_peak_is_its_estimate():
     the snapshot and a chunk's transients) is what the estimate plans for that phase, within 10%. The second
     shape's peak is its own: the first shape's larger cache is freed before it is counted."""
     session = Session.open("qwen3-0.6b", "cuda")
-    cfg = ThroughputConfig(model="qwen3-0.6b", contexts=[8192], batches=[4, 1], methods=[("full_kv", "optimized")],
+    cfg = ThroughputRun(model="qwen3-0.6b", contexts=[8192], batches=[4, 1], methods=[("full_kv", "optimized")],
                            steps=32, repeats=1, prefill="real")
     rows = measure_all(session, cfg)
     assert [row["batch"] for row in rows] == [4, 1]
