@@ -171,10 +171,17 @@ def docs_example() -> str:
     return next(block for block in blocks if "sfibench.hf.apply(" in block)
 
 
+class PrintableBytes(ByteTokenizer):
+    """The tiny models' byte tokenizer with the `batch_decode` the page prints the answers through."""
+
+    def batch_decode(self, rows, skip_special_tokens: bool = False) -> list[str]:
+        return [self.decode(row.tolist()) for row in rows]
+
+
 def test_the_docs_example_runs_as_written():
     loaded = load_model("tiny-llama")
     model, inputs = hf_twin(loaded.model), left_padded(PROMPTS)
-    namespace = {"model": model, "tokenizer": ByteTokenizer(), "inputs": inputs}
+    namespace = {"model": model, "tokenizer": PrintableBytes(), "inputs": inputs}
     exec(docs_example(), namespace)  # noqa: S102  (the page's code, run as a reader runs it)
     context = inputs["input_ids"].shape[1]
     new = namespace["output"][:, context:]
