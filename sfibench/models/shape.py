@@ -13,9 +13,9 @@ PROFILE_MARGIN = 8
 
 
 def config_before_loading(model: str):
-    """The model's shape without loading it: a preset's, or a checkpoint directory's config.json (a damaged one
-    is refused in one line now); None for a .gguf file, whose shape is known only once transformers reads it,
-    and for a directory without config.json, which the loader refuses."""
+    """The model's shape without loading it: a preset's, or a checkpoint directory's config.json (a damaged
+    one is refused in one line now); None for a .gguf file, whose shape is known only once transformers reads
+    it, and for a directory without config.json, which the loader refuses."""
     from sfibench.models.presets import PRESETS
 
     if model in PRESETS:
@@ -39,6 +39,6 @@ def check_context_limit(config, contexts: list[int], decode: int) -> None:
                          f"{config.max_context:,} tokens; lower --steps")
     for context in contexts:
         if context + decode > config.max_context:
-            raise UsageError(f"--ctx {context:,} plus {decode} decode tokens exceeds {config.name}'s limit of "
-                             f"{config.max_context:,} tokens; the longest --ctx that fits with this --steps is "
-                             f"{config.max_context - decode:,}")
+            raise UsageError(f"--ctx {context:,} plus {decode} decode tokens exceeds {config.name}'s limit "
+                             f"of {config.max_context:,} tokens; the longest --ctx that fits with this "
+                             f"--steps is {config.max_context - decode:,}")

@@ -21,7 +21,7 @@ class ThroughputRun:
     (`at`); the budget reference's settings in `sfi` set every other method's budget (SPEC 6)."""
 
     model: str
-    contexts: tuple[int | str, ...]  # tokens; "max" (the model's limit minus `steps`) only until the shape is known
+    contexts: tuple[int | str, ...]  # tokens; "max" (the limit minus `steps`) only until the shape is known
     batches: tuple[int | str, ...]  # counts, or "max": the largest batch that fits at the longest context
     methods: tuple[tuple[str, str], ...]  # (method, path)
     steps: int
@@ -52,9 +52,9 @@ class ThroughputRun:
         return replace(self, sfi=self.sfi_at(context))
 
     def record(self, model_name: str | None, contexts=None) -> dict:
-        """results.json's config: the settings a run's numbers depend on, its budgets as written (a percentage
-        as given). With --budget, SFI's k_head and window are the budget rule's: recorded where whole tokens fix
-        them, left out (None) where each context has its own."""
+        """results.json's config: the settings a run's numbers depend on, its budgets as written (a
+        percentage as given). With --budget, SFI's k_head and window are the budget rule's: recorded where
+        whole tokens fix them, left out (None) where each context has its own."""
         sfi, budget = self.sfi, None
         if self.budget is not None and self.budget.tokens is not None:
             sfi, budget = self.sfi.with_budget(self.budget.tokens), self.budget.tokens
@@ -63,7 +63,8 @@ class ThroughputRun:
         elif self.k_head is not None:
             sfi = replace(self.sfi, k_head=budget_record(self.k_head))
         return {"model": model_name, "contexts": list(self.contexts if contexts is None else contexts),
-                "batches": list(self.batches), "methods": [list(pair) for pair in self.methods], "steps": self.steps,
+                "batches": list(self.batches), "methods": [list(pair) for pair in self.methods],
+                "steps": self.steps,
                 "repeats": self.repeats, "prefill": self.prefill, "graphs": self.graphs,
                 "length_bucket": self.length_bucket, "sfi": sfi, "budget": budget}
 

@@ -1,5 +1,5 @@
-"""`--budget` is the one budget option of every measuring command, parsed by core/budget.Budget, and what a run
-records of it."""
+"""`--budget` is the one budget option of every measuring command, parsed by core/budget.Budget, and what a
+run records of it."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ def test_every_measuring_command_spells_its_budget_one_way():
 
 def test_throughput_budget_sets_every_method_and_sfi_by_its_rule(tmp_path):
     result = CliRunner().invoke(app, ["throughput", *TINY, "--ctx", "600", "--steps", "4", "--repeats", "1",
-                                      "--methods", "sfi,streaming_llm", "--budget", "200", "--no-dense-kernels",
-                                      "--out", str(tmp_path / "run")])
+                                      "--methods", "sfi,streaming_llm", "--budget", "200",
+                                      "--no-dense-kernels", "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     config = json.loads((tmp_path / "run" / "results.json").read_text())["config"]
     expected = SFIConfig().with_budget(200)  # a quarter in whole pages as the window, the rest selected
@@ -38,7 +38,8 @@ def test_throughput_budget_sets_every_method_and_sfi_by_its_rule(tmp_path):
 
 def test_throughput_refuses_a_budget_beyond_a_context_before_loading():
     result = CliRunner().invoke(app, ["throughput", *TINY, "--ctx", "600", "--budget", "700"])
-    assert result.exit_code == 2 and "--budget of 700 tokens is larger than the 600-token context" in result.output
+    assert result.exit_code == 2
+    assert "--budget of 700 tokens is larger than the 600-token context" in result.output
 
 
 def test_profile_records_the_budget_as_given(tmp_path):

@@ -1,4 +1,4 @@
-"""Every method list the command line shows is the registry's: a help text naming a stale set of methods fails.
+"""Every method list the command line shows is the registry's: a help naming a stale set of methods fails.
 
 The commands are read as click builds them from the Typer app, so what is checked is what `--help` prints.
 """
@@ -32,11 +32,12 @@ def _listed_names(text: str) -> set[str]:
 
 def _method_options():
     _, commands = _commands()
-    return [(name, param) for name, command in commands for param in command.params if param.name in METHOD_OPTIONS]
+    return [(name, param) for name, command in commands for param in command.params
+            if param.name in METHOD_OPTIONS]
 
 
 def test_every_method_option_is_found():
-    # generate, profile, quality and throughput each choose methods; a renamed option would empty the checks below
+    # generate, profile, quality and throughput each choose methods; a renamed option would empty the checks
     assert {name for name, _ in _method_options()} >= {"generate", "profile", "quality", "throughput"}
 
 

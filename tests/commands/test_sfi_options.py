@@ -29,8 +29,10 @@ def test_every_sfi_flag_is_the_shared_declaration(command):
     assert taken, f"{command} takes no SFI setting"
     for name in taken:
         shared = SETTINGS[name].option()
-        assert _help_without_default(options[name].help) == _help_without_default(shared.help), (command, name)
-        assert options[name].opts == [shared.param_decls[0] if shared.param_decls else "--" + name.replace("_", "-")]
+        shown = _help_without_default(options[name].help)
+        assert shown == _help_without_default(shared.help), (command, name)
+        flag = shared.param_decls[0] if shared.param_decls else "--" + name.replace("_", "-")
+        assert options[name].opts == [flag], (command, name)
 
 
 def test_a_flag_means_one_thing_in_every_command():
@@ -53,14 +55,16 @@ def test_each_command_states_sfi_defaults_and_its_own():
 
 
 def test_given_settings_reach_the_fields_they_name():
-    given = SFISettings((("no_nms", True), ("trigger", "fixed"), ("lambda_", 0.3), ("n_sink", 0), ("k_head", "5%")))
+    given = SFISettings((("no_nms", True), ("trigger", "fixed"), ("lambda_", 0.3), ("n_sink", 0),
+                         ("k_head", "5%")))
     config = given.config()
     assert config.selector.use_nms is False and config.trigger.policy == "fixed"
     assert config.selector.lambda_fixed == 0.3 and config.n_sink == 0
     assert config.k_head == SFIConfig.k_head  # a budget, resolved where the context is known
     assert given.k_head().percent == 5
     assert SFISettings().config() == SFIConfig()
-    assert SFISettings((("no_prior", True), ("w_prefill", 8))).variant() == {"use_prior": False, "w_prefill": 8}
+    variant = SFISettings((("no_prior", True), ("w_prefill", 8))).variant()
+    assert variant == {"use_prior": False, "w_prefill": 8}
     assert set(VARIANT) <= set(SETTINGS)
 
 

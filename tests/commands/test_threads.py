@@ -34,7 +34,8 @@ def test_a_given_count_holds_inside_and_is_restored_after():
     with torch_threads(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
-    with idle_cores_only(torch.device("cpu"), threads=before + 1):  # given: taken as is, even above the idle cores
+    # given: taken as it is, even above the idle cores
+    with idle_cores_only(torch.device("cpu"), threads=before + 1):
         assert torch.get_num_threads() == before + 1
     assert torch.get_num_threads() == before
     with torch_threads(None):  # not given: torch's own count
@@ -42,7 +43,8 @@ def test_a_given_count_holds_inside_and_is_restored_after():
 
 
 def test_zero_threads_is_refused():
-    result = CliRunner().invoke(app, ["profile", "--model", "tiny-llama", "--device", "cpu", "--threads", "0"])
+    result = CliRunner().invoke(app, ["profile", "--model", "tiny-llama", "--device", "cpu",
+                                      "--threads", "0"])
     assert result.exit_code == 2
 
 
@@ -50,18 +52,22 @@ def test_zero_threads_is_refused():
     (["profile", *TINY, "--ctx", "300", "--steps", "2"], lambda doc: doc["results"]["threads"]),
     (["throughput", *TINY, "--ctx", "300", "--steps", "4", "--repeats", "1", "--methods", "full_kv",
       "--no-dense-kernels"], lambda doc: doc["results"]["threads"]),
-    (["stability", *TINY, "--steps", "8", "--prefix", "300"], lambda doc: doc["results"]["timing"]["threads"]),
+    (["stability", *TINY, "--steps", "8", "--prefix", "300"],
+     lambda doc: doc["results"]["timing"]["threads"]),
+    (["quality", *TINY, "--methods", "sfi", "--tasks", "niah_single", "--ctx", "600", "--budget", "0.5",
+      "--samples", "1", "--no-chat"], lambda doc: doc["config"]["threads"]),
 ], ids=lambda value: value[0] if isinstance(value, list) else "")
 def test_a_run_records_the_count_it_ran_on(tmp_path, argv, recorded):
     result = CliRunner().invoke(app, [*argv, "--out", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     document = json.loads((tmp_path / "run" / "results.json").read_text())
     assert recorded(document) == 1
+    # stability writes after its threads are restored; every other run while they hold
     assert document["provenance"]["torch_threads"] == 1 or argv[0] == "stability"
 
 
 def test_generate_reports_the_count_it_ran_on():
-    result = CliRunner().invoke(app, ["generate", *TINY, "--prompt", "one two three four five six seven eight",
+    result = CliRunner().invoke(app, ["generate", *TINY, "--prompt", "one two three four five six seven",
                                       "--max-new-tokens", "2", "--json", "--method", "full_kv"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["threads"] == 1

@@ -47,7 +47,8 @@ def test_results_config_keeps_the_committed_keys():
                         steps=8, k_head=Budget(percent=10.0), sfi=SFIConfig())
     record = run.record("tiny-llama")
     committed = json.loads(COMMITTED.read_text())["config"]
-    assert set(committed) - {"publish"} <= set(record)  # publish: a key of runs before SFI's variants were rows
+    # publish: a key of runs written before SFI's publish modes were rows of their own
+    assert set(committed) - {"publish"} <= set(record)
     assert record["sfi"].k_head == "10%" and record["budget"] is None
     assert run.at(1000).sfi.k_head == 100  # a percentage resolved at each context
 
