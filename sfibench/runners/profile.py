@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from sfibench import registry
 from sfibench.core.device import idle_cores_only, resolve_device
+from sfibench.core.progress import starting
 from sfibench.core.provenance import provenance
 from sfibench.core.parallel import rank_device, ranks
 from sfibench.engine.cache import KVCache
@@ -149,6 +150,7 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int, 
     search = max(search, steps + WARMUP)
     stream, tokenizer = load_replay(cfg.vocab_size, session.loaded.tokenizer)
     cache = KVCache(cfg, batch, context + search + PROFILE_MARGIN, device, session.dtype)
+    starting(f"prefill of {context:,} tokens x {batch} ({'synthetic' if device.type == 'cuda' else 'real'})")
     if device.type == "cuda":
         prefilled = synthetic_prefill(cache, context, cfg.vocab_size, cfg.num_heads)
     else:
@@ -161,11 +163,14 @@ def profile_steps(session: Session, spec: MethodSpec, context: int, steps: int, 
     def met(kinds: list[str]) -> bool:  # the warm-up steps (lazy initialisation) count for nothing
         return len(kinds) >= WARMUP + steps and set(wanted) <= set(kinds[WARMUP:])
 
+    starting(f"{spec.name}/{spec.path}: decoding until {steps} steps and one of each step kind are met "
+             f"(at most {search})")
     kinds, walls_us, _ = _decode(driver, method, prefilled, inputs, device, stop=met)
     chosen = set(range(WARMUP + 1, WARMUP + steps + 1))  # step numbers count from 1
     for kind in wanted:
         if kind not in {kinds[s - 1] for s in chosen}:
             chosen |= {s for s in range(WARMUP + 1, len(kinds) + 1) if kinds[s - 1] == kind}
+    starting(f"{spec.name}/{spec.path}: profiling {len(chosen)} of those steps one by one")
     with profiler_chatter_dropped():
         replayed, replay_walls_us, components = _decode(driver, method, prefilled, inputs[:, : max(chosen) + 1], device, chosen)
     profiled = sorted(chosen)
