@@ -152,6 +152,23 @@ def latency_energy_rows(rows: list[dict]) -> list[tuple[str, ...]]:
     return out
 
 
+def _budget_line(cfg: dict) -> str:
+    """How the run set every method's budget: SFI's settings (its tokens after a refresh), or --budget."""
+    sfi = cfg["sfi"]
+    if cfg.get("budget") is None:
+        return (f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads "
+                f"right after a refresh (n_sink {sfi['n_sink']}, k_head {sfi['k_head']}, "
+                f"n_recent {sfi['n_recent']}); keys keep their original RoPE positions.")
+    fixed = "" if sfi["k_head"] is None else \
+        f": n_sink {sfi['n_sink']}, k_head {sfi['k_head']}, n_recent {sfi['n_recent']}"
+    budget = cfg["budget"]
+    spelled = f"{budget} of each context" if isinstance(budget, str) else f"{budget:,} tokens"
+    return (f"- Budgets: every method reads {spelled} per layer and KV head (--budget), "
+            f"SFI by its budget rule (a quarter in the recent window, the rest selected beside the "
+            f"sinks{fixed}); "
+            "keys keep their original RoPE positions.")
+
+
 def _selector_variant(sfi: dict) -> list[str]:
     """A line naming the Selector's settings where they are not SPEC's (a step-time ablation)."""
     selector = sfi.get("selector", {})
@@ -265,9 +282,7 @@ def markdown(results: dict) -> str:
                                    "step's all-reduces (two a layer) at their measured time"),
         f"- Prefill: {', '.join(sorted({r['prefill'] for r in rows}))} (synthetic = random K/V written straight into "
         "the cache; speed does not depend on cache contents).",
-        f"- Budgets: StreamingLLM and SnapKV read as many tokens per layer and KV head as SFI reads right after a "
-        f"refresh (n_sink {cfg['sfi']['n_sink']}, k_head {cfg['sfi']['k_head']}, n_recent {cfg['sfi']['n_recent']}); "
-        "keys keep their original RoPE positions.",
+        _budget_line(cfg),
         *_selector_variant(cfg["sfi"]),
         *_bridge_steps(cfg["sfi"]),
         *_prefill_times(rows),

@@ -34,6 +34,8 @@ def test_throughput_budget_sets_every_method_and_sfi_by_its_rule(tmp_path):
     expected = SFIConfig().with_budget(200)  # a quarter in whole pages as the window, the rest selected
     assert config["budget"] == 200
     assert (config["sfi"]["k_head"], config["sfi"]["n_recent"]) == (expected.k_head, expected.n_recent)
+    report = " ".join((tmp_path / "run" / "report.md").read_text().split())
+    assert "every method reads 200 tokens per layer and KV head (--budget)" in report
 
 
 def test_throughput_refuses_a_budget_beyond_a_context_before_loading():
