@@ -28,6 +28,7 @@ from sfibench import registry
 from sfibench.core.budget import budget_record
 from sfibench.core.device import torch_threads
 from sfibench.core.errors import RunInterrupted
+from sfibench.core.progress import starting
 from sfibench.engine.cache import KVCache
 from sfibench.engine.context import StepContext
 from sfibench.engine.driver import StepDriver
@@ -179,6 +180,8 @@ def _segment(session: Session, cfg: StabilityConfig, segment: Segment, layers: l
              show_progress: bool) -> dict:
     """Prefill one segment's prompt, decode its steps through the probe and reduce them."""
     loaded, mc = session.loaded, session.loaded.config
+    if show_progress:
+        starting(f"stability {segment.label}: prefill of {len(segment.prompt):,} tokens")
     began = time.perf_counter()
     prefilled = session.prefill([segment.prompt], cfg.steps)
     prefill_s = time.perf_counter() - began
