@@ -75,9 +75,9 @@ def main() -> None:
              "Per cell: scores that differ (first run better + second run better), greedy answers that differ, "
              "and the mean / largest per-prompt |KL(full || method) difference| in nats. Full-KV's KL is 0 in "
              "every run (it is the reference of its own run), so its row shows answers and scores only.", "",
-             "| task | context | method | retention | n | noise: scores | noise: answers | noise: mean/max dKL "
-             "| test: scores | test: answers | test: mean/max dKL | within noise |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| task | context | method | retention | noise: n | noise: scores | noise: answers | noise: mean/max dKL "
+             "| test: n | test: scores | test: answers | test: mean/max dKL | within noise |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     within_all = True
     for key in sorted(set(noise) | set(test), key=str):
         task, context, method, retention = key
@@ -89,7 +89,8 @@ def main() -> None:
         within = t_diff <= n_diff + 1
         within_all &= within
         lines.append(f"| {task} | {context} | {method} | {'-' if retention is None else f'{retention:g}'} | "
-                     f"{t_cell['n']} | {_pair_text(n_cell)} | {_pair_text(t_cell)} | {'yes' if within else 'NO'} |")
+                     f"{n_cell['n']} | {_pair_text(n_cell)} | {t_cell['n']} | {_pair_text(t_cell)} | "
+                     f"{'yes' if within else 'NO'} |")
     lines += ["", "Every cell within the noise of bfloat16." if within_all else
               "Some cells differ by more than the noise of bfloat16 (rows marked NO)."]
     text = "\n".join(lines) + "\n"
