@@ -70,7 +70,8 @@ def env_facts(provenance: dict, device: dict) -> dict[str, str]:
         if key in STATED_BY_PROVENANCE and str(value) == facts.get(STATED_BY_PROVENANCE[key]):
             continue
         if key.endswith("_bytes") and isinstance(value, int):
-            facts[key.removesuffix("_bytes").replace("_", " ")] = f"{value / 2**30:,.1f} GiB ({value:,} bytes)"
+            name = key.removesuffix("_bytes").replace("_", " ")
+            facts[name] = f"{value / 2**30:,.1f} GiB ({value:,} bytes)"
         else:
             facts[key] = str(value)
     return facts

@@ -1,5 +1,6 @@
 """What a quality report says about SFI's cells beyond their numbers: where SFI scores below Full-KV, what
-docs/findings.md showed to be the cause and which variant tests it here."""
+docs/findings.md showed to be the cause and which variant tests it; where SFI wrote the same answers at
+every retention, why its fidelity then barely moves with the budget."""
 
 from __future__ import annotations
 
@@ -11,22 +12,23 @@ VARIANT_FLAGS = "--no-nms --keep-neighbours 7"
 
 
 def losing_cells(cells: list[dict]) -> list[tuple[dict, dict]]:
-    """(SFI's cell, Full-KV's cell) for every task, context and retention where SFI scored below a Full-KV that
-    solves the task (a cell Full-KV fails decides nothing)."""
+    """(SFI's cell, Full-KV's cell) for every task, context and retention where SFI scored below a Full-KV
+    that solves the task (a cell Full-KV fails decides nothing)."""
     dense = {(c["task"], c["context"]): c for c in cells if c["method"] == registry.dense().name
              and c["accuracy"] is not None and c["accuracy"] >= SOLVED}
     pairs = []
     for cell in cells:
         full = dense.get((cell["task"], cell["context"]))
-        if cell["method"] == registry.BUDGET_REFERENCE and full and None not in (cell["accuracy"], full["accuracy"]) \
+        if cell["method"] == registry.BUDGET_REFERENCE and full and cell["accuracy"] is not None \
                 and cell["accuracy"] < full["accuracy"]:
             pairs.append((cell, full))
     return pairs
 
 
 def below_full_kv_note(cfg: dict, cells: list[dict]) -> list[str]:
-    """A paragraph where SFI scored below Full-KV: the cells, the cause the findings showed on Gemma-3 (Soft-NMS
-    suppressing the needle's neighbours), and the variant flags that test it; empty where SFI did not lose."""
+    """A paragraph where SFI scored below Full-KV: the cells, the cause the findings showed on Gemma-3
+    (Soft-NMS suppressing the needle's neighbours), and the variant flags that test it; empty where SFI did
+    not lose."""
     losing = losing_cells(cells)
     if not losing:
         return []
@@ -35,19 +37,21 @@ def below_full_kv_note(cfg: dict, cells: list[dict]) -> list[str]:
         by_shape.setdefault((sfi["task"], sfi["context"]), []).append((sfi, full))
     where = "; ".join(_shape_scores(task, context, pairs) for (task, context), pairs in by_shape.items())
     variant = cfg.get("sfi_variant") or {}
-    text = (f"**SFI scores below Full-KV** ({where}). Between refreshes a fast step reads only what SFI's last "
-            "selection holds, and a short answer may get no refresh after the prompt's (the refresh section "
-            "below counts them): it is copied from what the prompt's selection kept. On Gemma-3-270M "
-            f"({FINDINGS}, niah_single at 8K) the cause of SFI's needle failures was the Selector's Soft-NMS: it "
-            "lowers every position by its distance below the highest score within ±16 positions, so the tokens "
-            "right after the needle's strongest peak, its remaining digits, are the last the top-K takes at any "
-            "k_head; without Soft-NMS and keeping each peak's neighbours, SFI answered as Full-KV did. ")
+    text = (f"**SFI scores below Full-KV** ({where}). Between refreshes a fast step reads only what SFI's "
+            "last selection holds, and a short answer may get no refresh after the prompt's (the refresh "
+            "section below counts them): it is copied from what the prompt's selection kept. On "
+            f"Gemma-3-270M ({FINDINGS}, niah_single at 8K) the cause of SFI's needle failures was the "
+            "Selector's Soft-NMS: it lowers every position by its distance below the highest score within "
+            "±16 positions, so the tokens right after the needle's strongest peak, its remaining digits, are "
+            "the last the top-K takes at any k_head; without Soft-NMS and keeping each peak's neighbours, "
+            "SFI answered as Full-KV did. ")
     if variant.get("use_nms") is False or variant.get("keep_neighbours", 1) > 1:
-        text += (f"This run's SFI already ran as that variant ({', '.join(f'{k}={v}' for k, v in variant.items())}), "
-                 "so Soft-NMS does not explain these cells.")
+        settings = ", ".join(f"{k}={v}" for k, v in variant.items())
+        text += (f"This run's SFI already ran as that variant ({settings}), so Soft-NMS does not explain "
+                 "these cells.")
     else:
-        text += (f"The variant that tests this on this model (an ablation beyond the paper): repeat the run with "
-                 f"`--methods {registry.BUDGET_REFERENCE} {VARIANT_FLAGS}`.")
+        text += ("The variant that tests this on this model (an ablation beyond the paper): repeat the run "
+                 f"with `--methods {registry.BUDGET_REFERENCE} {VARIANT_FLAGS}`.")
     return [text, ""]
 
 
@@ -55,17 +59,19 @@ def _shape_scores(task: str, context: int, pairs: list[tuple[dict, dict]]) -> st
     """'niah_single at 2,048 tokens: 0.00 / 0.15 at retention 0.15 / 0.5, Full-KV 1.00'."""
     scores = " / ".join(f"{sfi['accuracy']:.2f}" for sfi, _ in pairs)
     retentions = " / ".join(f"{sfi['retention']:g}" for sfi, _ in pairs)
-    return f"{task} at {context:,} tokens: {scores} at retention {retentions}, Full-KV {pairs[0][1]['accuracy']:.2f}"
+    return (f"{task} at {context:,} tokens: {scores} at retention {retentions}, "
+            f"Full-KV {pairs[0][1]['accuracy']:.2f}")
 
 
 def same_answers_note(samples: list[dict] | None) -> list[str]:
     """A line per (task, context) where SFI wrote the same answer at every retention on at least half the
-    prompts: its fidelity then barely moves with the budget, and this is why (docs/findings.md measured it)."""
+    prompts: its fidelity then barely moves with the budget, and this is why (docs/findings.md measured
+    it)."""
     by_shape: dict[tuple, dict[int, dict]] = {}
     for record in samples or []:
         if record["method"] == registry.BUDGET_REFERENCE and record.get("prediction") is not None:
-            by_shape.setdefault((record["task"], record["context"]), {}).setdefault(record["index"], {})[
-                record["retention"]] = record["prediction"]
+            answers = by_shape.setdefault((record["task"], record["context"]), {})
+            answers.setdefault(record["index"], {})[record["retention"]] = record["prediction"]
     lines = []
     for (task, context), prompts in by_shape.items():
         retentions = sorted({r for answers in prompts.values() for r in answers})
@@ -74,9 +80,10 @@ def same_answers_note(samples: list[dict] | None) -> list[str]:
         same = sum(len(answers) == len(retentions) and len({str(a) for a in answers.values()}) == 1
                    for answers in prompts.values())
         if 2 * same >= len(prompts):
-            lines.append(f"**SFI wrote the same answer at retention {' / '.join(f'{r:g}' for r in retentions)} on "
-                         f"{same} of {len(prompts)} {task} prompts at {context:,} tokens**, so its fidelity there "
-                         "barely moves with the budget: a larger selection did not give the heads that copy the "
-                         "answer what they need (on smollm2 at 2K, measured in docs/findings.md: the needle's "
-                         "digits stay in a minority of the (layer, KV head) selections at either budget).")
+            spelled = " / ".join(f"{r:g}" for r in retentions)
+            lines.append(f"**SFI wrote the same answer at retention {spelled} on {same} of {len(prompts)} "
+                         f"{task} prompts at {context:,} tokens**, so its fidelity there barely moves with "
+                         "the budget: a larger selection did not give the heads that copy the answer what "
+                         f"they need (on smollm2 at 2K, measured in {FINDINGS}: the needle's digits stay in "
+                         "a minority of the (layer, KV head) selections at either budget).")
     return lines + ([""] if lines else [])

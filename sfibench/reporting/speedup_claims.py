@@ -80,7 +80,8 @@ def speedup_claim(row: dict, rows: list[dict]) -> SpeedupClaim | None:
         return None  # a speed that was not measured as a number (saved as null) supports no claim
     ratio = row["tokens_per_s"] / reference["tokens_per_s"]
     low, high = mine["min"] / theirs["max"], mine["max"] / theirs["min"]
-    same_tokens = row is not reference and row["tokens_read_mean"] > FEWER_TOKENS * reference["tokens_read_mean"]
+    same_tokens = row is not reference and \
+        row["tokens_read_mean"] > FEWER_TOKENS * reference["tokens_read_mean"]
     if row is reference:
         verdict = REFERENCE
     elif not (mine["min"] > theirs["max"] or theirs["min"] > mine["max"]):
@@ -134,7 +135,8 @@ def same_tokens_note(rows: list[dict], label) -> str:
              if (claim := speedup_claim(row, rows)) is not None and claim.same_tokens]
     if not named:
         return ""
-    return (f"{SAME_TOKENS}: {', '.join(named)} read as many tokens per step as Full-KV (less than 5% fewer), "
-            "because the budget (sinks + k_head + recent window) covers the context, or because the model has no "
-            "layer beyond those the method reads in full (its dense first layers, its selection layers); a ratio "
-            "there is the cost of the method's own work around the same reads, not what reading less buys")
+    return (f"{SAME_TOKENS}: {', '.join(named)} read as many tokens per step as Full-KV (less than 5% "
+            "fewer), because the budget (sinks + k_head + recent window) covers the context, or because the "
+            "model has no layer beyond those the method reads in full (its dense first layers, its selection "
+            "layers); a ratio there is the cost of the method's own work around the same reads, not what "
+            "reading less buys")

@@ -129,9 +129,9 @@ def cpu_note(document: dict) -> str:
     if not on_cpu(document) or not any(c is not None and c.supported and c.ratio < 1 for c in claims):
         return ""
     return ("On a CPU's reference path a sparse method decodes slower than Full-KV: choosing positions and "
-            "gathering their keys and values costs more than the reads it saves, because no step of this size is "
-            "bound by memory bandwidth on a CPU. Their speed shows on a GPU's optimized path, where the step is "
-            "bandwidth-bound (README's decode-speed table, docs/performance.md).")
+            "gathering their keys and values costs more than the reads it saves, because no step of this size "
+            "is bound by memory bandwidth on a CPU. Their speed shows on a GPU's optimized path, where the step "
+            "is bandwidth-bound (README's decode-speed table, docs/performance.md).")
 
 
 def latency_energy_rows(rows: list[dict]) -> list[tuple[str, ...]]:
@@ -234,10 +234,10 @@ def _decode_lines(cfg: dict, res: dict, prov: dict, cpu: bool) -> list[str]:
 
 
 def _column_notes(cpu: bool) -> str:
-    speedup = ("speedup against the fastest Full-KV path at the same shape, a ratio (below 1: slower) wherever "
-               "the tok/s ranges over the passes do not overlap, marked `(same tokens)` where the row reads less than "
-               "5% fewer tokens than Full-KV (else `= in the noise`: no difference measured; `ref` marks the Full-KV "
-               "row itself)")
+    speedup = ("speedup against the fastest Full-KV path at the same shape, a ratio (below 1: slower) "
+               "wherever the tok/s ranges over the passes do not overlap, marked `(same tokens)` where the row "
+               "reads less than 5% fewer tokens than Full-KV (else `= in the noise`: no difference measured; "
+               "`ref` marks the Full-KV row itself)")
     if cpu:
         return (f"tokens read = mean per (layer, KV head, sequence) per step; {speedup}; floor ms = the model's own "
                 "products chained eagerly at this batch, measured in the same run, + the step's K/V bytes at the "
@@ -293,14 +293,15 @@ def markdown(results: dict) -> str:
     if res.get("complete") is False:  # a stopped run keeps its finished rows
         kept = res.get("progress") or {}
         lines += [f"**Stopped early (partial)**: {kept.get('rows', len(rows))} of {kept.get('planned', '?')} "
-                  "measurements (a method at a context and batch) finished; repeating the command with `--out` "
-                  "this folder and `--resume` measures the rest.", ""]
+                  "measurements (a method at a context and batch) finished; repeating the command with "
+                  "`--out` this folder and `--resume` measures the rest.", ""]
     note = noise_note(rows)
     lines += [f"**{note}**", ""] if note else []
     lines += ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     lines += ["| " + " | ".join(dict(zip(COLUMNS, cells))[c] for c in shown) + " |" for cells in table_rows(rows)]
     lines += ["", _column_notes(cpu), ""]
-    verdicts = verdict_notes(rows, method_label) + [note for note in (same_tokens_note(rows, method_label),) if note]
+    same = same_tokens_note(rows, method_label)
+    verdicts = verdict_notes(rows, method_label) + ([same] if same else [])
     lines += [f"- {line[0].upper()}{line[1:]}." for line in verdicts] + ([""] if verdicts else [])
     slower_on_cpu = cpu_note(results)
     lines += [f"**{slower_on_cpu}**", ""] if slower_on_cpu else []

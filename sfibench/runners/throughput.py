@@ -168,9 +168,9 @@ def save(run_dir: Path, cfg: dict, results: dict, ran_with: dict) -> None:
     render(run_dir)
     if not results["complete"]:
         kept = results["progress"]
-        raise RunInterrupted(f"stopped; {kept['rows']} of {kept['planned']} measurements (a method at a context "
-                             f"and batch) are saved in {run_dir} and its report.md covers them. To continue, "
-                             f"repeat the command with --out {run_dir} --resume")
+        raise RunInterrupted(f"stopped; {kept['rows']} of {kept['planned']} measurements (a method at a "
+                             f"context and batch) are saved in {run_dir} and its report.md covers them. To "
+                             f"continue, repeat the command with --out {run_dir} --resume")
 
 
 def measure(run: ThroughputRun, session: Session, console: Console,

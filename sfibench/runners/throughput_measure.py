@@ -262,7 +262,8 @@ def measure_all(session: Session, cfg: ThroughputRun, progress=None, earlier: li
     rows = []
     # "max" is the largest batch that fits at the longest context, used at every context
     batches = [largest_batch(session, cfg, max(cfg.contexts)) if b == "max" else int(b) for b in cfg.batches]
-    starting(f"timing the model's own products (the weights floor) at batch {', '.join(map(str, dict.fromkeys(batches)))}")
+    starting(f"timing the model's own products (the weights floor) at batch "
+             f"{', '.join(map(str, dict.fromkeys(batches)))}")
     floors = {batch: weights_floor_seconds(session.loaded.model, batch, session.device) for batch in dict.fromkeys(batches)}
     reduces = {batch: all_reduce_seconds(session.parallel, batch, session.loaded.config.hidden_size,
                                          2 * session.loaded.config.num_layers, session.dtype, session.device)
@@ -282,8 +283,9 @@ def measure_all(session: Session, cfg: ThroughputRun, progress=None, earlier: li
 def finished_row(earlier, spec: MethodSpec, context: int, batch: int) -> dict | None:
     """The row of `earlier` that measured `spec` at (context, batch), or None."""
     facts = spec.config.row_facts()
-    return next((r for r in earlier if (r["method"], r["path"], r["context"], r["batch"]) ==
-                 (spec.name, spec.path, context, batch) and all(r.get(k) == v for k, v in facts.items())), None)
+    return next((r for r in earlier if (r["method"], r["path"], r["context"], r["batch"])
+                 == (spec.name, spec.path, context, batch) and all(r.get(k) == v for k, v in facts.items())),
+                None)
 
 
 def measure_shape(session: Session, cfg: ThroughputRun, context: int, batch: int, stream: torch.Tensor,
@@ -309,7 +311,8 @@ def measure_shape(session: Session, cfg: ThroughputRun, context: int, batch: int
         # a method timed in several variants on a path (the optimized SFI's publishing) names the variant
         several = sum((other.name, other.path) == (spec.name, spec.path) for other in specs) > 1
         variant = " ".join(str(value) for value in spec.config.row_facts().values()) if several else ""
-        starting(f"{spec.name}{' ' + variant if variant else ''}/{spec.path} at {context:,} tokens, B={batch}: "
+        named = f"{spec.name} {variant}" if variant else spec.name
+        starting(f"{named}/{spec.path} at {context:,} tokens, B={batch}: "
                  f"1 warm-up + {cfg.repeats} timed passes of {cfg.steps} steps")
         row = measure(session, prefilled, spec, cfg, inputs, tokenizer, context)
         row["prefill"] = "synthetic" if synthetic else "real"

@@ -16,7 +16,8 @@ def test_env_states_each_fact_once(monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     result = CliRunner().invoke(app, ["env", "--device", "cpu"])
     assert result.exit_code == 0, result.output
-    rows = [re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in result.output.splitlines()[1:] if line.strip()]
+    lines = [line.strip() for line in result.output.splitlines()[1:] if line.strip()]
+    rows = [re.split(r"\s{2,}", line, maxsplit=1) for line in lines]  # key, then value after 2+ spaces
     keys = [row[0] for row in rows]
     assert len(keys) == len(set(keys)), keys
     values = {row[0]: row[1].strip() for row in rows if len(row) == 2}

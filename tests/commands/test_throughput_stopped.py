@@ -22,8 +22,8 @@ ARGV = [*TINY_RUNS["throughput"][:-4], "--ctx", "200,300", "--methods", "full_kv
 
 @pytest.mark.parametrize("signum, status, how", [(signal.SIGINT, 130, "interrupted:"),
                                                   (signal.SIGTERM, 143, "terminated (SIGTERM):")])
-def test_a_stop_after_the_first_measurement_keeps_it_and_resume_measures_the_rest(tmp_path, monkeypatch, signum,
-                                                                                  status, how):
+def test_a_stop_after_the_first_measurement_keeps_it_and_resume_measures_the_rest(tmp_path, monkeypatch,
+                                                                                  signum, status, how):
     measure, calls = throughput_measure.measure, []
 
     def stopped_at_the_second(*args, **kwargs):
@@ -46,9 +46,9 @@ def test_a_stop_after_the_first_measurement_keeps_it_and_resume_measures_the_res
     report = (out / "report.md").read_text()
     assert "Stopped early (partial)" in report and "| full_kv | reference | 200 |" in report
 
-    monkeypatch.setattr(throughput_measure, "measure", measure)
     calls.clear()
-    monkeypatch.setattr(throughput_measure, "measure", lambda *a, **k: calls.append(a[2].name) or measure(*a, **k))
+    monkeypatch.setattr(throughput_measure, "measure",
+                        lambda *args, **kwargs: calls.append(args[2].name) or measure(*args, **kwargs))
     result = CliRunner().invoke(app, [*ARGV, "--out", str(out), "--resume"])
     assert result.exit_code == 0, result.output
     assert calls == ["sfi", "full_kv", "sfi"]  # the finished row is not measured again
