@@ -22,7 +22,7 @@ from sfibench.core.budget import Budget
 from sfibench.core.errors import UsageError
 from sfibench.engine.workspace import LENGTH_BUCKET
 from sfibench.models.shape import check_context_limit, config_before_loading
-from sfibench.runners.throughput_run import ThroughputRun, resolve_contexts
+from sfibench.runners.throughput_run import ThroughputRun, check_request_limit, resolve_contexts
 from sfibench.commands.options import (
     PREFILL_MODES,
     THROUGHPUT_STEPS,
@@ -34,6 +34,7 @@ from sfibench.commands.options import (
     ordered_contexts,
     parse_counts,
     parse_token_list,
+    parse_tokens,
     split_list,
 )
 
@@ -50,6 +51,13 @@ def throughput(
                                                                      "(full_kv/optimized)"),
     paths: str = typer.Option(None, help="reference,optimized (default: both on a GPU, reference on a CPU)"),
     steps: int = typer.Option(None, min=2, help="decode steps per pass (default 128 on a GPU, 32 on a CPU)"),
+    prompt_len: str = typer.Option(None, help="request mode: prompt lengths in tokens, e.g. 32k,120k (with "
+                                              "--gen-len, instead of --ctx and --steps)"),
+    gen_len: str = typer.Option(None, help="request mode: tokens each request generates after its prompt, "
+                                           "the cache growing as it writes, e.g. 8k"),
+    gen_text: str = typer.Option("auto", help="request mode's text: own (the model's greedy tokens), "
+                                              "replay (a real-text stream), auto (own with real weights, "
+                                              "else replay)"),
     repeats: int = typer.Option(3, min=1, help="timed passes (median and spread reported)"),
     prefill: str = typer.Option("auto", help="real, synthetic, or auto (synthetic from 16K tokens)"),
     graphs: bool = typer.Option(None, "--graphs/--no-graphs", help="CUDA graphs (default: on with a GPU)"),
@@ -85,6 +93,9 @@ def throughput(
             if pinned:
                 check_path(pinned, f"--methods {item}")
         check_choice(prefill, PREFILL_MODES, "--prefill")
+        requests = check_request_options(prompt_len, gen_len, gen_text, ctx, steps)
+        if requests:
+            given_contexts, steps = requests
         sfi.check("optimized")
         given_budget = None if budget is None else Budget.parse(budget)
         model, gpu = check_shape_options(model, device, dtype)
@@ -99,15 +110,19 @@ def throughput(
         check_tp(tp, bool(graphs))
         check_device_needs(device, "--paths", path_list + pinned, bool(graphs))
         shape = config_before_loading(model)
-        check_context_limit(shape, [c for c in contexts if c != "max"], steps)
+        if requests:
+            check_request_limit(shape, [c for c in contexts if c != "max"], steps)
+        else:
+            check_context_limit(shape, [c for c in contexts if c != "max"], steps)
         if shape is not None:  # --ctx max, once, from the shape (a GGUF file's once it loads)
             contexts = resolve_contexts(contexts, shape.max_context, steps)
         known = [c for c in contexts if c != "max"]
         run = ThroughputRun(model=model, device=device, dtype=dtype, contexts=tuple(contexts), batches=tuple(batches),
                             methods=(), steps=steps, repeats=repeats, prefill=prefill,
                             graphs=gpu and tp == 1 if graphs is None else graphs, length_bucket=length_bucket,
-                            dense_kernels=dense_kernels and gpu, k_head=sfi.k_head(), budget=given_budget,
-                            sfi=sfi.config(), out=out, overwrite=overwrite, threads=threads)
+                            dense_kernels=dense_kernels and gpu and not requests, k_head=sfi.k_head(),
+                            budget=given_budget, sfi=sfi.config(), out=out, overwrite=overwrite,
+                            threads=threads, requests=bool(requests), text=gen_text)
         for context in known:  # a percentage must give a token, and a budget must leave SFI room to select
             run.sfi_at(context)
         if resume and overwrite:
@@ -136,11 +151,38 @@ def throughput(
         if run_dir is None:  # a tensor-parallel rank other than 0: rank 0 reports
             return
         from sfibench.reporting.formatting import print_table
+        from sfibench.reporting.report_run import terminal_summary
         from sfibench.reporting.results import read_results
-        from sfibench.reporting.throughput_report import table_notes, terminal_table
 
         document = read_results(run_dir)
-        print_table(console, terminal_table(document, wide), wide)
-        for note in table_notes(document):
+        table, *notes = terminal_summary(document, wide)
+        print_table(console, table, wide)
+        for note in notes:
             console.print(note, highlight=False)
-        console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, throughput.png, latency.png")
+        plots = "requests.png" if requests else "throughput.png, latency.png"
+        console.print(f"[green]wrote[/] {run_dir}/results.json, report.md, {plots}")
+
+
+GEN_TEXTS = ("auto", "own", "replay")
+
+
+def check_request_options(prompt_len: str | None, gen_len: str | None, gen_text: str, ctx: str | None,
+                          steps: int | None) -> tuple[list, int] | None:
+    """Request mode's prompt lengths (shortest first) and tokens generated per request, or None for the
+    fixed-context mode; checked before anything loads."""
+    check_choice(gen_text, GEN_TEXTS, "--gen-text")
+    if prompt_len is None and gen_len is None:
+        if gen_text != "auto":
+            raise UsageError("--gen-text sets request mode's text; give it with --prompt-len and --gen-len")
+        return None
+    if prompt_len is None or gen_len is None:
+        raise UsageError("request mode takes --prompt-len and --gen-len together, e.g. --prompt-len 32k "
+                         "--gen-len 8k")
+    if ctx is not None or steps is not None:
+        raise UsageError("--ctx and --steps set the fixed-context mode; request mode takes --prompt-len and "
+                         "--gen-len instead")
+    generated = parse_tokens(gen_len, "--gen-len")
+    if generated < 2:
+        raise UsageError("--gen-len 1 is the prefill's token alone, with no decode step to time; "
+                         "give at least 2")
+    return ordered_contexts(parse_token_list(prompt_len, "--prompt-len"), "--prompt-len"), generated

@@ -40,6 +40,11 @@ def finish_saved_run(out: Path | None, command: str, settings: dict) -> Path:
 
 def _throughput(run_dir: Path, document: dict) -> list[Path]:
     from sfibench.reporting.results import write_text_atomically
+    from sfibench.reporting import throughput_requests_report as requests
+
+    if requests.is_request_run(document):
+        write_text_atomically(run_dir / "report.md", requests.markdown(document))
+        return [requests.plot(document["results"]["rows"], run_dir / requests.PLOT), run_dir / "report.md"]
     from sfibench.reporting.throughput_plots import plot
     from sfibench.reporting.throughput_report import markdown
 
@@ -88,7 +93,11 @@ def terminal_summary(document: dict, wide: bool = False) -> list:
     `sfibench report RUN` shows the result, not only the files it wrote."""
     command, results = document["command"], document["results"]
     if command == "throughput":
+        from sfibench.reporting import throughput_requests_report as requests
         from sfibench.reporting.throughput_report import table_notes, terminal_table
+
+        if requests.is_request_run(document):
+            return [requests.terminal_table(document, wide), *requests.table_notes(document)]
 
         return [terminal_table(document, wide), *table_notes(document)]
     if command == "quality":

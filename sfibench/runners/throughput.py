@@ -36,6 +36,7 @@ from sfibench.runners.throughput_measure import (
     method_specs,
 )
 from sfibench.runners.throughput_memory import planned_before_loading
+from sfibench.runners.throughput_requests import measure_requests
 from sfibench.runners.throughput_run import ThroughputRun, resolve_contexts
 
 
@@ -78,9 +79,10 @@ def measure_at_each_budget(session: Session, run: ThroughputRun, progress, earli
     for context in run.contexts:
         groups.setdefault(run.sfi_at(context), []).append(context)
     rows = []
+    measure_rows = measure_requests if run.requests else measure_all
     for contexts in groups.values():
-        rows += measure_all(session, replace(run.at(contexts[0]), contexts=tuple(contexts), batches=batches),
-                            progress, earlier)
+        rows += measure_rows(session, replace(run.at(contexts[0]), contexts=tuple(contexts), batches=batches),
+                             progress, earlier)
     return rows
 
 
@@ -181,14 +183,18 @@ def measure(run: ThroughputRun, session: Session, console: Console,
     row finished it stops the run)."""
     with idle_cores_only(session.device, run.threads):  # a busy core would stall every step's threads
         steps = run.steps
-        check_context_limit(session.loaded.config, [c for c in run.contexts if c != "max"], steps)
+        if not run.requests:  # request mode checks its prompts and generation itself, in its own words
+            check_context_limit(session.loaded.config, [c for c in run.contexts if c != "max"], steps)
         if "max" in run.contexts:  # a GGUF file, whose limit is known only now it has loaded
             run = replace(run, contexts=resolve_contexts(run.contexts, session.max_tokens, steps))
         contexts = list(run.contexts)
         cfg = run.record(session.loaded.config.name)
         bandwidth = measure_copy_bandwidth(session.device)
+        shapes = (f"prompts {contexts}, batches {list(run.batches)}, {steps} generated tokens per request x "
+                  f"{run.repeats} repeats" if run.requests else
+                  f"contexts {contexts}, batches {list(run.batches)}, {steps} steps x {run.repeats} repeats")
         console.print(f"copy bandwidth {bandwidth / 1e9:,.0f} GB/s on {session.device}; {len(run.methods)} methods, "
-                      f"contexts {contexts}, batches {list(run.batches)}, {steps} steps x {run.repeats} repeats")
+                      f"{shapes}")
 
         rows: list[dict] = []
 
@@ -204,7 +210,8 @@ def measure(run: ThroughputRun, session: Session, console: Console,
             if not rows:
                 raise  # nothing finished: the claimed directory is removed on the way out
             complete = False
-        add_comparisons(rows, run, session.loaded.config, session.cache_dtype_bytes, bandwidth)
+        if not run.requests:  # request rows have no bytes model or floors to compare against
+            add_comparisons(rows, run, session.loaded.config, session.cache_dtype_bytes, bandwidth)
         results = {
             # a stopped run keeps every finished row; `--resume` measures the rest
             "complete": complete, "progress": {"rows": len(rows), "planned": planned_rows(run)},

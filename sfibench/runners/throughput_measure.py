@@ -83,7 +83,9 @@ def _check_session_fits(session: Session, specs: list[MethodSpec], batch: int, m
 
 
 def _synthetic(cfg: ThroughputRun, context: int) -> bool:
-    return cfg.prefill == "synthetic" or (cfg.prefill == "auto" and context >= 16384)
+    """`auto`: synthetic from 16K tokens, except in request mode: its time to first token is a real
+    prefill's."""
+    return cfg.prefill == "synthetic" or (cfg.prefill == "auto" and not cfg.requests and context >= 16384)
 
 
 def prepare_cache(session: Session, cfg: ThroughputRun, context: int, batch: int, stream: torch.Tensor,

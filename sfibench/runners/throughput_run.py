@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sfibench import registry
 from sfibench.core.budget import Budget, budget_record
+from sfibench.core.errors import UsageError
 from sfibench.engine.method import MethodConfig
 from sfibench.engine.workspace import LENGTH_BUCKET
 
@@ -38,6 +39,10 @@ class ThroughputRun:
     out: Path | None = None
     overwrite: bool = False
     threads: int | None = None  # torch's CPU threads; None: idle_cores_only's choice
+    # Request mode (--prompt-len, --gen-len; runners/throughput_requests.py): `contexts` are prompt lengths
+    # and `steps` the tokens each request generates, the first from its prefill, so the cache grows to P + G.
+    requests: bool = False
+    text: str = "auto"  # request mode's inputs: own (greedy), replay (a real-text stream), auto (by weights)
 
     def sfi_at(self, context: int) -> MethodConfig:
         """The budget reference's settings at `context`: by its budget rule at `budget` where one is given,
@@ -66,7 +71,22 @@ class ThroughputRun:
                 "batches": list(self.batches), "methods": [list(pair) for pair in self.methods],
                 "steps": self.steps,
                 "repeats": self.repeats, "prefill": self.prefill, "graphs": self.graphs,
-                "length_bucket": self.length_bucket, "sfi": sfi, "budget": budget}
+                "length_bucket": self.length_bucket, "sfi": sfi, "budget": budget,
+                **({"requests": True, "gen_len": self.steps, "text": self.text} if self.requests else {})}
+
+
+def check_request_limit(config, prompts: list[int], gen_len: int) -> None:
+    """Request mode: each prompt plus `gen_len` generated tokens must fit the model (`config` None: a GGUF
+    file, checked once it loads)."""
+    if config is None:
+        return
+    for prompt in prompts:
+        if prompt + gen_len > config.max_context:
+            room = config.max_context - gen_len
+            fix = (f"the longest --prompt-len that fits with this --gen-len is {room:,}" if room > 0
+                   else "lower --gen-len")
+            raise UsageError(f"--prompt-len {prompt:,} plus --gen-len {gen_len:,} exceeds {config.name}'s "
+                             f"limit of {config.max_context:,} tokens; {fix}")
 
 
 def resolve_contexts(contexts, max_context: int, steps: int) -> tuple[int, ...]:

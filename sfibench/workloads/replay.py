@@ -41,8 +41,14 @@ def load_replay(vocab_size: int, tokenizer: Tokenizer) -> tuple[torch.Tensor, To
     if max(data["ids"]) < vocab_size:
         pieces = {int(k): bytes.fromhex(v) for k, v in data["pieces"].items()}
         return torch.tensor(data["ids"]), Tokenizer(ReplayTokenizer(pieces))
+    return own_stream(tokenizer), tokenizer
+
+
+def own_stream(tokenizer: Tokenizer) -> torch.Tensor:
+    """The shipped essays in the model's own tokens: prompts (wrapping around, as `take` does) that a model
+    with real weights reads as text."""
     text = (importlib.resources.files("sfibench.workloads") / "data" / "essays_en.txt").read_text()
-    return torch.tensor(tokenizer.encode(text)), tokenizer
+    return torch.tensor(tokenizer.encode(text))
 
 
 def take(stream: torch.Tensor, start: int, count: int) -> torch.Tensor:
