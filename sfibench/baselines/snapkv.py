@@ -5,8 +5,10 @@ averaged over the window rows and the GQA group), the votes are smoothed by 1-D 
 neighbours of a strong position survive together, and the top positions per KV head are kept along
 with the window itself. Decoding reads the kept prompt tokens plus everything generated since.
 
-The optimized path copies the kept rows once after prefill into a compact buffer (with the tail's first
-rows up to a tile edge, as SFI's refresh fills its own) and reads it with the two-segment kernel.
+The optimized path reads the kept rows (with the tail's first rows up to a tile edge, as SFI's refresh fills
+its own) and the tail with the two-segment kernel. It keeps only those (engine/compact.py): each prompt's
+kept positions, then its observation window and the generated tokens, in a compact cache. On a whole cache
+(a caller that keeps one) it copies the kept rows once after prefill into a compact buffer of its own.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ class SnapKVConfig(MethodConfig):
 
     def recall_memory(self, selection_budget) -> RecallMemory:
         return SnapKVRecall(self)
+
+    def compact_slots(self, path: str) -> int | None:
+        return self.budget if path == "optimized" else None
 
     def workspace_bytes(self, model_config, path: str, dtype_bytes: int, batch: int, max_seq: int,
                         prompt: int) -> int:
@@ -158,17 +163,25 @@ class SnapKV(AttentionMethod):
             if length <= self.cfg.budget:  # the whole prompt fits: keep it all
                 self.tail_start[row] = 0
                 continue
-            if int(prefilled.query_counts[row]) < self.cfg.window:
-                raise ValueError(f"SnapKV needs the last {self.cfg.window} prompt queries; the engine kept "
-                                 f"{int(prefilled.query_counts[row])} (raise the engine's evidence_rows)")
-            prefix = length - self.cfg.window
-            self.tail_start[row] = prefix
+            self.kept[:, row], self.tail_start[row] = self.keep(cache, prefilled, row)
             self.kept_count[row] = keep
-            for layer in range(mc.num_layers):
-                votes = self._votes(cache, prefilled, layer, row, prefix)
-                top = votes.topk(keep, dim=-1).indices  # [H_kv, keep]
-                self.kept[layer, row] = top.sort(dim=-1).values
         self.tail_start_host = self.tail_start.cpu()
+
+    def keep(self, cache, prefilled, row: int) -> tuple[torch.Tensor, int]:
+        """The best older prompt positions by the window's votes, per layer and KV head, and the observation
+        window as the tail (the whole prompt as the tail where the budget holds it)."""
+        mc, keep, length = self.model_config, self.cfg.budget - self.cfg.window, int(prefilled.lengths[row])
+        if length <= self.cfg.budget:
+            return torch.zeros(mc.num_layers, mc.num_kv_heads, 0, dtype=torch.long, device=cache.k.device), 0
+        if int(prefilled.query_counts[row]) < self.cfg.window:
+            raise ValueError(f"SnapKV needs the last {self.cfg.window} prompt queries; the engine kept "
+                             f"{int(prefilled.query_counts[row])} (raise the engine's evidence_rows)")
+        prefix = length - self.cfg.window
+        kept = torch.empty(mc.num_layers, mc.num_kv_heads, keep, dtype=torch.long, device=cache.k.device)
+        for layer in range(mc.num_layers):
+            votes = self._votes(cache, prefilled, layer, row, prefix)
+            kept[layer] = votes.topk(keep, dim=-1).indices.sort(dim=-1).values
+        return kept, prefix
 
     def _votes(self, cache, prefilled, layer: int, row: int, prefix: int) -> torch.Tensor:
         count = int(prefilled.query_counts[row])
@@ -189,15 +202,22 @@ class SnapKV(AttentionMethod):
 
 
 class OptimizedSnapKV(TwoSegmentPath, SnapKV):
+    in_place = False  # the kept rows are the first slots of a compact cache, not a buffer of this method's
+
     def start(self, cache, prefilled) -> None:
         require_triton_device(cache.k.device)
         self.choose_splits(cache, self.cfg.budget)
-        super().start(cache, prefilled)  # chooses self.kept, self.kept_count and self.tail_start
-        mc, device, keep = self.model_config, cache.k.device, self.kept.shape[-1]
+        keep = self.cfg.budget - self.cfg.window
         # As SFI's refresh does (SelectionState._rebuild_compact): the kept rows are followed by the tail's
         # first rows up to a tile edge, and the tail is read after them: the same rows, no padded tile. A
         # compressed row's tail holds at least the observation window when this runs.
-        moved = min(-keep % tile_rows(mc.head_dim, cache.k.element_size()), self.cfg.window)
+        moved = min(-keep % tile_rows(self.model_config.head_dim, cache.k.element_size()), self.cfg.window)
+        self.in_place = cache.fixed_rows is not None
+        if self.in_place:
+            self.start_compact(cache, keep + moved)
+            return
+        super().start(cache, prefilled)  # chooses self.kept, self.kept_count and self.tail_start
+        mc, device = self.model_config, cache.k.device
         compressed = (self.kept_count > 0).long() * moved  # [B]: rows that kept the whole prompt move nothing
         window = self.tail_start[None, :, None, None] + torch.arange(moved, device=device)  # [1, B, 1, moved]
         positions = torch.cat([self.kept, window.expand(mc.num_layers, -1, mc.num_kv_heads, -1)], dim=-1)
@@ -217,7 +237,21 @@ class OptimizedSnapKV(TwoSegmentPath, SnapKV):
     def plan(self, ctx):
         return AttentionMethod.plan(self, ctx)  # no static sizes: the kernel reads every length on the device
 
+    def start_compact(self, cache, rows: int) -> None:
+        """On a compact cache (engine/compact.py) a compressed row's first `rows` slots are its kept positions
+        and the first rows of its observation window: the fixed segment, read in place; a row that kept its
+        whole prompt reads it all as the tail."""
+        mc, device = self.model_config, cache.k.device
+        self.rows = rows
+        first_tail = (cache.fixed_rows > 0).long() * rows  # [B]
+        self.state("counts", (1, mc.num_layers, cache.batch, mc.num_kv_heads), torch.int32, device)
+        self.counts.copy_(first_tail[None, None, :, None].expand_as(self.counts))
+        self.state("tail", (1, cache.batch), torch.int32, device).copy_(first_tail[None])
+        self.state("row_buffer", (cache.batch,), torch.int32, device)
+
     def compact(self, cache, layer: int):
+        if self.in_place:
+            return cache.k[layer, :, :, :self.rows][None], cache.v[layer, :, :, :self.rows][None]
         return self.compact_k[:, layer], self.compact_v[:, layer]
 
 

@@ -3,6 +3,9 @@
 Evicts everything else for good, so it can never look back at a needle that slid out of the window.
 Keys keep the RoPE of their original positions (no re-rotation into the cache), which reports state.
 The budget is the tokens read per (layer, KV head): sinks + window, matched to SFI's.
+
+The optimized path keeps only the sinks and the window of each prompt (engine/compact.py): in the compact
+cache the sinks are still the first slots and the window the last ones, so the same kernel reads them.
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ class StreamingLLMConfig(MethodConfig):
 
     def recall_memory(self, selection_budget) -> RecallMemory:
         return StreamingRecall(self)
+
+    def compact_slots(self, path: str) -> int | None:
+        return self.budget if path == "optimized" else None
 
 
 class StreamingRecall(RecallMemory):
@@ -98,6 +104,13 @@ class OptimizedStreamingLLM(TwoSegmentPath, StreamingLLM):
         self.state("counts", (1, mc.num_layers, cache.batch, mc.num_kv_heads), torch.int32, device)
         self.state("tail", (1, cache.batch), torch.int32, device)
         self.state("row_buffer", (cache.batch,), torch.int32, device)
+
+    def keep(self, cache, prefilled, row: int) -> tuple[torch.Tensor, int]:
+        """The sinks, and the prompt's last `window` tokens after them (its whole if the budget holds it)."""
+        length, mc = int(prefilled.lengths[row]), self.model_config
+        sinks = min(self.cfg.n_sink, length)
+        fixed = torch.arange(sinks, device=cache.k.device).expand(mc.num_layers, mc.num_kv_heads, -1)
+        return fixed, max(sinks, length - (self.cfg.budget - self.cfg.n_sink))
 
     def compact(self, cache, layer: int):
         sinks = slice(0, self.cfg.n_sink)

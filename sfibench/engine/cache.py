@@ -4,6 +4,11 @@ Layout `[n_layers, B, H_kv, S_max, D]` for K and V, plus the L2 norm of every ca
 prior reads them at each refresh; caching them costs one float per key instead of a pass over K).
 The cache is append-only: decoding writes only at slots >= the prompt length, so a prefilled prompt
 stays intact and "restoring a snapshot" is just resetting the lengths (see Prefilled in engine/).
+
+A slot holds the token at the same position, except in a compact cache (engine/compact.py), which keeps
+only the prompt positions a method reads: there `fixed_rows[b]` slots of chosen positions come first, and
+from slot `fixed_rows[b]` on each slot holds position slot + `position_offset[b]` (the kept tail of the
+prompt, then every generated token). Keys keep the RoPE of their original positions either way.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ class KVCache:
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.lengths_host = torch.zeros(batch, dtype=torch.long)  # mirror: sizes without a device sync
         self.max_seq = max_seq
+        self.position_offset: torch.Tensor | None = None  # [B] on the device: set in a compact cache only
+        self.fixed_rows: torch.Tensor | None = None  # [B] on the device: set in a compact cache only
 
     @property
     def batch(self) -> int:

@@ -13,8 +13,10 @@ from sfibench.engine.workspace import round_up
 class StepContext:
     """What the engine knows about the step being run.
 
-    `positions[b]` is the cache slot (and RoPE position) of sequence b's query token; the cache is
-    unpadded, so slot == position. `kv_lengths[b] = positions[b] + 1` once this step's key is written.
+    `positions[b]` is the cache slot of sequence b's query token; the cache is unpadded, so slot ==
+    position, except in a compact cache (engine/compact.py), whose slots are counted without the prompt
+    positions the method dropped (the step driver rotates at the original position). `kv_lengths[b] =
+    positions[b] + 1` once this step's key is written.
     Both are device tensors the step driver owns and updates in place (a CUDA graph reads them at
     their captured addresses). `slow[b]` is the method's host-side decision for sequence b, used for
     reporting; the attention itself reads the method's device copy of it. The decoder sets `layer`

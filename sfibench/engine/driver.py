@@ -62,6 +62,8 @@ class StepDriver:
         self.kv_lengths = torch.zeros(cache.batch, dtype=torch.long, device=device)
         self.tokens_read = torch.zeros(cfg.num_layers, cache.batch, cfg.num_kv_heads, dtype=torch.long,
                                        device=device)
+        # a compact cache's slots are not positions (engine/compact.py): the step's RoPE positions, made per step
+        self.rope_positions = None if cache.position_offset is None else torch.zeros_like(self.kv_lengths)
         self.graphs: dict[StepPlan, _Captured] = {}
         self.pool = torch.cuda.graph_pool_handle() if use_graphs else None
         self.capture_seconds = 0.0
@@ -109,6 +111,8 @@ class StepDriver:
     def begin_layers(self, ctx: StepContext, plan: StepPlan) -> None:
         """Device side, before the first layer (captured with the step)."""
         torch.add(self.cache.lengths, 1, out=self.kv_lengths)
+        if self.rope_positions is not None:
+            torch.add(self.cache.lengths, self.cache.position_offset, out=self.rope_positions)
         self.method.begin_step(ctx, plan)
 
     def attend(self, ctx: StepContext, plan: StepPlan, layer: int, q: torch.Tensor, k: torch.Tensor | None,
@@ -143,7 +147,8 @@ class StepDriver:
         # launch fewer per layer than rotating, then appending).
         attend.append_target = lambda layer: (self.cache.k[layer], self.cache.v[layer], self.cache.key_norms[layer],
                                               ctx.positions)
-        return self.model(self.tokens[:, None], ctx.positions[:, None], attend)[:, -1]
+        positions = ctx.positions if self.rope_positions is None else self.rope_positions
+        return self.model(self.tokens[:, None], positions[:, None], attend)[:, -1]
 
     def _capture(self, plan: StepPlan, ctx: StepContext) -> _Captured:
         with on_cache("graph capture", self.cache, also=", or decode without CUDA graphs (--no-graphs)"):

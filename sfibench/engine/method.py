@@ -62,6 +62,12 @@ class MethodConfig:
         were prefilled: the memory estimate plans for it."""
         return 0
 
+    def compact_slots(self, path: str) -> int | None:
+        """Slots per sequence the method reads of a prompt of any length once it is prefilled, on `path`; the
+        engine then keeps only those and the generated tokens (engine/compact.py; the method's `keep` says
+        which). None: the method may read any cached position, so the whole cache stays."""
+        return None
+
     def step_bytes(self, model_config, context: int, dtype_bytes: int) -> float:
         """Bytes every step reads beside the K/V tokens it attends to (Quest: its page metadata)."""
         return 0.0
@@ -181,6 +187,13 @@ class AttentionMethod:
 
     def start(self, cache, prefilled) -> None:
         """A new batch was prefilled (or restored from a snapshot): reset per-sequence state."""
+
+    def keep(self, cache, prefilled, row: int) -> tuple[torch.Tensor, int]:
+        """What a method whose settings declare `compact_slots` keeps of prefilled sequence `row`: fixed
+        positions `[layers, H_kv, F]` (long, on the cache's device), and the first position of the prompt's
+        tail it keeps whole (engine/compact.py copies them into a compact cache; `start` then sees that cache,
+        its `fixed_rows` set)."""
+        raise NotImplementedError(f"{self.name} reads the whole cache; it keeps no compact part of it")
 
     def plan(self, ctx) -> StepPlan:
         """Host side, before the step: decide each row's kind (`ctx.slow`), fill the method's device
