@@ -211,6 +211,6 @@ def summarize(records: list[dict], driver: StepDriver, method, facts: dict, sess
                    "timed_captures": sum(r["timed_captures"] for r in records)},
         "peak_memory_bytes": torch.cuda.max_memory_allocated(session.device)
         if session.device.type == "cuda" else None,
-        "memory_estimate": memory_record(run_estimate(session, [spec], batch, session.cache.max_seq,
+        "memory_estimate": memory_record(run_estimate(session, [spec], batch, context + gen_len + 1,
                                                       facts["prefill"] == "synthetic", gen_len)),
     }
