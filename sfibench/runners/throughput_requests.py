@@ -40,7 +40,7 @@ from sfibench import registry
 from sfibench.runners.throughput_measure import finished_row, largest_batch, method_specs, prepare_cache
 from sfibench.runners.throughput_memory import run_estimate
 from sfibench.runners.throughput_run import ThroughputRun, check_request_limit
-from sfibench.workloads.replay import load_replay, own_stream, step_inputs, take_rows
+from sfibench.workloads.replay import load_replay, own_stream, step_inputs, take, take_rows
 
 TEXTS = {"own": "the model's own greedy tokens", "replay": "a replayed real-text stream, teacher-forced"}
 WARM_PREFILL = 2048 + 64  # one whole prefill chunk and part of a second: both attention branches compiled
@@ -106,9 +106,11 @@ def request_shape(session: Session, run: ThroughputRun, context: int, batch: int
 
 def warm_prefill(session: Session, stream: torch.Tensor) -> None:
     """A short prefill into a cache of its own, so the timed one pays no first-call costs (kernel compilation,
-    library handles): a request's time to first token is the model's, not the process's."""
+    library handles): a request's time to first token is the model's, not the process's. The previous
+    shape's cache is freed first, so the two never sit in memory together."""
+    session.cache = None
     cache = KVCache(session.loaded.config, 1, WARM_PREFILL, session.device, session.dtype)
-    prefill(session.loaded.model, cache, [stream[:WARM_PREFILL].tolist()])
+    prefill(session.loaded.model, cache, [take(stream, 0, WARM_PREFILL).tolist()])
     del cache
 
 
