@@ -104,6 +104,36 @@ def test_cache_and_estimate_hold_prompt_and_generation(tmp_path):
     assert (tmp_path / "replay" / "requests.png").stat().st_size > 0
 
 
+def test_memory_check_before_loading_sizes_the_cache_for_the_generation(tmp_path, monkeypatch):
+    """With room for 64 sequences of P + 3 tokens but not of P + G, the fixed-context run of P tokens passes
+    the memory check (and goes on to load the model), and the request run generating G tokens is refused by
+    it, naming P + G + 1 slots."""
+    from sfibench.models.shape import config_before_loading
+    from sfibench.runners import throughput as throughput_runner
+    from sfibench.runners.throughput_measure import method_specs
+    from sfibench.runners.throughput_memory import shape_estimate
+    from sfibench.runners.throughput_run import ThroughputRun
+
+    prompt, gen, batch = 1024, 2048, 64
+    dims = config_before_loading("tiny-llama")
+    specs = method_specs(ThroughputRun(model="tiny-llama", contexts=(prompt,), batches=(batch,),
+                                       methods=(("full_kv", "reference"),), steps=gen), prompt)
+
+    def total(steps: int) -> int:  # float32 on a CPU, a real prefill
+        return shape_estimate(dims, specs, batch, prompt + steps + 1, 4, False, False, steps)["total"]
+
+    assert total(2) < total(gen)
+    room = (total(2) + total(gen)) // 2
+    monkeypatch.setattr(throughput_runner, "planned_before_loading", lambda device: room)
+    monkeypatch.chdir(tmp_path)
+    forbid_model_loading(monkeypatch)
+    common = ["throughput", *TINY, "--batch", str(batch), "--methods", "full_kv"]
+    fixed = CliRunner().invoke(app, [*common, "--ctx", str(prompt), "--steps", "2"])
+    assert isinstance(fixed.exception, ModelLoaded), fixed.output
+    requests = CliRunner().invoke(app, [*common, "--prompt-len", str(prompt), "--gen-len", str(gen)])
+    one_line_error(requests, f"batch {batch} x {prompt + gen + 1:,} tokens needs")
+
+
 BAD = {
     "no tokens generated": (["--prompt-len", "1k", "--gen-len", "0"], "--gen-len '0' is not a token count"),
     "only the prefill's token": (["--prompt-len", "1k", "--gen-len", "1"], "give at least 2"),
