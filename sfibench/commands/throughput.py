@@ -78,7 +78,8 @@ def throughput(
     threads: int = typer.Option(None, min=1, help=TIMED_THREADS_HELP),
     sfi: SFISettings = SFISettings(),
 ):
-    """Decode speed of every method: tok/s, ms/step by kind, GB/s against the measured roofline."""
+    """Decode speed of every method: tok/s, ms/step by kind, GB/s against the measured roofline; with
+    --prompt-len and --gen-len, requests: time to first token, time per output token, end-to-end."""
     with user_errors():
         # Every check before the runner's import needs no model and no measurement, and (where torch's build
         # says there is no GPU) no torch: a bad command fails at once. Options as given first, then the
