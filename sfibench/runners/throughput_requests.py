@@ -26,6 +26,7 @@ import time
 
 import torch
 
+from sfibench import registry
 from sfibench.core.progress import starting
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import batch_step_kind
@@ -36,7 +37,6 @@ from sfibench.engine.sampling import Sampler, SamplingConfig
 from sfibench.engine.session import Session
 from sfibench.metrics.memory import memory_record
 from sfibench.metrics.stats import percentiles, spread
-from sfibench import registry
 from sfibench.runners.throughput_measure import finished_row, largest_batch, method_specs, prepare_cache
 from sfibench.runners.throughput_memory import run_estimate
 from sfibench.runners.throughput_run import ThroughputRun, check_request_limit
@@ -86,16 +86,16 @@ def request_shape(session: Session, run: ThroughputRun, context: int, batch: int
     warm_prefill(session, stream)
     starting(f"prefill of {context:,} tokens x {batch} (timed: each request's time to first token)")
     prefilled, synthetic, prefill_seconds = prepare_cache(session, run, context, batch, stream, seed=0)
-    # the replayed stream goes on where each prompt ends; own text needs only the first input (the prefill's)
-    inputs = step_inputs(take_rows(stream, context, batch, run.steps), session.device)
+    # the replayed stream goes on where each prompt ends (own text feeds the model's tokens instead)
+    replayed = step_inputs(take_rows(stream, context, batch, run.steps), session.device) if text == "replay" \
+        else None
     for spec, row in zip(specs, kept):
         if row is not None:
             yield row
             continue
         starting(f"{spec.name}/{spec.path}: {batch} request(s) of {context:,} + {run.steps:,} tokens, "
                  f"1 warm-up + {run.repeats} timed")
-        records, driver, method = measure_method(session, run, spec, prefilled,
-                                                 inputs if text == "replay" else None, tokenizer)
+        records, driver, method = measure_method(session, run, spec, prefilled, replayed, tokenizer)
         for record in records:  # every request waited for the shape's prefill first
             record["ttft_s"] += prefill_seconds
             record["e2e_s"] += prefill_seconds
