@@ -39,6 +39,10 @@ def run_block(folder: Path, link: str, document: dict, view: str = "full") -> li
 
 
 def _throughput(link: str, document: dict, view: str) -> tuple[str, list[str]]:
+    from sfibench.reporting import throughput_requests_report as requests
+
+    if requests.is_request_run(document):
+        return requests.readme_table(link, document)
     cfg, results = document["config"], document["results"]
     rows = results["rows"]
     if view != "full" and any(r["path"] == "optimized" for r in rows):

@@ -55,14 +55,35 @@ def terminal_table(document: dict, wide: bool = False) -> Table:
     return table
 
 
+README = ("method", "path", "prompt", "gen", "batch", "TTFT s", "TPOT p50 ms", "p99 ms", "e2e s", "out tok/s",
+          "slow /1k tok")
+
+
+def readme_table(link: str, document: dict) -> tuple[str, list[str]]:
+    """A results block's conditions and table for a request run (reporting/readme_tables.py)."""
+    cfg, results = document["config"], document["results"]
+    conditions = (f"{cfg['model']} ({results['weights']}), {results['dtype']}, requests of "
+                  f"{', '.join(context_label(c) for c in cfg['contexts'])} prompt tokens + "
+                  f"{context_label(cfg['gen_len'])} generated, {cfg['repeats']} timed pass(es), SFI's "
+                  f"triggers driven by {_texts(results['rows'])}")
+    lines = [f"![step time by position]({link}/{PLOT})", "",
+             "| " + " | ".join(README) + " |", "|" + " --- |" * len(README)]
+    for cells in table_rows(results["rows"]):
+        named = dict(zip(COLUMNS, cells))
+        lines.append("| " + " | ".join(named[c] for c in README) + " |")
+    return conditions, lines
+
+
 def table_notes(document: dict) -> list[str]:
     return [text_line(document)] + [line for line in caveats(document["results"]["rows"]) if line]
 
 
+def _texts(rows: list[dict]) -> str:
+    return ", ".join(sorted({r["text"] for r in rows}))
+
+
 def text_line(document: dict) -> str:
-    rows = document["results"]["rows"]
-    texts = sorted({r["text"] for r in rows})
-    return f"Decode inputs, and so what drove SFI's triggers: {', '.join(texts)}."
+    return f"Decode inputs, and so what drove SFI's triggers: {_texts(document['results']['rows'])}."
 
 
 def caveats(rows: list[dict]) -> list[str]:

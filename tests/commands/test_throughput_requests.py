@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from sfibench import registry
 from sfibench.cli import app
 from sfibench.engine.session import Session
+from sfibench.reporting.readme_results import generate
 from sfibench.workloads.replay import own_stream
 
 TINY = ["--model", "tiny-llama", "--device", "cpu"]
@@ -102,6 +103,11 @@ def test_cache_and_estimate_hold_prompt_and_generation(tmp_path):
     report = (tmp_path / "replay" / "report.md").read_text()
     assert "what drove SFI's triggers: a replayed real-text stream" in report
     assert (tmp_path / "replay" / "requests.png").stat().st_size > 0
+    # README's generated block of the run: its conditions, and a row per method with the report's numbers
+    block = generate("<!-- results:begin replay -->\n<!-- results:end -->\n", tmp_path, "reports")
+    assert "SFI's triggers driven by a replayed real-text stream" in block
+    for row in document["results"]["rows"]:
+        assert f"| {row['method']} | reference | 400 | 24 | 2 | {row['ttft_s']:.3f} |" in block
 
 
 def test_memory_check_before_loading_sizes_the_cache_for_the_generation(tmp_path, monkeypatch):
