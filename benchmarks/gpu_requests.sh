@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Usage: bash benchmarks/gpu_requests.sh [SECONDS [PART ...]]   (default: 540 seconds; 4b-32k)
+# Usage: bash benchmarks/gpu_requests.sh [SECONDS [PART ...]]   (default: 540 seconds; test 4b-32k)
 # Throughput as a serving user measures it (`sfibench throughput` request mode): requests of a long prompt and
 # a long generation, every method on the optimized path with CUDA graphs, one timed request pass after the
 # warm-up one (which captures the graphs). One run per part, in the order given:
+#   test         first, in seconds: the request mode's GPU test (graphs per length bucket, none captured in a
+#                timed pass) on a tiny model
 #   4b-32k       qwen3-4b shape (random weights, so the replayed stream drives SFI's triggers), P = 32K, G = 8K,
 #                B = 1 and the largest batch
 #   4b-120k      the same at P = 120K (prompt + generation = the model's 128K limit)
@@ -18,7 +20,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 budget=${1:-540}
 shift $(( $# > 0 ? 1 : 0 ))
-parts=("${@:-4b-32k}")
+if [ $# -gt 0 ]; then parts=("$@"); else parts=(test 4b-32k); fi
 RESERVE=15  # seconds kept for packing
 started=$SECONDS
 cat DEVICE_COMMIT 2>/dev/null | head -1
@@ -46,6 +48,8 @@ requests() {  # NAME ARGS...: one request-mode run into OUT/NAME (resuming repor
 
 for part in "${parts[@]}"; do
     case $part in
+        test) timeout 300 python -m pytest -q -p no:randomly -m gpu tests/commands/test_throughput_requests.py \
+                  2>&1 | tail -15 ;;
         4b-32k) requests throughput-requests-qwen3-4b-32k-8k --model qwen3-4b --prompt-len 32k --gen-len 8k ;;
         4b-120k) requests throughput-requests-qwen3-4b-120k-8k --model qwen3-4b --prompt-len 120k --gen-len 8k ;;
         coder-16k)
@@ -55,7 +59,7 @@ for part in "${parts[@]}"; do
             model=$(bash benchmarks/stage_parts.sh assemble qwen2.5-coder-1.5b.gguf) || continue
             requests throughput-requests-qwen2.5-coder-1.5b-16k-4k --model "$model" --dtype bfloat16 \
                 --prompt-len 16k --gen-len 4k ;;
-        *) echo "unknown part $part; parts: 4b-32k 4b-120k coder-16k" ;;
+        *) echo "unknown part $part; parts: test 4b-32k 4b-120k coder-16k" ;;
     esac
 done
 echo "done after $(( SECONDS - started )) s"
