@@ -15,7 +15,8 @@
 # (`complete` false). Each part comes back as OUT/NAME.tar; unpack it under reports/ and call again with the
 # same part: a run found at reports/NAME that is not complete is resumed (`--resume`, its recorded settings),
 # so a part spread over several calls measures each row once. Resume on the same kind of card: `--batch max`
-# is sized by the card's memory. Run from the repository root on the GPU, OUT an empty folder.
+# is sized by the card's memory. BATCH (default 1,max) narrows the batches. Run from the repository root on
+# the GPU, OUT an empty folder.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 budget=${1:-540}
@@ -24,7 +25,7 @@ if [ $# -gt 0 ]; then parts=("$@"); else parts=(test 4b-32k); fi
 RESERVE=15  # seconds kept for packing
 started=$SECONDS
 cat DEVICE_COMMIT 2>/dev/null | head -1
-COMMON=(--paths optimized --batch 1,max --repeats 1)
+COMMON=(--paths optimized --batch "${BATCH:-1,max}" --repeats 1)
 
 requests() {  # NAME ARGS...: one request-mode run into OUT/NAME (resuming reports/NAME), stopped at the call's end
     local name=$1 left resume=()
