@@ -17,6 +17,12 @@ The estimate counts what a decode run allocates, part by part:
 The total is the larger phase: the prefill's transients, or the method's state with the decode phase's
 (the state is allocated when the method starts, after the prefill).
 
+A method that keeps only part of each prompt (MethodConfig.compact_slots; engine/compact.py) holds a compact
+cache of `compact_slots` slots per sequence instead, its key norms and each prompt's last logits; while the
+prompts are prefilled, one at a time, one prompt's whole cache and snapshot come on top, with the larger of
+that prefill's transients and the method's choice (its workspace at one sequence, the positions it keeps
+and one layer's copy of their keys). Its largest batch is its own, not the whole cache's.
+
 A run plans with MARGIN of the device's memory: the rest is the CUDA context, cuBLAS and Triton's
 workspaces and the caching allocator's fragmentation, none of which torch's allocator counts.
 """
@@ -25,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sfibench.engine.workspace import FLOAT32_BYTES, NORM_CHUNK
+from sfibench.engine.workspace import FLOAT32_BYTES, INDEX_BYTES, NORM_CHUNK
 from sfibench.models.presets import ModelConfig
 
 GIB = 1 << 30
@@ -52,6 +58,7 @@ class RunShape:
     synthetic_prefill: bool = True  # False: the prompt runs through the model (engine/prefill.py)
     steps: int = 0  # decode steps: the prompt is max_seq - steps - 1 tokens (0: as long as the cache allows)
     gpu: bool = False  # the RoPE table and the CUDA graphs' pool exist only on a GPU
+    compact_slots: int = 0  # slots per sequence of a compact cache (engine/compact.py); 0: the whole cache
 
 
 def prompt_tokens(max_seq: int, steps: int) -> int:
@@ -122,18 +129,29 @@ def _estimate(cfg: ModelConfig, shape: RunShape) -> dict:
     batch, slots, nbytes = shape.batch, shape.max_seq, shape.dtype_bytes
     rope_table = cfg.max_context * 2 * cfg.head_dim * nbytes if shape.gpu else 0
     weights = cfg.num_params() * nbytes + rope_table
-    kv_cache = batch * slots * cfg.kv_bytes_per_token(nbytes)
-    key_norms = batch * slots * cfg.num_layers * cfg.num_kv_heads * FLOAT32_BYTES
-    snapshot = batch * (cfg.num_layers * cfg.num_heads * EVIDENCE_ROWS * cfg.head_dim * nbytes
-                        + cfg.vocab_size * FLOAT32_BYTES)
-    method_state = batch * (slots * shape.method_token_bytes + shape.method_sequence_bytes)
+    held = shape.compact_slots or slots  # cache slots per sequence while decoding
+    kv_cache = batch * held * cfg.kv_bytes_per_token(nbytes)
+    key_norms = batch * held * cfg.num_layers * cfg.num_kv_heads * FLOAT32_BYTES
+    evidence = cfg.num_layers * cfg.num_heads * EVIDENCE_ROWS * cfg.head_dim * nbytes  # one sequence's queries
+    snapshot = batch * (evidence + cfg.vocab_size * FLOAT32_BYTES)
+    method_state = batch * (held * shape.method_token_bytes + shape.method_sequence_bytes)
     step = batch * cfg.vocab_size * FLOAT32_BYTES * (GRAPH_PLANS if shape.gpu else 1)
     prefill, decode = prefill_workspace(cfg, shape), shape.method_workspace_bytes + step
+    prompt_cache = 0
+    if shape.compact_slots:
+        snapshot = batch * cfg.vocab_size * FLOAT32_BYTES  # the last logits; the prompt queries were used up
+        prompt = prompt_tokens(slots, shape.steps)
+        prompt_cache = prompt * (cfg.kv_bytes_per_token(nbytes) + cfg.num_layers * cfg.num_kv_heads * FLOAT32_BYTES)
+        kept = max(shape.compact_slots - (slots - prompt), 0)  # prompt slots kept per sequence at most
+        choice = shape.method_workspace_bytes + kept * cfg.num_kv_heads * (
+            cfg.num_layers * INDEX_BYTES + 2 * cfg.head_dim * nbytes)
+        prefill = prompt_cache + evidence + cfg.vocab_size * FLOAT32_BYTES + max(prefill, choice)
+        decode = step
     workspace = max(prefill, decode)
     # the method's state is allocated when its decode starts, after the prefill's transients are gone
     total = weights + kv_cache + key_norms + snapshot + max(prefill, method_state + decode)
     return {"batch": batch, "max_seq": slots, "weights": weights, "kv_cache": kv_cache, "key_norms": key_norms,
-            "snapshot": snapshot, "method_state": method_state, "workspace": workspace,
+            "prompt_cache": prompt_cache, "snapshot": snapshot, "method_state": method_state, "workspace": workspace,
             "prefill_workspace": prefill, "decode_workspace": decode, "total": total,
             "decode_total": weights + kv_cache + key_norms + snapshot + method_state + decode, "shape": shape,
             "model": cfg}

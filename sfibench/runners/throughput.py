@@ -34,6 +34,7 @@ from sfibench.runners.throughput_measure import (
     largest_batch,
     measure_all,
     method_specs,
+    own_largest_batches,
 )
 from sfibench.runners.throughput_memory import planned_before_loading
 from sfibench.runners.throughput_requests import measure_requests
@@ -71,18 +72,23 @@ def planned_rows(run: ThroughputRun) -> int:
 def measure_at_each_budget(session: Session, run: ThroughputRun, progress, earlier: list[dict] = ()) -> list[dict]:
     """measure_all with the budget reference's settings at each context (ThroughputRun.at): where a percentage
     gives each context its own, the contexts that share one are measured together (a token count: all of them,
-    in one call). "max" batches are resolved here, once. Rows `earlier` holds (a resumed run's) are kept, not
-    measured again."""
+    in one call). "max" batches are resolved here, once: each method's own largest batch (the request mode's:
+    the largest batch every method fits). Rows `earlier` holds (a resumed run's) are kept, not measured again."""
     longest = max(run.contexts)  # "max" batches are sized where the cache is largest, and used at every context
-    batches = tuple(largest_batch(session, run.at(longest), longest) if b == "max" else int(b) for b in run.batches)
     groups: dict = {}
     for context in run.contexts:
         groups.setdefault(run.sfi_at(context), []).append(context)
     rows = []
-    measure_rows = measure_requests if run.requests else measure_all
+    if run.requests:
+        batches = tuple(largest_batch(session, run.at(longest), longest) if b == "max" else int(b)
+                        for b in run.batches)
+        for contexts in groups.values():
+            rows += measure_requests(session, replace(run.at(contexts[0]), contexts=tuple(contexts), batches=batches),
+                                     progress, earlier)
+        return rows
+    own = own_largest_batches(session, run.at(longest), longest) if "max" in run.batches else {}
     for contexts in groups.values():
-        rows += measure_rows(session, replace(run.at(contexts[0]), contexts=tuple(contexts), batches=batches),
-                             progress, earlier)
+        rows += measure_all(session, replace(run.at(contexts[0]), contexts=tuple(contexts)), progress, earlier, own)
     return rows
 
 

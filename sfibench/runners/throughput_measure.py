@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
 from sfibench import registry
 from sfibench.core.progress import starting
 from sfibench.engine.cache import KVCache
+from sfibench.engine.compact import compact_prefill, compact_slots, uses_compact_cache
 from sfibench.engine.decode import batch_step_kind
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.method import MethodSpec
@@ -66,6 +68,19 @@ def largest_batch(session: Session, cfg: ThroughputRun, context: int) -> int:
     return batch
 
 
+def spec_key(spec: MethodSpec) -> tuple:
+    """What tells a method spec's rows apart from another's, whatever the context's budget."""
+    return spec.name, spec.path, tuple(spec.config.row_facts().items())
+
+
+def own_largest_batches(session: Session, cfg: ThroughputRun, context: int) -> dict[tuple, int]:
+    """`--batch max`: each method spec's own largest batch at `context` (spec_key -> batch), by the estimate of
+    that method alone (a method that keeps only part of each prompt fits more sequences); refused with the
+    one-line error where not even one sequence of a method fits."""
+    return {spec_key(spec): largest_batch(session, replace(cfg, methods=((spec.name, spec.path),)), context)
+            for spec in method_specs(cfg, context)}
+
+
 def check_before_loading(cfg: ThroughputRun, context: int, dims, dtype_bytes: int, gpu: bool,
                          planned: int) -> None:
     """Refuse, from the model's shape `dims` alone (no weight allocated yet), each batch of `cfg` at `context`
@@ -103,9 +118,7 @@ def prepare_cache(session: Session, cfg: ThroughputRun, context: int, batch: int
         # the prefill's peak counts from here, the previous shape's cache freed: the weights, then this shape
         torch.cuda.reset_peak_memory_stats(session.device)
     _check_session_fits(session, method_specs(cfg, context), batch, max_seq, _synthetic(cfg, context), steps)
-    if context + steps > session.max_tokens:
-        raise MemoryEstimateError(f"context {context} + {steps} steps exceeds the model's limit of "
-                                  f"{session.max_tokens} tokens; use a shorter --ctx")
+    _check_limit(session, context, steps)
     session.cache = KVCache(session.loaded.config, batch, max_seq, session.device, session.dtype)
     synthetic = _synthetic(cfg, context)
     cfg = session.loaded.config
@@ -120,17 +133,24 @@ def prepare_cache(session: Session, cfg: ThroughputRun, context: int, batch: int
     return prefilled, synthetic, time.perf_counter() - began
 
 
+def _check_limit(session: Session, context: int, steps: int) -> None:
+    if context + steps > session.max_tokens:
+        raise MemoryEstimateError(f"context {context} + {steps} steps exceeds the model's limit of "
+                                  f"{session.max_tokens} tokens; use a shorter --ctx")
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
 def measure(session: Session, prefilled: Prefilled, spec: MethodSpec, cfg: ThroughputRun,
-            inputs: torch.Tensor, tokenizer, context: int) -> dict:
+            inputs: torch.Tensor, tokenizer, context: int, method=None) -> dict:
     """Decode `cfg.steps` teacher-forced steps per pass; one warm pass, then `cfg.repeats` timed ones.
-    `inputs [cfg.steps + 1, B]`: step i's tokens are row i (replay.step_inputs)."""
+    `inputs [cfg.steps + 1, B]`: step i's tokens are row i (replay.step_inputs). `method`: the one that chose
+    what a compact cache keeps (None: made here)."""
     model, cache, device = session.loaded.model, session.cache, session.device
-    method = registry.create_method(spec, session.loaded.config, tokenizer)
+    method = method or registry.create_method(spec, session.loaded.config, tokenizer)
     runner = StepDriver(model, cache, method, cfg.graphs, cfg.length_bucket)
     passes, kinds, read_sums, replays, refreshes = [], [], {}, 0, 0
     sampler = NvmlSampler(device.index or 0) if device.type == "cuda" else None
@@ -220,7 +240,7 @@ def summarize(session: Session, spec: MethodSpec, cfg: ThroughputRun, facts: dic
                    "length_bucket": runner.length_bucket, "timed_passes_redone": facts["passes_redone"]},
         "peak_memory_bytes": torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None,
         # beside the peak of this method's decode: what the estimate planned for it (metrics/memory.py)
-        "memory_estimate": memory_record(run_estimate(session, [spec], batch, session.cache.max_seq,
+        "memory_estimate": memory_record(run_estimate(session, [spec], batch, context + cfg.steps + 1,
                                                       _synthetic(cfg, context), cfg.steps)),
         # the sampler also ran through the redone passes
         "energy": energy | energy_per_token(energy, batch * cfg.steps * (cfg.repeats + facts["passes_redone"])),
@@ -254,25 +274,30 @@ def add_comparisons(rows: list[dict], cfg: ThroughputRun, dims, dtype_bytes: int
             row["roofline_speedup"] = roofline_ratio(w, kv_full, kv_sparse, row["batch"], interval)
 
 
-def measure_all(session: Session, cfg: ThroughputRun, progress=None, earlier: list[dict] = ()) -> list[dict]:
+def measure_all(session: Session, cfg: ThroughputRun, progress=None, earlier: list[dict] = (),
+                own: dict[tuple, int] | None = None) -> list[dict]:
     """One row per (context, batch, method spec): the rows results.json holds, before add_comparisons.
 
     `progress(row)` is told of each row as it is finished, so a stopped run keeps every one. A row `earlier`
     holds (a resumed run's) is taken as it is, not measured again, and a shape whose rows it holds is not
-    even prefilled; the rows come in the order an uninterrupted run makes them."""
+    even prefilled; the rows come in the order an uninterrupted run makes them. `own`: each spec's own largest
+    batch where the run asks for "max" (own_largest_batches; None: sized here, at the longest context)."""
     stream, tokenizer = load_replay(session.loaded.config.vocab_size, session.loaded.tokenizer)
     rows = []
-    # "max" is the largest batch that fits at the longest context, used at every context
-    batches = [largest_batch(session, cfg, max(cfg.contexts)) if b == "max" else int(b) for b in cfg.batches]
+    # "max" is each method's own largest batch at the longest context, used at every context
+    if own is None:
+        own = own_largest_batches(session, cfg, max(cfg.contexts)) if "max" in cfg.batches else {}
+    fixed = [int(b) for b in cfg.batches if b != "max"]
+    batches = list(dict.fromkeys(fixed + list(own.values())))
     starting(f"timing the model's own products (the weights floor) at batch "
-             f"{', '.join(map(str, dict.fromkeys(batches)))}")
-    floors = {batch: weights_floor_seconds(session.loaded.model, batch, session.device) for batch in dict.fromkeys(batches)}
+             f"{', '.join(map(str, batches))}")
+    floors = {batch: weights_floor_seconds(session.loaded.model, batch, session.device) for batch in batches}
     reduces = {batch: all_reduce_seconds(session.parallel, batch, session.loaded.config.hidden_size,
                                          2 * session.loaded.config.num_layers, session.dtype, session.device)
-               for batch in dict.fromkeys(batches)} if session.parallel.world_size > 1 else {}
+               for batch in batches} if session.parallel.world_size > 1 else {}
     for context in cfg.contexts:
-        for batch in dict.fromkeys(batches):
-            for row in measure_shape(session, cfg, context, batch, stream, tokenizer, earlier):
+        for batch, specs in batch_plan(method_specs(cfg, context), fixed, own).items():
+            for row in measure_shape(session, cfg, context, batch, stream, tokenizer, earlier, specs, own):
                 row.setdefault("weights_floor", floors[batch])
                 if reduces:  # tensor parallelism: the step's all-reduces, part of its floor
                     row.setdefault("all_reduce", reduces[batch])
@@ -280,6 +305,17 @@ def measure_all(session: Session, cfg: ThroughputRun, progress=None, earlier: li
                 if progress:
                     progress(row)
     return rows
+
+
+def batch_plan(specs: list[MethodSpec], fixed: list[int], own: dict[tuple, int]) -> dict[int, list[MethodSpec]]:
+    """Which specs run at each batch: every spec at each of the `fixed` batches, and each at its own largest
+    (`own`, where the run asked for "max")."""
+    plan = {batch: list(specs) for batch in fixed}
+    for spec in specs:
+        batch = own.get(spec_key(spec))
+        if batch is not None and spec not in plan.setdefault(batch, []):
+            plan[batch].append(spec)
+    return plan
 
 
 def finished_row(earlier, spec: MethodSpec, context: int, batch: int) -> dict | None:
@@ -291,33 +327,89 @@ def finished_row(earlier, spec: MethodSpec, context: int, batch: int) -> dict | 
 
 
 def measure_shape(session: Session, cfg: ThroughputRun, context: int, batch: int, stream: torch.Tensor,
-                  tokenizer, earlier=()):
-    """Prefill one (context, batch) and yield a row per method spec (a row `earlier` holds as it is). Its
-    snapshot and inputs live only here, so the next shape's prefill starts with nothing of this one's
-    allocated."""
-    specs = method_specs(cfg, context)
-    kept = [finished_row(earlier, spec, context, batch) for spec in specs]
-    if all(kept):
-        yield from kept
-        return
-    prefill_kind = "synthetic" if _synthetic(cfg, context) else "real"
-    starting(f"prefill of {context:,} tokens x {batch} ({prefill_kind})")
-    prefilled, synthetic, prefill_seconds = prepare_cache(session, cfg, context, batch, stream, seed=0)
-    prefill_peak = torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None
-    # every sequence replays its own stretch of text, starting where its prompt would end
-    inputs = step_inputs(take_rows(stream, context, batch, cfg.steps + 1), session.device)
-    for spec, row in zip(specs, kept):
-        if row is not None:
-            yield row
-            continue
-        # a method timed in several variants on a path (the optimized SFI's publishing) names the variant
-        several = sum((other.name, other.path) == (spec.name, spec.path) for other in specs) > 1
-        variant = " ".join(str(value) for value in spec.config.row_facts().values()) if several else ""
-        named = f"{spec.name} {variant}" if variant else spec.name
-        starting(f"{named}/{spec.path} at {context:,} tokens, B={batch}: "
-                 f"1 warm-up + {cfg.repeats} timed passes of {cfg.steps} steps")
-        row = measure(session, prefilled, spec, cfg, inputs, tokenizer, context)
-        row["prefill"] = "synthetic" if synthetic else "real"
-        row["prefill_seconds"] = prefill_seconds
-        row["prefill_peak_memory_bytes"] = prefill_peak  # weights, cache and the prefill's transients
-        yield row
+                  tokenizer, earlier=(), specs: list[MethodSpec] | None = None, own: dict[tuple, int] | None = None):
+    """Prefill one (context, batch) and yield a row per method spec of `specs` (default: the run's at this
+    context; a row `earlier` holds as it is). The methods that read the whole cache share one prefill; each
+    that keeps only part of each prompt then gets its own compact cache (engine/compact.py), the shared cache
+    freed first. Snapshots and inputs live only here, so the next shape's prefill starts with nothing of this
+    one's allocated. `own`: each spec's own largest batch, where the run asked for "max" (rows measured at it
+    say so: the equal-memory view's rows)."""
+    specs = method_specs(cfg, context) if specs is None else specs
+    dims = session.loaded.config
+    kept = {id(spec): finished_row(earlier, spec, context, batch) for spec in specs}
+    whole = [spec for spec in specs if not uses_compact_cache(spec.config, spec.path, dims)]
+    compact = [spec for spec in specs if uses_compact_cache(spec.config, spec.path, dims)]
+    # every spec's rows come in the order of `specs` within each group, the whole-cache group first
+    inputs = step_inputs(take_rows(stream, context, batch, cfg.steps + 1), session.device) \
+        if not all(kept[id(spec)] for spec in specs) else None
+    if whole and not all(kept[id(spec)] for spec in whole):
+        prefill_kind = "synthetic" if _synthetic(cfg, context) else "real"
+        starting(f"prefill of {context:,} tokens x {batch} ({prefill_kind})")
+        prefilled, synthetic, prefill_seconds = prepare_cache(session, cfg, context, batch, stream, seed=0)
+        prefill_peak = torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None
+    for spec in whole:
+        row = kept[id(spec)] or timed_row(session, cfg, spec, specs, context, batch, prefilled, inputs, tokenizer,
+                                          synthetic, prefill_seconds, prefill_peak)
+        yield marked(row, spec, batch, own)
+    prefilled = None
+    for spec in compact:
+        row = kept[id(spec)]
+        if row is None:
+            starting(f"prefill of {context:,} tokens x {batch}, one at a time, into {spec.name}'s compact cache")
+            method, prefilled, synthetic, prefill_seconds = prepare_compact_cache(session, cfg, spec, context,
+                                                                                  batch, stream, tokenizer)
+            prefill_peak = torch.cuda.max_memory_allocated(session.device) if session.device.type == "cuda" else None
+            row = timed_row(session, cfg, spec, specs, context, batch, prefilled, inputs, tokenizer, synthetic,
+                            prefill_seconds, prefill_peak, method)
+            prefilled = method = None
+        yield marked(row, spec, batch, own)
+
+
+def marked(row: dict, spec: MethodSpec, batch: int, own: dict[tuple, int] | None) -> dict:
+    row.setdefault("largest_batch", bool(own) and own.get(spec_key(spec)) == batch)
+    return row
+
+
+def timed_row(session: Session, cfg: ThroughputRun, spec: MethodSpec, specs: list[MethodSpec], context: int,
+              batch: int, prefilled: Prefilled, inputs: torch.Tensor, tokenizer, synthetic: bool,
+              prefill_seconds: float, prefill_peak: int | None, method=None) -> dict:
+    # a method timed in several variants on a path (the optimized SFI's publishing) names the variant
+    several = sum((other.name, other.path) == (spec.name, spec.path) for other in specs) > 1
+    variant = " ".join(str(value) for value in spec.config.row_facts().values()) if several else ""
+    starting(f"{spec.name}{' ' + variant if variant else ''}/{spec.path} at {context:,} tokens, B={batch}: "
+             f"1 warm-up + {cfg.repeats} timed passes of {cfg.steps} steps")
+    row = measure(session, prefilled, spec, cfg, inputs, tokenizer, context, method)
+    row["prefill"] = "synthetic" if synthetic else "real"
+    row["prefill_seconds"] = prefill_seconds
+    row["prefill_peak_memory_bytes"] = prefill_peak  # weights, cache and the prefill's transients
+    return row
+
+
+def prepare_compact_cache(session: Session, cfg: ThroughputRun, spec: MethodSpec, context: int, batch: int,
+                          stream: torch.Tensor, tokenizer, seed: int = 0):
+    """prepare_cache for a method that keeps only part of each prompt: the shared cache freed, each prompt
+    prefilled alone (really, or synthetically with its own seed) and compacted (engine/compact.py) into
+    `session.cache`. Returns the method that chose what was kept, the snapshot, whether it was synthetic and
+    the prefill's wall time in seconds (selection and copies included)."""
+    steps, dims, max_seq = cfg.steps, session.loaded.config, context + cfg.steps + 1
+    synthetic = _synthetic(cfg, context)
+    session.cache = None
+    if session.device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(session.device)
+    _check_session_fits(session, [spec], batch, max_seq, synthetic, steps)
+    _check_limit(session, context, steps)
+    method = registry.create_method(spec, dims, tokenizer)
+    prompts = None if synthetic else take_rows(stream, 0, batch, context)
+
+    def fill(prompt_cache, row: int) -> Prefilled:
+        if synthetic:
+            return synthetic_prefill(prompt_cache, context, dims.vocab_size, dims.num_heads, EVIDENCE_ROWS, seed + row)
+        return prefill(session.loaded.model, prompt_cache, [prompts[row].tolist()], evidence_rows=EVIDENCE_ROWS)
+
+    slots = compact_slots(spec.config, spec.path, dims, max_seq, steps + 1)
+    _synchronize(session.device)
+    began = time.perf_counter()
+    session.cache, prefilled = compact_prefill(method, slots, [context] * batch, session.device, session.dtype, fill)
+    _synchronize(session.device)
+    return method, prefilled, synthetic, time.perf_counter() - began

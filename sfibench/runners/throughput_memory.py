@@ -8,6 +8,7 @@ import torch
 
 from sfibench.core.device import available_device_memory, total_device_memory
 from sfibench.core.parallel import launched_ranks
+from sfibench.engine.compact import compact_slots
 from sfibench.engine.method import MethodSpec
 from sfibench.engine.session import Session
 from sfibench.metrics.memory import (
@@ -21,28 +22,39 @@ from sfibench.metrics.memory import (
 from sfibench.optimized.decode_attention import tile_rows
 
 
-def method_bytes(specs: list[MethodSpec], dims, dtype_bytes: int, batch: int, max_seq: int, steps: int) -> dict:
-    """The state and workspace of the run's largest method at this shape (one method runs at a time): the
-    method's own MethodConfig.state_bytes and workspace_bytes, `steps` of the `max_seq` slots decoded."""
-    tile = tile_rows(dims.head_dim, dtype_bytes)
-    best = {"method_token_bytes": 0, "method_sequence_bytes": 0, "method_workspace_bytes": 0}
-    for spec in specs:
-        token, sequence = spec.config.state_bytes(dims, spec.path, dtype_bytes, tile)
-        workspace = spec.config.workspace_bytes(dims, spec.path, dtype_bytes, batch, max_seq,
-                                                prompt_tokens(max_seq, steps))
-        if batch * (max_seq * token + sequence) + workspace > \
-                batch * (max_seq * best["method_token_bytes"] + best["method_sequence_bytes"]) \
-                + best["method_workspace_bytes"]:
-            best = {"method_token_bytes": token, "method_sequence_bytes": sequence,
-                    "method_workspace_bytes": workspace}
-    return best
+def spec_bytes(spec: MethodSpec, dims, dtype_bytes: int, batch: int, max_seq: int, steps: int) -> dict:
+    """RunShape's method fields for `spec` at this shape, `steps` of the `max_seq` slots decoded: its own
+    MethodConfig.state_bytes and workspace_bytes, or where it keeps only part of each prompt (compact_slots)
+    its compact cache's slots and the workspace of its choice on one sequence (the prompts are prefilled one
+    at a time). A compact method's state is the few integers per (layer, sequence, KV head) its kernel reads,
+    not counted."""
+    prompt = prompt_tokens(max_seq, steps)
+    slots = compact_slots(spec.config, spec.path, dims, max_seq, max_seq - prompt)
+    if slots is not None:
+        return {"method_token_bytes": 0, "method_sequence_bytes": 0, "compact_slots": slots,
+                "method_workspace_bytes": spec.config.workspace_bytes(dims, spec.path, dtype_bytes, 1, max_seq, prompt)}
+    token, sequence = spec.config.state_bytes(dims, spec.path, dtype_bytes, tile_rows(dims.head_dim, dtype_bytes))
+    return {"method_token_bytes": token, "method_sequence_bytes": sequence, "compact_slots": 0,
+            "method_workspace_bytes": spec.config.workspace_bytes(dims, spec.path, dtype_bytes, batch, max_seq, prompt)}
+
+
+def method_bytes(specs: list[MethodSpec], dims, dtype_bytes: int, batch: int, max_seq: int, steps: int, *,
+                 synthetic: bool, gpu: bool) -> dict:
+    """RunShape's method fields of the run's largest method at this shape (one method runs at a time): the one
+    whose estimate is the largest."""
+    def total(fields: dict) -> int:
+        return estimate_memory(dims, batch, max_seq, dtype_bytes, synthetic_prefill=synthetic, gpu=gpu,
+                               steps=steps, **fields)["total"]
+
+    return max((spec_bytes(spec, dims, dtype_bytes, batch, max_seq, steps) for spec in specs), key=total)
 
 
 def shape_estimate(dims, specs: list[MethodSpec], batch: int, max_seq: int, dtype_bytes: int, synthetic: bool,
                    gpu: bool, steps: int) -> dict:
     """The estimate of a run of `specs` on a model of shape `dims` (a ModelConfig) at this shape."""
     return estimate_memory(dims, batch, max_seq, dtype_bytes, synthetic_prefill=synthetic, gpu=gpu, steps=steps,
-                           **method_bytes(specs, dims, dtype_bytes, batch, max_seq, steps))
+                           **method_bytes(specs, dims, dtype_bytes, batch, max_seq, steps, synthetic=synthetic,
+                                          gpu=gpu))
 
 
 def run_estimate(session: Session, specs: list[MethodSpec], batch: int, max_seq: int, synthetic: bool,
@@ -74,7 +86,7 @@ def check_shape_fits(dims, specs: list[MethodSpec], batch: int, max_seq: int, dt
     """MemoryEstimateError, one line naming the batch and the context that would fit with these methods,
     unless `batch` sequences of `max_seq` slots fit in `planned` bytes."""
     def method_at(sequences: int, slots: int) -> dict:
-        return method_bytes(specs, dims, dtype_bytes, sequences, slots, steps)
+        return method_bytes(specs, dims, dtype_bytes, sequences, slots, steps, synthetic=synthetic, gpu=gpu)
 
     check_fits(shape_estimate(dims, specs, batch, max_seq, dtype_bytes, synthetic, gpu, steps), planned, method_at)
 
@@ -82,10 +94,10 @@ def check_shape_fits(dims, specs: list[MethodSpec], batch: int, max_seq: int, dt
 def largest_fitting_batch(session: Session, specs: list[MethodSpec], max_seq: int, synthetic: bool,
                           steps: int) -> int:
     """The largest batch whose estimate fits the planned bytes at `max_seq` cache slots (0: none)."""
-    dims, nbytes = session.loaded.config, session.cache_dtype_bytes
+    dims, nbytes, gpu = session.loaded.config, session.cache_dtype_bytes, session.device.type == "cuda"
 
     def method_at(batch: int, slots: int) -> dict:
-        return method_bytes(specs, dims, nbytes, batch, slots, steps)
+        return method_bytes(specs, dims, nbytes, batch, slots, steps, synthetic=synthetic, gpu=gpu)
 
     return largest_batch(run_estimate(session, specs, 1, max_seq, synthetic, steps), planned_bytes(session),
                          method_at)
@@ -97,7 +109,7 @@ def capacity(dims, specs: list[MethodSpec], dtype_bytes: int, gpu: bool, planned
     each of `batches`, the longest prompt (0: not one token), and for each prompt length in `contexts`, the
     largest batch (0: not one sequence; None: beyond the model's limit)."""
     def method_at(batch: int, slots: int) -> dict:
-        return method_bytes(specs, dims, dtype_bytes, batch, slots, steps)
+        return method_bytes(specs, dims, dtype_bytes, batch, slots, steps, synthetic=True, gpu=gpu)
 
     longest = dims.max_context - steps  # what --ctx max gives
     widest = shape_estimate(dims, specs, 1, longest + steps + 1, dtype_bytes, True, gpu, steps)

@@ -87,7 +87,7 @@ def test_the_largest_batch_at_128k_on_an_h200(model, expected):
     specs, slots = method_specs(cfg, LONGEST), LONGEST + STEPS + 1
 
     def method_at(batch, max_seq):
-        return method_bytes(specs, dims, 2, batch, max_seq, STEPS)
+        return method_bytes(specs, dims, 2, batch, max_seq, STEPS, synthetic=True, gpu=True)
 
     planned = planning_bytes(H200_BYTES, H200_BYTES)
     assert planned == int(MARGIN * H200_BYTES)
@@ -144,7 +144,8 @@ def test_qwen3_32b_at_128k_batch_8_is_refused_before_any_weight_is_allocated(tmp
 
     def total(batch, max_seq):
         return estimate_memory(dims, batch, max_seq, 2, steps=STEPS,
-                               **method_bytes(specs, dims, 2, batch, max_seq, STEPS))["total"]
+                               **method_bytes(specs, dims, 2, batch, max_seq, STEPS, synthetic=True,
+                                              gpu=False))["total"]
 
     batch, tokens = int(fits[1].replace(",", "")), int(fits[3].replace(",", ""))
     assert total(batch, slots) <= planned < total(batch + 1, slots)
@@ -174,7 +175,8 @@ def test_models_prints_what_fits_in_a_named_memory_without_the_device():
 
         def fits(batch, context):
             estimate = estimate_memory(dims, batch, context + steps + 1, 2, gpu=True, steps=steps,
-                                       **method_bytes(specs, dims, 2, batch, context + steps + 1, steps))
+                                       **method_bytes(specs, dims, 2, batch, context + steps + 1, steps,
+                                                      synthetic=True, gpu=True))
             return estimate["total"] <= planned
 
         *prompts, at_32k, at_max = (int(cell.replace(",", "")) for cell in cells)
@@ -197,7 +199,8 @@ def test_the_family_scripts_fit_plan_asks_only_for_what_fits(capsys):
         cfg = ThroughputRun(model=model, contexts=[context], batches=[batch], methods=[method], steps=steps)
         specs, dims = method_specs(cfg, context), get_preset(model)
         return estimate_memory(dims, batch, context + steps + 1, 2, gpu=True, steps=steps,
-                               **method_bytes(specs, dims, 2, batch, context + steps + 1, steps))["total"] <= planned
+                               **method_bytes(specs, dims, 2, batch, context + steps + 1, steps, synthetic=True,
+                                              gpu=True))["total"] <= planned
 
     fit_plan.main(["methods", "qwen3-0.6b", str(LONGEST), "9", str(steps), "--memory", "139.8GiB"])
     kept = capsys.readouterr().out.strip().split(",")
