@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 from sfibench import registry
 from sfibench.reporting.plot_style import context_axis, legend_below, log_axis, save, yerr
 from sfibench.reporting.speedup_claims import same_tokens_note, speedup_claim, verdict_notes
+from sfibench.reporting.throughput_equal_memory import draw as draw_equal_memory
 from sfibench.reporting.throughput_report import method_label
 
 CAPTION_WIDTH = 80  # characters per line of the speedup panel's caption (a 6-inch panel at 8 points)
@@ -31,7 +32,11 @@ def plot(rows: list[dict], run_dir: Path) -> list[Path]:
 
 
 def throughput_figure(rows: list[dict], path: Path) -> Path:
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.4), layout="constrained")
+    """Tokens/s and speedup by context (equal batch), and where the run measured each method at its own largest
+    batch a third panel: tokens/s per GiB at equal memory (throughput_equal_memory.py)."""
+    equal_memory = any(r.get("largest_batch") for r in rows)
+    fig, axes = plt.subplots(1, 3 if equal_memory else 2, figsize=(18 if equal_memory else 12, 5.4),
+                             layout="constrained")
     series: dict[tuple, list[dict]] = {}
     for r in rows:
         series.setdefault((method_label(r), r["path"], r["batch"]), []).append(r)
@@ -64,6 +69,8 @@ def throughput_figure(rows: list[dict], path: Path) -> Path:
     if notes:
         caption = "\n".join(textwrap.fill(note, CAPTION_WIDTH) for note in notes)
         axes[1].set_xlabel(f"context (tokens)\n{caption}", fontsize=8)
+    if equal_memory:
+        draw_equal_memory(axes[2], rows, method_label, context_axis)
     legend_below(fig, axes, columns=4)
     save(fig, path)
     return path

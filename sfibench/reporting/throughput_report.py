@@ -14,6 +14,7 @@ from sfibench.reporting.speedup_claims import (
     verdict_legend,
     verdict_notes,
 )
+from sfibench.reporting.throughput_equal_memory import markdown_section as equal_memory_section
 
 COLUMNS = ("method", "path", "ctx", "batch", "tok/s", "spread", "ms fast/dense", "ms slow", "floor ms",
            "x floor", "tokens read", "GB/s", "% roofline", "speedup", "roofline speedup")
@@ -303,6 +304,7 @@ def markdown(results: dict) -> str:
     same = same_tokens_note(rows, method_label)
     verdicts = verdict_notes(rows, method_label) + ([same] if same else [])
     lines += [f"- {line[0].upper()}{line[1:]}." for line in verdicts] + ([""] if verdicts else [])
+    lines += equal_memory_section(rows, method_label)
     slower_on_cpu = cpu_note(results)
     lines += [f"**{slower_on_cpu}**", ""] if slower_on_cpu else []
     lines += _latency_section(rows, cpu)
