@@ -1,9 +1,9 @@
 """The throughput report's equal-memory view: each method at its own largest batch (`--batch max`) at the same
 context, its tokens per second and tokens per second per GiB of device memory, beside the equal-batch table.
 
-A method that keeps only part of each prompt (StreamingLLM, SnapKV) frees the rest and fits more sequences;
-a method that may read any cached token (Full-KV, SFI, Quest, TidalDecode) keeps the whole cache. At equal
-batch that cost is invisible; at equal memory it is the batch each can decode. The memory is the decode's
+A method that keeps only part of each prompt (a compact cache, engine/compact.py) frees the rest and fits
+more sequences; a method that may read any cached token keeps the whole cache. At equal batch that cost is
+invisible; at equal memory it is the batch each can decode. The memory is the decode's
 measured peak where a GPU measured one, else the run's estimate (metrics/memory.py).
 """
 

@@ -31,6 +31,7 @@ from sfibench.metrics.nvml import NvmlSampler, energy_per_token
 from sfibench.metrics.stats import percentiles, spread
 from sfibench.metrics.timing import StepTimer
 from sfibench.reporting.speedup_claims import full_kv_reference, speedup_claim
+from sfibench.runners.throughput_batches import batch_plan, marked, spec_key
 from sfibench.runners.throughput_memory import (
     check_shape_fits,
     largest_fitting_batch,
@@ -66,11 +67,6 @@ def largest_batch(session: Session, cfg: ThroughputRun, context: int) -> int:
     if batch < 1:
         _check_session_fits(session, specs, 1, max_seq, synthetic, cfg.steps)
     return batch
-
-
-def spec_key(spec: MethodSpec) -> tuple:
-    """What tells a method spec's rows apart from another's, whatever the context's budget."""
-    return spec.name, spec.path, tuple(spec.config.row_facts().items())
 
 
 def own_largest_batches(session: Session, cfg: ThroughputRun, context: int) -> dict[tuple, int]:
@@ -307,17 +303,6 @@ def measure_all(session: Session, cfg: ThroughputRun, progress=None, earlier: li
     return rows
 
 
-def batch_plan(specs: list[MethodSpec], fixed: list[int], own: dict[tuple, int]) -> dict[int, list[MethodSpec]]:
-    """Which specs run at each batch: every spec at each of the `fixed` batches, and each at its own largest
-    (`own`, where the run asked for "max")."""
-    plan = {batch: list(specs) for batch in fixed}
-    for spec in specs:
-        batch = own.get(spec_key(spec))
-        if batch is not None and spec not in plan.setdefault(batch, []):
-            plan[batch].append(spec)
-    return plan
-
-
 def finished_row(earlier, spec: MethodSpec, context: int, batch: int) -> dict | None:
     """The row of `earlier` that measured `spec` at (context, batch), or None."""
     facts = spec.config.row_facts()
@@ -363,11 +348,6 @@ def measure_shape(session: Session, cfg: ThroughputRun, context: int, batch: int
                             prefill_seconds, prefill_peak, method)
             prefilled = method = None
         yield marked(row, spec, batch, own)
-
-
-def marked(row: dict, spec: MethodSpec, batch: int, own: dict[tuple, int] | None) -> dict:
-    row.setdefault("largest_batch", bool(own) and own.get(spec_key(spec)) == batch)
-    return row
 
 
 def timed_row(session: Session, cfg: ThroughputRun, spec: MethodSpec, specs: list[MethodSpec], context: int,

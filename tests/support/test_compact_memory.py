@@ -11,14 +11,13 @@ from sfibench.core.budget import Budget
 from sfibench.engine.session import Session
 from sfibench.metrics.memory import MARGIN, estimate_memory, largest_batch, planning_bytes
 from sfibench.models.presets import get_preset
+from sfibench.runners.throughput_batches import batch_plan, spec_key
 from sfibench.runners.throughput_measure import (
-    batch_plan,
     measure,
     measure_all,
     method_specs,
     prepare_cache,
     prepare_compact_cache,
-    spec_key,
 )
 from sfibench.runners.throughput_memory import method_bytes, run_estimate, spec_bytes
 from sfibench.runners.throughput_run import ThroughputRun
