@@ -67,12 +67,13 @@ class ThroughputRun:
             sfi, budget = replace(self.sfi, k_head=None, n_recent=None), budget_record(self.budget)
         elif self.k_head is not None:
             sfi = replace(self.sfi, k_head=budget_record(self.k_head))
-        return {"model": model_name, "contexts": list(self.contexts if contexts is None else contexts),
-                "batches": list(self.batches), "methods": [list(pair) for pair in self.methods],
-                "steps": self.steps,
-                "repeats": self.repeats, "prefill": self.prefill, "graphs": self.graphs,
-                "length_bucket": self.length_bucket, "sfi": sfi, "budget": budget,
-                **({"requests": True, "gen_len": self.steps, "text": self.text} if self.requests else {})}
+        record = {"model": model_name, "contexts": list(self.contexts if contexts is None else contexts),
+                  "batches": list(self.batches), "methods": [list(pair) for pair in self.methods],
+                  "steps": self.steps, "repeats": self.repeats, "prefill": self.prefill, "graphs": self.graphs,
+                  "length_bucket": self.length_bucket, "budget": budget,
+                  **({"requests": True, "gen_len": self.steps, "text": self.text} if self.requests else {})}
+        record["sfi"] = sfi  # SFI's settings, a results key (read back as cfg["sfi"])
+        return record
 
 
 def check_request_limit(config, prompts: list[int], gen_len: int) -> None:
