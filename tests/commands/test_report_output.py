@@ -11,6 +11,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from sfibench.cli import app
+from sfibench.commands import common
 
 REPORTS = Path(__file__).resolve().parents[2] / "reports"
 
@@ -33,7 +34,9 @@ def test_redrawing_a_run_prints_its_table_and_the_files(tmp_path, monkeypatch):
 
 
 def test_comparing_runs_prints_tables_not_python_text(tmp_path, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
+    # a 200-column terminal: the console is made at import, so COLUMNS set now would not reach it (and an
+    # xdist worker's output is a pipe, 80 columns, where every metric name is cut to '...')
+    monkeypatch.setattr(common.console, "_width", 200)
     first, second = copied("ci/quality", tmp_path / "a"), copied("ci/quality", tmp_path / "b")
     document = json.loads((second / "results.json").read_text())
     document["config"]["samples"] = [8]

@@ -13,7 +13,9 @@ from pathlib import Path
 import matplotlib.figure
 import pytest
 from plot_bounds import problems
+from typer.testing import CliRunner
 
+from sfibench.cli import app
 from sfibench.reporting import compare, throughput_plots, throughput_report
 from sfibench.reporting.report_run import render
 from sfibench.reporting.speedup_claims import speedup_claim
@@ -172,6 +174,11 @@ def test_every_plot_is_whole_on_its_canvas(tmp_path, monkeypatch):
         run.mkdir()
         shutil.copy(REPORTS / name / "results.json", run / "results.json")
         render(run)
+    # no committed run holds requests (throughput --prompt-len/--gen-len): a tiny one on the CPU draws their plot
+    requests = CliRunner().invoke(app, ["throughput", "--model", "tiny-llama", "--device", "cpu", "--prompt-len",
+                                        "400", "--gen-len", "16", "--repeats", "1", "--budget", "96",
+                                        "--methods", "full_kv,sfi", "--out", str(tmp_path / "requests")])
+    assert requests.exit_code == 0, requests.output
     throughput_runs = []
     for name in ("ci/throughput", "throughput-qwen3-0.6b-h200"):
         throughput_runs.append(tmp_path / f"side-{name.replace('/', '-')}")
