@@ -59,7 +59,9 @@ def test_blocks_not_run_are_few_and_each_says_why():
     marked = [(page, not_run_reason(code), line) for page, code, line in code_blocks if not_run_reason(code)]
     for page, reason, line in marked:
         assert len(reason.split()) >= 6, f"{page.name}:{line}: say why the block is not run, in a sentence"
-    assert len(marked) <= max(1, len(code_blocks) // 4), [f"{p.name}:{line}" for p, _, line in marked]
+    # the blocks a test cannot run are install lines, the suite itself and multi-GPU or hours-long commands:
+    # at most half of the pages' code
+    assert len(marked) <= max(1, len(code_blocks) // 2), [f"{p.name}:{line}" for p, _, line in marked]
     assert RUN_PAGES, "no page has a block to run: the docs test would test nothing"
     for page, language, code, line in EVERY_BLOCK:  # the marker is only meaningful on the first line
         below = code.split("\n", 1)[-1]
