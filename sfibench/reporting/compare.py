@@ -143,6 +143,7 @@ def terminal_tables(document: dict) -> list[Table]:
             table.add_row(setting["setting"], *setting["values"])
         tables.append(table)
     table = styled_table("metrics side by side (change against run 1)", ("metric", "unit", *names))
+    table.columns[0].overflow = "fold"  # a metric's name is what tells rows apart: broken over lines, never cut
     for row in rows:
         table.add_row(row["key"], row["unit"], *(_cell(point, row["values"][0] if i else None)
                                                  for i, point in enumerate(row["values"])))

@@ -50,3 +50,13 @@ def test_comparing_runs_prints_tables_not_python_text(tmp_path, monkeypatch):
     assert setting.split()[1] == "-" and "context 1024, retention 0.15, k_head 96, n_recent 48" in setting
     assert any(line.split()[:3] == ["samples", "4", "8"] for line in text.splitlines()), text
     assert "quality/niah_single sfi@0.15@1024/accuracy" in " ".join(text.split())  # the metrics, side by side
+
+
+def test_an_80_column_comparison_shows_every_metric_name_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(common.console, "_width", 80)
+    first, second = copied("ci/quality", tmp_path / "a"), copied("ci/quality", tmp_path / "b")
+    result = CliRunner().invoke(app, ["report", str(first), str(second), "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    assert all(len(line) <= 80 for line in result.output.splitlines()), result.output
+    metric_column = "".join(line[:20] for line in result.output.splitlines() if line.startswith(("quality/", " ")))
+    assert "…" not in metric_column, result.output  # no name cut to '...'
