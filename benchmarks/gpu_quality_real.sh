@@ -75,10 +75,10 @@ for spec in "$@"; do
         quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-niah_single,niah_multikey,niah_multivalue,niah_multiquery}" \
             --ctx "$ctx" --sfi-preset paper-2k,paper-4k --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
     retention-16k)
-        quality "$part" 120 "${OPT[@]}" --tasks niah_single --ctx 16k --retention 0.15,0.5 \
+        quality "$part" 120 "${OPT[@]}" --tasks niah_single --ctx 16k --budget 0.15,0.5 \
             --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
     retention-list-16k)
-        quality "$part" 120 "${OPT[@]}" --tasks niah_list --ctx 16k --retention 0.15,0.5 \
+        quality "$part" 120 "${OPT[@]}" --tasks niah_list --ctx 16k --budget 0.15,0.5 \
             --methods "$METHODS" --samples "$LIST_SAMPLES"; pack "$part" ;;
     variants-8k | variants-16k | variants-32k | variants-list-16k)
         ctx=${part##*-}; [ "$ctx" = 32k ] && ctx=32000

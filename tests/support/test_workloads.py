@@ -20,7 +20,7 @@ from sfibench.workloads.base import (
 )
 from sfibench.workloads.haystack import DEFAULT_DEPTHS, essay_sentences, insert_at_depths
 from sfibench.workloads.longbench import LongBenchError, longbench_files, longbench_samples
-from sfibench.workloads.tasks import make_samples
+from sfibench.workloads.tasks import get_task, make_samples
 
 TASKS = ["passkey", "niah_single", "niah_single_word", "niah_multikey", "niah_multivalue", "niah_multiquery", "niah_multiturn",
          "vt", "cwe", "fwe", "ppl"]
@@ -50,6 +50,17 @@ def test_samples_are_seeded(byte_fmt):
     c = make_samples("niah_multikey", byte_fmt, 1200, 2, seed=4)
     assert [s.prompt for s in a] == [s.prompt for s in b]
     assert a[0].prompt != a[1].prompt and a[0].prompt != c[0].prompt
+
+
+@pytest.mark.parametrize("task", ["niah_single", "niah_list", "vt_reason"])
+def test_samples_built_together_equal_samples_built_one_by_one(smollm2_fmt, task):
+    """make_samples builds on threads; each sample must still be the one its own seed gives."""
+    together = make_samples(task, smollm2_fmt, 2048, 5, seed=7)
+    spec = get_task(task)  # one by one, each from its documented seed (seed, task, target, index)
+    alone = [spec.generate(smollm2_fmt, 2048, random.Random(f"7/{task}/2048/{i}"), i) for i in range(5)]
+    assert [s.prompt for s in together] == [s.prompt for s in alone]
+    assert [s.answers for s in together] == [s.answers for s in alone]
+    assert len({tuple(s.prompt) for s in together}) == 5
 
 
 def _haystack_fraction(text: str, needle: str, others: list[str]) -> float:
