@@ -63,9 +63,9 @@ def largest_batch(session: Session, cfg: ThroughputRun, context: int) -> int:
     max_seq = context + cfg.steps + 1
     synthetic = _synthetic(cfg, context)
     specs = method_specs(cfg, context)
-    batch = largest_fitting_batch(session, specs, max_seq, synthetic, cfg.steps)
+    batch = largest_fitting_batch(session, specs, max_seq, synthetic, cfg.steps, compact=compacts(cfg))
     if batch < 1:
-        _check_session_fits(session, specs, 1, max_seq, synthetic, cfg.steps)
+        _check_session_fits(session, specs, 1, max_seq, synthetic, cfg.steps, compacts(cfg))
     return batch
 
 
@@ -84,13 +84,20 @@ def check_before_loading(cfg: ThroughputRun, context: int, dims, dtype_bytes: in
     what fits. A "max" batch is checked at one sequence, the least it will run."""
     specs, max_seq, synthetic = method_specs(cfg, context), context + cfg.steps + 1, _synthetic(cfg, context)
     for batch in sorted({1 if b == "max" else int(b) for b in cfg.batches}):
-        check_shape_fits(dims, specs, batch, max_seq, dtype_bytes, synthetic, gpu, planned, cfg.steps)
+        check_shape_fits(dims, specs, batch, max_seq, dtype_bytes, synthetic, gpu, planned, cfg.steps,
+                         compact=compacts(cfg))
+
+
+def compacts(cfg: ThroughputRun) -> bool:
+    """Whether a method that keeps only part of each prompt decodes from its compact cache in this run: in the
+    fixed-context mode (measure_shape); request mode serves every method from the whole cache of P + G."""
+    return not cfg.requests
 
 
 def _check_session_fits(session: Session, specs: list[MethodSpec], batch: int, max_seq: int,
-                        synthetic: bool, steps: int) -> None:
+                        synthetic: bool, steps: int, compact: bool = True) -> None:
     check_shape_fits(session.loaded.config, specs, batch, max_seq, session.cache_dtype_bytes, synthetic,
-                     session.device.type == "cuda", planned_bytes(session), steps)
+                     session.device.type == "cuda", planned_bytes(session), steps, compact=compact)
 
 
 def _synthetic(cfg: ThroughputRun, context: int) -> bool:
@@ -113,7 +120,8 @@ def prepare_cache(session: Session, cfg: ThroughputRun, context: int, batch: int
         torch.cuda.empty_cache()
         # the prefill's peak counts from here, the previous shape's cache freed: the weights, then this shape
         torch.cuda.reset_peak_memory_stats(session.device)
-    _check_session_fits(session, method_specs(cfg, context), batch, max_seq, _synthetic(cfg, context), steps)
+    _check_session_fits(session, method_specs(cfg, context), batch, max_seq, _synthetic(cfg, context), steps,
+                        compacts(cfg))
     _check_limit(session, context, steps)
     session.cache = KVCache(session.loaded.config, batch, max_seq, session.device, session.dtype)
     synthetic = _synthetic(cfg, context)

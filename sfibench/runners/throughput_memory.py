@@ -22,14 +22,16 @@ from sfibench.metrics.memory import (
 from sfibench.optimized.decode_attention import tile_rows
 
 
-def spec_bytes(spec: MethodSpec, dims, dtype_bytes: int, batch: int, max_seq: int, steps: int) -> dict:
+def spec_bytes(spec: MethodSpec, dims, dtype_bytes: int, batch: int, max_seq: int, steps: int, *,
+               compact: bool = True) -> dict:
     """RunShape's method fields for `spec` at this shape, `steps` of the `max_seq` slots decoded: its own
     MethodConfig.state_bytes and workspace_bytes, or where it keeps only part of each prompt (compact_slots)
-    its compact cache's slots and the workspace of its choice on one sequence (the prompts are prefilled one
-    at a time). A compact method's state is the few integers per (layer, sequence, KV head) its kernel reads,
-    not counted."""
+    and the run gives it a compact cache (`compact`: the fixed-context mode does, request mode serves every
+    method from the whole cache) its compact cache's slots and the workspace of its choice on one sequence
+    (the prompts are prefilled one at a time). A compact method's state is the few integers per (layer,
+    sequence, KV head) its kernel reads, not counted."""
     prompt = prompt_tokens(max_seq, steps)
-    slots = compact_slots(spec.config, spec.path, dims, max_seq, max_seq - prompt)
+    slots = compact_slots(spec.config, spec.path, dims, max_seq, max_seq - prompt) if compact else None
     if slots is not None:
         return {"method_token_bytes": 0, "method_sequence_bytes": 0, "compact_slots": slots,
                 "method_workspace_bytes": spec.config.workspace_bytes(dims, spec.path, dtype_bytes, 1, max_seq, prompt)}
@@ -39,29 +41,31 @@ def spec_bytes(spec: MethodSpec, dims, dtype_bytes: int, batch: int, max_seq: in
 
 
 def method_bytes(specs: list[MethodSpec], dims, dtype_bytes: int, batch: int, max_seq: int, steps: int, *,
-                 synthetic: bool, gpu: bool) -> dict:
+                 synthetic: bool, gpu: bool, compact: bool = True) -> dict:
     """RunShape's method fields of the run's largest method at this shape (one method runs at a time): the one
-    whose estimate is the largest."""
+    whose estimate is the largest. `compact`: whether a method that keeps part of each prompt gets its compact
+    cache (spec_bytes)."""
     def total(fields: dict) -> int:
         return estimate_memory(dims, batch, max_seq, dtype_bytes, synthetic_prefill=synthetic, gpu=gpu,
                                steps=steps, **fields)["total"]
 
-    return max((spec_bytes(spec, dims, dtype_bytes, batch, max_seq, steps) for spec in specs), key=total)
+    return max((spec_bytes(spec, dims, dtype_bytes, batch, max_seq, steps, compact=compact) for spec in specs),
+               key=total)
 
 
 def shape_estimate(dims, specs: list[MethodSpec], batch: int, max_seq: int, dtype_bytes: int, synthetic: bool,
-                   gpu: bool, steps: int) -> dict:
+                   gpu: bool, steps: int, *, compact: bool = True) -> dict:
     """The estimate of a run of `specs` on a model of shape `dims` (a ModelConfig) at this shape."""
     return estimate_memory(dims, batch, max_seq, dtype_bytes, synthetic_prefill=synthetic, gpu=gpu, steps=steps,
                            **method_bytes(specs, dims, dtype_bytes, batch, max_seq, steps, synthetic=synthetic,
-                                          gpu=gpu))
+                                          gpu=gpu, compact=compact))
 
 
 def run_estimate(session: Session, specs: list[MethodSpec], batch: int, max_seq: int, synthetic: bool,
-                 steps: int) -> dict:
+                 steps: int, *, compact: bool = True) -> dict:
     """The estimate of a run of `specs` at this shape, on the session's device."""
     return shape_estimate(session.loaded.config, specs, batch, max_seq, session.cache_dtype_bytes, synthetic,
-                          session.device.type == "cuda", steps)
+                          session.device.type == "cuda", steps, compact=compact)
 
 
 def planned_bytes(session: Session) -> int:
@@ -82,25 +86,27 @@ def planned_before_loading(device: torch.device) -> int:
 
 
 def check_shape_fits(dims, specs: list[MethodSpec], batch: int, max_seq: int, dtype_bytes: int, synthetic: bool,
-                     gpu: bool, planned: int, steps: int) -> None:
+                     gpu: bool, planned: int, steps: int, *, compact: bool = True) -> None:
     """MemoryEstimateError, one line naming the batch and the context that would fit with these methods,
     unless `batch` sequences of `max_seq` slots fit in `planned` bytes."""
     def method_at(sequences: int, slots: int) -> dict:
-        return method_bytes(specs, dims, dtype_bytes, sequences, slots, steps, synthetic=synthetic, gpu=gpu)
+        return method_bytes(specs, dims, dtype_bytes, sequences, slots, steps, synthetic=synthetic, gpu=gpu,
+                            compact=compact)
 
-    check_fits(shape_estimate(dims, specs, batch, max_seq, dtype_bytes, synthetic, gpu, steps), planned, method_at)
+    check_fits(shape_estimate(dims, specs, batch, max_seq, dtype_bytes, synthetic, gpu, steps, compact=compact),
+               planned, method_at)
 
 
 def largest_fitting_batch(session: Session, specs: list[MethodSpec], max_seq: int, synthetic: bool,
-                          steps: int) -> int:
+                          steps: int, *, compact: bool = True) -> int:
     """The largest batch whose estimate fits the planned bytes at `max_seq` cache slots (0: none)."""
     dims, nbytes, gpu = session.loaded.config, session.cache_dtype_bytes, session.device.type == "cuda"
 
     def method_at(batch: int, slots: int) -> dict:
-        return method_bytes(specs, dims, nbytes, batch, slots, steps, synthetic=synthetic, gpu=gpu)
+        return method_bytes(specs, dims, nbytes, batch, slots, steps, synthetic=synthetic, gpu=gpu, compact=compact)
 
-    return largest_batch(run_estimate(session, specs, 1, max_seq, synthetic, steps), planned_bytes(session),
-                         method_at)
+    return largest_batch(run_estimate(session, specs, 1, max_seq, synthetic, steps, compact=compact),
+                         planned_bytes(session), method_at)
 
 
 def capacity(dims, specs: list[MethodSpec], dtype_bytes: int, gpu: bool, planned: int, steps: int,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from itertools import pairwise
 
 import torch
 
@@ -154,7 +155,7 @@ def request_pass(driver: StepDriver, method, sampler: Sampler, prefilled: Prefil
         reads = reads + result.ctx.tokens_read.sum()  # stays on the device until the pass ends
         method.observe(emitted[-1] if replayed is None else replayed[index])
     finished = time.perf_counter()
-    steps = [later - earlier for earlier, later in zip(marks, marks[1:])]
+    steps = [later - earlier for earlier, later in pairwise(marks)]
     return {"ttft_s": marks[0] - began, "step_s": steps, "e2e_s": finished - began,
             "unmarked_s": finished - marks[-1], "kinds": kinds, "slow_rows": slow_rows,
             "tokens_read": float(reads), "timed_captures": captures,
@@ -213,6 +214,7 @@ def summarize(records: list[dict], driver: StepDriver, method, facts: dict, sess
                    "timed_captures": sum(r["timed_captures"] for r in records)},
         "peak_memory_bytes": torch.cuda.max_memory_allocated(session.device)
         if session.device.type == "cuda" else None,
+        # every method decodes from the whole cache here, an eviction method too (no compact cache)
         "memory_estimate": memory_record(run_estimate(session, [spec], batch, context + gen_len + 1,
-                                                      facts["prefill"] == "synthetic", gen_len)),
+                                                      facts["prefill"] == "synthetic", gen_len, compact=False)),
     }
