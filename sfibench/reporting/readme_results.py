@@ -13,6 +13,11 @@ batch) and a column per method (reporting/family_table.py):
 
     <!-- results:begin family throughput-qwen3-8b-h200 throughput-qwen3-32b-h200 -->
 
+The `grid` view draws one table across the named quality runs, a row per (task, context, budget) and a
+column per method, an SFI ablation's column named by its flags (reporting/quality_grid_table.py):
+
+    <!-- results:begin grid quality-qwen2.5-coder-1.5b-32k-h100 quality-qwen2.5-coder-1.5b-niah-list-16k-h100 -->
+
 Only the text between the markers is rewritten; everything else on the page is prose written by
 hand. Regenerate after committing new reports (any folder under reports/ may be named):
 
@@ -29,6 +34,7 @@ from pathlib import Path
 
 from sfibench.core.errors import UsageError
 from sfibench.reporting.family_table import family_block
+from sfibench.reporting.quality_grid_table import grid_block
 from sfibench.reporting.readme_tables import VIEWS, run_block
 from sfibench.reporting.results import (
     RESULTS_FILENAME,
@@ -38,6 +44,7 @@ from sfibench.reporting.results import (
 )
 
 FAMILY = "family"  # one table across the named throughput runs (reporting/family_table.py)
+GRID = "grid"  # one table across the named quality runs (reporting/quality_grid_table.py)
 BLOCK = re.compile(r"(<!-- results:begin (?P<names>[^>]*?) -->\n)(?P<body>.*?)(<!-- results:end -->)", re.DOTALL)
 MARKER = re.compile(r"<!-- results:(begin|end)\b")
 
@@ -55,13 +62,15 @@ def generate(readme: str, reports: Path, link_root: str = "reports") -> str:
     pieces, last = [], 0
     for block in blocks:
         names = block["names"].split()
-        view = names.pop(0) if names and names[0] in (*VIEWS, FAMILY) else "full"
+        view = names.pop(0) if names and names[0] in (*VIEWS, FAMILY, GRID) else "full"
         if not names:
             raise ReadmeResultsError("a results:begin marker names no report folder; list them after "
                                      "`results:begin`, e.g. `<!-- results:begin stability-smollm2 -->`")
         runs = [(reports / name, f"{link_root}/{name}", _load(reports / name)) for name in names]
         if view == FAMILY:
             body = family_block(runs)
+        elif view == GRID:
+            body = grid_block(runs)
         else:
             body = [line for folder, link, document in runs for line in run_block(folder, link, document, view)]
         pieces += [readme[last:block.start("body")], "\n".join(body)]
