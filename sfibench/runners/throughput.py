@@ -16,18 +16,19 @@ import torch
 from rich.console import Console
 
 from sfibench.core.device import idle_cores_only, resolve_device
-from sfibench.core.errors import RunInterrupted
-from sfibench.core.provenance import provenance
-from sfibench.core.parallel import interconnect, launched_ranks, rank_device, ranks
 from sfibench.core.device_facts import DTYPE_BYTES, default_dtype
+from sfibench.core.errors import RunInterrupted
+from sfibench.core.parallel import interconnect, launched_ranks, rank_device, ranks
+from sfibench.core.provenance import provenance
 from sfibench.engine.session import Session
 from sfibench.metrics.timing import measure_copy_bandwidth
 from sfibench.models.shape import check_context_limit, config_before_loading
 from sfibench.registry import available, check_method
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import read_results, write_results
-from sfibench.reporting.run_files import check_same_settings
 from sfibench.reporting.run_dir import claimed_run_dir
+from sfibench.reporting.run_files import check_same_settings
+from sfibench.runners.throughput_batches import batch_plan, spec_key
 from sfibench.runners.throughput_measure import (
     add_comparisons,
     check_before_loading,
@@ -64,29 +65,46 @@ def resolve_methods(methods: tuple[str, ...], paths: tuple[str, ...]) -> list[tu
     return list(dict.fromkeys(pairs))
 
 
-def planned_rows(run: ThroughputRun) -> int:
-    """How many rows the whole run measures: every method spec at every (context, batch)."""
-    return len(run.batches) * sum(len(method_specs(run.at(c), c)) for c in run.contexts)
+def largest_batches(session: Session, run: ThroughputRun) -> dict[tuple, int]:
+    """`--batch max` resolved once, where the cache is largest (the longest context), for every context: each
+    method spec's own largest batch (spec_key -> batch); in request mode every spec's is the largest batch
+    every method fits. Empty where the run asks for no "max"."""
+    if "max" not in run.batches:
+        return {}
+    longest = max(run.contexts)
+    if run.requests:
+        batch = largest_batch(session, run.at(longest), longest)
+        return {spec_key(spec): batch for spec in method_specs(run.at(longest), longest)}
+    return own_largest_batches(session, run.at(longest), longest)
 
 
-def measure_at_each_budget(session: Session, run: ThroughputRun, progress, earlier: list[dict] = ()) -> list[dict]:
+def planned_rows(run: ThroughputRun, own: dict[tuple, int]) -> int:
+    """How many rows the whole run measures: every method spec at each context and each batch given as a
+    number, and at its own largest batch (`own`, largest_batches) where the run asks for "max"; a spec whose
+    largest batch is one of the numbers is measured there once."""
+    fixed = [int(b) for b in run.batches if b != "max"]
+    return sum(len(specs) for context in run.contexts
+               for specs in batch_plan(method_specs(run.at(context), context), fixed, own).values())
+
+
+def measure_at_each_budget(session: Session, run: ThroughputRun, progress, earlier: list[dict] = (),
+                           own: dict[tuple, int] | None = None) -> list[dict]:
     """measure_all with the budget reference's settings at each context (ThroughputRun.at): where a percentage
     gives each context its own, the contexts that share one are measured together (a token count: all of them,
-    in one call). "max" batches are resolved here, once: each method's own largest batch (the request mode's:
-    the largest batch every method fits). Rows `earlier` holds (a resumed run's) are kept, not measured again."""
-    longest = max(run.contexts)  # "max" batches are sized where the cache is largest, and used at every context
+    in one call). `own`: the "max" batches (largest_batches; None: resolved here). Rows `earlier` holds (a
+    resumed run's) are kept, not measured again."""
+    own = largest_batches(session, run) if own is None else own
     groups: dict = {}
     for context in run.contexts:
         groups.setdefault(run.sfi_at(context), []).append(context)
     rows = []
     if run.requests:
-        batches = tuple(largest_batch(session, run.at(longest), longest) if b == "max" else int(b)
-                        for b in run.batches)
+        shared = max(own.values(), default=None)  # request mode's one largest batch, for every method
+        batches = tuple(shared if b == "max" else int(b) for b in run.batches)
         for contexts in groups.values():
             rows += measure_requests(session, replace(run.at(contexts[0]), contexts=tuple(contexts), batches=batches),
                                      progress, earlier)
         return rows
-    own = own_largest_batches(session, run.at(longest), longest) if "max" in run.batches else {}
     for contexts in groups.values():
         rows += measure_all(session, replace(run.at(contexts[0]), contexts=tuple(contexts)), progress, earlier, own)
     return rows
@@ -209,8 +227,9 @@ def measure(run: ThroughputRun, session: Session, console: Console,
             console.print(f"  {row['method']}/{row['path']} ctx {row['context']:,} B={row['batch']}: "
                           f"{row['tokens_per_s']:,.1f} tok/s")
 
+        own = largest_batches(session, run)
         try:
-            measure_at_each_budget(session, run, progress, earlier)
+            measure_at_each_budget(session, run, progress, earlier, own)
             complete = True
         except KeyboardInterrupt:
             if not rows:
@@ -220,7 +239,7 @@ def measure(run: ThroughputRun, session: Session, console: Console,
             add_comparisons(rows, run, session.loaded.config, session.cache_dtype_bytes, bandwidth)
         results = {
             # a stopped run keeps every finished row; `--resume` measures the rest
-            "complete": complete, "progress": {"rows": len(rows), "planned": planned_rows(run)},
+            "complete": complete, "progress": {"rows": len(rows), "planned": planned_rows(run, own)},
             "rows": rows, "copy_bandwidth_gb_s": bandwidth / 1e9, "dtype": str(session.dtype).removeprefix("torch."),
             "weights": "random weights at the real shape" if session.loaded.config.source == "random" else "real weights",
             # the kernels the loaded model decodes with, chosen when it was loaded (models/fused.DecodeKernels)
