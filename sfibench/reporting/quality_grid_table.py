@@ -40,7 +40,8 @@ def grid_block(runs: list[tuple[Path, str, dict]]) -> list[str]:
             column = (method, own if method == registry.BUDGET_REFERENCE else method)
             if column not in columns:
                 columns.append(column)
-        for cell in document["results"]["cells"]:
+        task_order = {task: i for i, task in enumerate(cfg["tasks"])}  # the run's own order, not the cells'
+        for cell in sorted(document["results"]["cells"], key=lambda c: task_order.get(c["task"], len(task_order))):
             row = (_setup(cfg), cell["task"], cell["context"], retentions)
             if row not in rows:
                 rows.append(row)

@@ -24,8 +24,9 @@ def cell(task: str, context: int, method: str, retention: float | None, accuracy
 
 def write_run(reports: Path, name: str, cells: list[dict], methods: list[str], retentions: list[float],
               preset: str | None = None, variant: dict | None = None, complete: bool = True,
-              commit: str = "aaaaaaaaaaaa") -> None:
-    config = {"model": "qwen2.5-coder-1.5b", "methods": methods, "tasks": sorted({c["task"] for c in cells}),
+              commit: str = "aaaaaaaaaaaa", tasks: list[str] | None = None) -> None:
+    tasks = tasks or sorted({c["task"] for c in cells})
+    config = {"model": "qwen2.5-coder-1.5b", "methods": methods, "tasks": tasks,
               "contexts": sorted({c["context"] for c in cells}), "retentions": retentions, "samples": [100],
               "path": "optimized", "sfi_preset": preset, "sfi_variant": variant}
     document = {"schema_version": SCHEMA_VERSION, "command": "quality", "config": config,
@@ -138,3 +139,11 @@ def test_the_variant_column_is_named_by_the_flags_that_run_it():
 def test_the_grid_view_refuses_a_run_that_is_not_a_quality_run():
     with pytest.raises(ValueError, match="the grid view shows quality runs"):
         generate("<!-- results:begin grid throughput-qwen3-4b-h200 -->\n<!-- results:end -->\n", ROOT / "reports")
+
+
+def test_rows_follow_the_tasks_order_the_run_asked_for(tmp_path):
+    """results.json lists cells sorted by name; the table keeps the order of the run's --tasks."""
+    cells = [cell(task, 8192, "full_kv", None, 1.0) for task in ("niah_multikey", "niah_single", "vt")]
+    write_run(tmp_path, "run", cells, ["full_kv"], [0.15], tasks=["vt", "niah_single", "niah_multikey"])
+    _, rows = table(grid(tmp_path, "run"))
+    assert [row[0] for row in rows] == ["vt", "niah_single", "niah_multikey"]
