@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
@@ -49,8 +50,30 @@ def run_check(baseline_dir: Path, current_dir: Path | None, update: bool, reason
         raise BaselineError("--update needs --reason TEXT saying why the new numbers are the right ones")
     if reason and not update:
         raise BaselineError("--reason only goes with --update (it is recorded when a baseline is replaced)")
-    if not console.is_terminal:  # a CI log: wide enough that no metric name is cut
-        console.width = max(console.width, LOG_WIDTH)
+    with log_width(console):
+        return _check(baseline_dir, current_dir, update, reason, console, wide)
+
+
+@contextmanager
+def log_width(console: Console):
+    """Where the console writes to a log (not a terminal), at least LOG_WIDTH columns wide inside the block, so
+    no metric name is cut; afterwards as it was, since the commands share one console for the whole process."""
+    if console.is_terminal:
+        yield
+        return
+    # rich keeps a width given to it in `_width` (None: measured from the environment at each print), and has
+    # no public way back to None
+    given = console._width
+    console.width = max(console.width, LOG_WIDTH)
+    try:
+        yield
+    finally:
+        console._width = given
+
+
+def _check(baseline_dir: Path, current_dir: Path | None, update: bool, reason: str | None, console: Console,
+           wide: bool) -> int:
+    """run_check's work, its --update and --reason already checked."""
     baseline = load(baseline_dir)
     baseline_docs = {name: baseline.document(name) for name in baseline.runs}
     if update:

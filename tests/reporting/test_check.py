@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import errno
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +73,19 @@ def test_an_unchanged_run_passes(baseline, tmp_path):
     status, output = check("--baseline", baseline, "--current", make_run(tmp_path / "now"))
     assert status == 0, output
     assert "PASS" in output and "regressed" not in output
+
+
+def test_the_shared_console_is_as_wide_after_a_check_as_before(baseline, tmp_path):
+    """A check printing to a log widens the commands' console while it runs (no metric name cut); what the
+    process prints afterwards is laid out at the console's own width again."""
+    from sfibench.commands.common import console
+    from sfibench.reporting.check import LOG_WIDTH
+
+    before = console.width
+    assert before < LOG_WIDTH  # so the check does widen it
+    status, output = check("--baseline", baseline, "--current", make_run(tmp_path / "now"))
+    assert status == 0, output
+    assert console.width == before
 
 
 def test_an_inflated_tokens_read_count_fails(baseline, tmp_path):
