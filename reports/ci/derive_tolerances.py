@@ -41,7 +41,7 @@ COMMON = ["--model", "smollm2-135m", "--device", "cpu", "--dtype", "float32"]
 ENV = {"OMP_NUM_THREADS": "2"}  # fixed, so the reduction order is the same wherever the check runs
 SAMPLES = 4
 RUNS = {
-    "quality": ["quality", *COMMON, "--tasks", "niah_single,ppl", "--ctx", "1k", "--retention", "0.15",
+    "quality": ["quality", *COMMON, "--tasks", "niah_single,ppl", "--ctx", "1k", "--budget", "0.15",
                 "--samples", str(SAMPLES), "--batch", "4", "--seed", "0",
                 "--methods", "full_kv,sfi,streaming_llm,snapkv"],
     "stability": ["stability", *COMMON, "--steps", "256", "--prefix", "768", "--k-head", "10%"],
