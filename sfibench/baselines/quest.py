@@ -228,10 +228,11 @@ class Quest(AttentionMethod):
 
 
 class OptimizedQuest(Quest):
-    """Per sparse layer: one launch scores the pages (and folds the new key into its page's bounds), one
-    ranks them (optimized/top_k_kernels.top_k: a program per sequence and KV head), one lists their
-    slots and the current page's, and the split-K decode kernel reads those slots in place in the cache.
-    Nothing is sized on the host, so one CUDA graph serves every step."""
+    """Per sparse layer: one launch scores the pages (and folds the new key into its page's bounds), two
+    rank them (optimized/top_k_kernels.top_k: each row's pages cut into as many chunks as fill the GPU,
+    then the chunks' best merged; a short row in one program), one lists their slots and the current
+    page's, and the split-K decode kernel reads those slots in place in the cache. Nothing is sized on the
+    host, so one CUDA graph serves every step."""
 
     def start(self, cache, prefilled) -> None:
         require_triton_device(cache.k.device)

@@ -13,7 +13,8 @@ from sfibench.optimized.retrieval_kernels import (
     token_scores,
     token_scores_reference,
 )
-from sfibench.optimized.top_k_kernels import radix_top_k
+from sfibench.optimized.top_k_kernels import top_k
+from sfibench.sfi.selector import top_k_positions
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -99,7 +100,7 @@ def test_expand_positions_lists_the_chosen_pages_then_the_current_one(page, leng
     scores = torch.randn(batch, heads, pages, generator=torch.Generator().manual_seed(page)).to(DEVICE)
     current = (lengths - 1) // page
     scores = scores.masked_fill(~(torch.arange(pages, device=DEVICE) < current[:, None])[:, None], float("-inf"))
-    chosen = radix_top_k(scores, chosen_pages, 0)
+    chosen = top_k(scores, chosen_pages, 0, num_splits=3)
     want_positions, want_counts = expand_positions_reference(chosen, lengths, page)
     positions = torch.full((batch, heads, (chosen_pages + 1) * page), -7, dtype=torch.long, device=DEVICE)
     counts = torch.zeros(batch, heads, dtype=torch.int32, device=DEVICE)
@@ -111,3 +112,23 @@ def test_expand_positions_lists_the_chosen_pages_then_the_current_one(page, leng
         assert all(slot < int(lengths[b]) for slot in listed)
         expected_pages = min(int(current[b]), chosen_pages)
         assert len(listed) == expected_pages * page + (int(lengths[b]) - 1) % page + 1
+
+
+@pytest.mark.parametrize("splits", [3, None])
+def test_the_split_ranking_of_scored_pages_and_tokens_is_the_oracles(splits):
+    """What the optimized Quest and TidalDecode rank: the kernels' own scores (sequences of other lengths, so
+    other -inf tails; several KV heads; pages that tie because their keys are equal) ranked by `top_k`, split
+    into chunks or by its default, against top_k_positions on the same scores."""
+    batch, kv_heads, group, dim, page, slots = 2, 3, 2, 16, 4, 240
+    lengths = torch.tensor([240, 93], device=DEVICE)
+    keys, highest, lowest = keys_and_bounds(batch, kv_heads, slots, dim, page, lengths, torch.float32, seed=6)
+    keys[:, :, 40:80] = keys[:, :, :40]  # slots 40-79 repeat slots 0-39: tied token scores
+    highest[:, :, 10:20], lowest[:, :, 10:20] = highest[:, :, :10], lowest[:, :, :10]  # and tied pages
+    q = torch.randn(batch, kv_heads * group, dim, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    page_rows = page_scores(q, highest, lowest, keys, lengths, page)
+    assert torch.equal(page_rows[..., :10], page_rows[..., 10:20])
+    for k in (5, 23, 59, 60):  # 59 real pages at most; 60 pages in all
+        assert torch.equal(top_k(page_rows, k, 0, num_splits=splits), top_k_positions(page_rows, k, 0))
+    token_rows = token_scores(q, keys, lengths)
+    for k in (7, 90, 240):
+        assert torch.equal(top_k(token_rows, k, 0, num_splits=splits), top_k_positions(token_rows, k, 0))
