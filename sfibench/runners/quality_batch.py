@@ -56,7 +56,7 @@ def make_condition(method: str, retention: float | None, context: int, path: str
         return Condition(method, retention, registry.at_budget(method, path, budget, config))
     except BudgetError as error:
         raise BudgetError(f"retention {retention:g} of a {context}-token context is {budget} tokens: {error}; "
-                          "use a larger --retention or --ctx") from None
+                          "use a larger --budget or --ctx") from None
 
 
 def conditions(methods: list[str], retentions: list[float], context: int,

@@ -114,7 +114,7 @@ def test_budget_rule():
     assert (sfi.n_recent, sfi.k_head) == (48, 205 - 4 - 48)
     assert make_condition("streaming_llm", 0.15, 4096).spec.config.budget == 614
     assert make_condition("snapkv", 0.5, 2048).spec.config.budget == 1024
-    with pytest.raises(BudgetError, match="50 tokens: .*SnapKV's 64-token observation window"):
+    with pytest.raises(BudgetError, match="50 tokens: .*SnapKV.s 64-token observation window.*use a larger --budget or --ctx"):
         make_condition("snapkv", 0.1, 500)
     with pytest.raises(BudgetError, match=r"or a fraction of the context in \(0, 1\]"):
         parse_retentions(["0.2", "1.5"])
