@@ -12,9 +12,10 @@
 #   reason-16k   vt_reason (reasoning before the answer) at 16K, every method at paper-2k
 #   grid-CTX     niah_single, niah_multikey, niah_multivalue, niah_multiquery at CTX (8k, 16k, 32k), every method
 #                at paper-2k and paper-4k ($TASKS overrides the task list)
-#   retention-16k  niah_single at 16K, every method at retention 0.15 and 0.5
+#   retention-CTX  niah_single at CTX (8k, 16k, 32k), every method at retention 0.15 and 0.5 ($TASKS overrides)
 #   retention-list-16k  niah_list at 16K, every method at retention 0.15 and 0.5 ($LIST_SAMPLES prompts)
-#   variants-CTX SFI --no-nms and SFI --no-nms --keep-neighbours 7 on niah_single at CTX (paper-2k, paper-4k)
+#   variants-CTX SFI --no-nms and SFI --no-nms --keep-neighbours 7 on niah_single at CTX (paper-2k, paper-4k;
+#                $TASKS overrides the task list)
 #   variants-list-16k  the same two SFI variants on niah_list at 16K (paper-2k, $LIST_SAMPLES prompts)
 #   ruler-16k    RULER's 13 tasks at 16K, every method at paper-2k ($RULER_SAMPLES prompts per task)
 #   longfid-16k  niah_list_64 (answers of >= 1,024 tokens) at 16K, every method at paper-2k, batch 8
@@ -74,15 +75,16 @@ for spec in "$@"; do
         ctx=${part#grid-}; [ "$ctx" = 32k ] && ctx=32000
         quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-niah_single,niah_multikey,niah_multivalue,niah_multiquery}" \
             --ctx "$ctx" --sfi-preset paper-2k,paper-4k --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
-    retention-16k)
-        quality "$part" 120 "${OPT[@]}" --tasks niah_single --ctx 16k --budget 0.15,0.5 \
+    retention-8k | retention-16k | retention-32k)
+        ctx=${part#retention-}; [ "$ctx" = 32k ] && ctx=32000
+        quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-niah_single}" --ctx "$ctx" --budget 0.15,0.5 \
             --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
     retention-list-16k)
         quality "$part" 120 "${OPT[@]}" --tasks niah_list --ctx 16k --budget 0.15,0.5 \
             --methods "$METHODS" --samples "$LIST_SAMPLES"; pack "$part" ;;
     variants-8k | variants-16k | variants-32k | variants-list-16k)
         ctx=${part##*-}; [ "$ctx" = 32k ] && ctx=32000
-        task=niah_single; presets=paper-2k,paper-4k; n=$SAMPLES
+        task=${TASKS:-niah_single}; presets=paper-2k,paper-4k; n=$SAMPLES
         [[ $part == variants-list-* ]] && { task=niah_list; presets=paper-2k; n=$LIST_SAMPLES; }
         quality "$part-no-nms" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" --sfi-preset "$presets" \
             --methods sfi --no-nms --samples "$n"
