@@ -28,8 +28,12 @@ shift
 started=$SECONDS
 RESERVE=15  # seconds kept for packing
 cat DEVICE_COMMIT 2>/dev/null | head -1
+# RULER's package and word lists (ruler-16k), staged once per warm machine by a call that carries them:
+#   mkdir -p /root/stage && cp -r .stage/ruler-wheels /root/stage/   (carry .stage/ruler-wheels, 18 MB)
+ruler_wheels=$(ls "${RULER_WHEELS:-/root/stage/ruler-wheels}"/*.whl 2>/dev/null)
+# shellcheck disable=SC2086  # one path per wheel
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    "${WHEELS:-.whl}"/*.whl || exit 1
+    "${WHEELS:-.whl}"/*.whl $ruler_wheels || exit 1
 export PYTHONPATH=$PWD:/tmp/site
 model=$(bash benchmarks/stage_parts.sh assemble qwen2.5-coder-1.5b.gguf) || exit 1
 echo "model $model; $(python -c 'import transformers, torch; print("transformers", transformers.__version__, "torch", torch.__version__)')"
