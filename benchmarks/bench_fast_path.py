@@ -24,7 +24,7 @@
 
     python benchmarks/bench_fast_path.py --out fast_path.json
     python benchmarks/bench_fast_path.py --batch "" --contexts "" --selector-tiles 130944
-    python benchmarks/bench_fast_path.py --batch "" --contexts "" --ranking 8192,32768,131072 --out ranking.json
+    python benchmarks/bench_fast_path.py --batch "" --contexts "" --ranking 8192,32768,131072 --out r.json
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 import sfibench
-from sfibench.optimized import compact_kernels, top_k_kernels
+from sfibench.optimized import compact_kernels, retrieval_kernels, top_k_kernels
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
 from sfibench.optimized.retrieval_kernels import page_scores, token_scores
 from sfibench.optimized.selector_kernels import SelectorTiles, fused_scores
@@ -264,21 +264,35 @@ def retrieval_ranking(context: int, batch: int, layers: int = 36, kv_heads: int 
 
             def score(layer, out, keys=keys, bounds=bounds):
                 page_scores(q, *bounds[layer], keys, lengths, page, out=out)
+
+            if hasattr(retrieval_kernels, "top_pages"):  # the scoring fused into the ranking, as Quest runs it
+                def score_and_rank(layer, out, k, keys=keys, bounds=bounds):
+                    return retrieval_kernels.top_pages(q, *bounds[layer], keys, lengths, page, k, out)
+            else:  # a checkout whose Quest scores, then ranks
+                def score_and_rank(layer, out, k, score=score):
+                    score(layer, out)
+                    return top_k_kernels.top_k(out, k, 0)
         else:
             keys = [torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=dtype)
                     for _ in range(selecting)]
 
             def score(layer, out, keys=keys):
                 token_scores(q, keys[layer], lengths, out=out)
+
+            def score_and_rank(layer, out, k, score=score):
+                score(layer, out)
+                return top_k_kernels.top_k(out, k, 0)
         scores = [torch.empty(batch, kv_heads, n, device=device) for _ in range(selecting)]
         for layer in range(selecting):
             score(layer, scores[layer])
-        assert torch.equal(top_k_kernels.top_k(scores[0], k, 0), top_k_positions(scores[0], k, 0))
+        expected = scores[0].clone()  # each way of choosing gives the scores and the oracle's choice of them
+        assert torch.equal(top_k_kernels.top_k(scores[0], k, 0), top_k_positions(expected, k, 0))
+        assert torch.equal(score_and_rank(0, scores[0], k), top_k_positions(expected, k, 0))
+        assert torch.equal(scores[0], expected)
 
-        def choose(score=score, scores=scores, k=k):
+        def choose(score_and_rank=score_and_rank, scores=scores, k=k):
             for layer, out in enumerate(scores):
-                score(layer, out)
-                top_k_kernels.top_k(out, k, 0)
+                score_and_rank(layer, out, k)
 
         def rank(scores=scores, k=k):
             for out in scores:

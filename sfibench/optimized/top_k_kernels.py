@@ -5,10 +5,9 @@ equal to it, the lowest positions, in ascending order. Two rankings give exactly
 select (the Selector's, and any row too long for the split ranking) and `top_k`, the split ranking of
 the retrieval methods' pages and tokens, below the radix select.
 
-The radix select. Finding the K-th best with torch.topk took ~0.55 ms Finding that K-th best with torch.topk took ~0.55 ms
-at 128K candidates x 36 layers x 8 KV heads on an H200, and writing the kept positions in order with one
-program per head looping over all its candidates 0.27 ms: about a third of the refresh, for a few
-passes over 150 MB.
+The radix select. Finding the Selector's K-th best with torch.topk took ~0.55 ms at 128K candidates x 36
+layers x 8 KV heads on an H200, and writing the kept positions in order with one program per head looping
+over all its candidates 0.27 ms: about a third of the refresh, for a few passes over 150 MB.
 
 Radix select: a float32 score is mapped to an int32 key with the same order (`_order_key`), and the
 K-th best key is found one byte at a time, most significant first. Pass p histograms byte p of the keys
@@ -44,13 +43,14 @@ search over the int32 keys (`_keep_best`). A select by threshold was the other c
 read the whole row, where the merge reads only splits x K candidates, and it takes seven launches to the
 split ranking's two.
 
-Where a chunk cannot hold 2K scores (TidalDecode's ~2.3K tokens at 8K-128K) the candidates would be
-most of the row: a short row (<= ROW_BLOCK_MAX) is ranked by one program, as are rows that fill the SMs
-by themselves, and a longer one goes to the radix select, which spreads over the SMs in that case.
+Where no split pays (chunks of 2K scores would be too few, or their candidates more than MERGE_MAX:
+TidalDecode's K = 2,307 tokens at 8K-128K, Quest's pages at 8K) one program ranks a row of up to
+MERGE_MAX scores, or of up to ROW_BLOCK_MAX where the rows alone fill the SMs; a longer row goes to the
+radix select, spread over the SMs.
 
-The page scores are not fused into the first pass: they cost 4 bytes a page to write and read again
-against the 2 x D bound values a page the scoring reads once either way, and a fused pass would tie the
-chunk to the scoring's tile.
+Quest's scoring is the first pass itself (retrieval_kernels.top_pages, through `_keep_chunk_best`,
+`candidate_layout` and `merge_candidates`): the bounds are read once either way, and the split ranking
+then takes two launches with the scoring, as many as the scoring plus a one-program ranking.
 
 tests/kernels/test_top_k_kernels.py checks both rankings against top_k_positions under TRITON_INTERPRET:
 ties, -inf, -0.0, K >= n, several chunks and forced split counts on small rows.
@@ -217,21 +217,30 @@ def _keep_best(key, valid, k):
 
 
 @triton.jit
+def _keep_chunk_best(score, pos, valid, kept, cand_score_ptr, cand_pos_ptr, slots, width,
+                     BLOCK: tl.constexpr):
+    """The `kept` best of one chunk's valid lanes (positions `pos`, ascending with the lanes) as (score,
+    position) in candidate slots [slots, slots + kept), ascending; slots [kept, width) get position -1."""
+    lane = tl.arange(0, BLOCK)
+    keep = _keep_best(_order_key(score), valid, kept)
+    rank = tl.cumsum(keep.to(tl.int32), 0) - 1
+    tl.store(cand_score_ptr + slots + rank, score, mask=keep)
+    tl.store(cand_pos_ptr + slots + rank, pos, mask=keep)
+    empty = (lane >= kept) & (lane < width)
+    tl.store(cand_pos_ptr + slots + lane, tl.full([BLOCK], -1, tl.int32), mask=empty)
+
+
+@triton.jit
 def _chunk_best_kernel(score_ptr, cand_score_ptr, cand_pos_ptr, n, k, chunk, width, BLOCK: tl.constexpr):
-    """One chunk of one row: its min(k, chunk length) best (score, position), ascending by position, in
-    the row's candidate slots [part * width, part * width + width); the slots left over get position -1."""
+    """One chunk of one row: its min(k, chunk length) best, in the row's candidate slots of this chunk."""
     part, row = tl.program_id(0), tl.program_id(1).to(tl.int64)
     lane = tl.arange(0, BLOCK)
     pos = part * chunk + lane
     valid = (lane < chunk) & (pos < n)
     score = tl.load(score_ptr + row * n + pos, mask=valid, other=0.0)
     kept = tl.minimum(k, tl.minimum(chunk, n - part * chunk))
-    keep = _keep_best(_order_key(score), valid, kept)
-    rank = tl.cumsum(keep.to(tl.int32), 0) - 1
     slots = (row * tl.num_programs(0) + part) * width
-    tl.store(cand_score_ptr + slots + rank, score, mask=keep)
-    tl.store(cand_pos_ptr + slots + rank, pos, mask=keep)
-    tl.store(cand_pos_ptr + slots + lane, tl.full([BLOCK], -1, tl.int32), mask=(lane >= kept) & (lane < width))
+    _keep_chunk_best(score, pos, valid, kept, cand_score_ptr, cand_pos_ptr, slots, width, BLOCK)
 
 
 @triton.jit
@@ -262,14 +271,15 @@ def ranking_splits(rows: int, n: int, k: int, sms: int) -> int:
     return splits if splits >= 2 and fits else 1
 
 
-def _warps(block: int) -> int:
+def ranking_warps(block: int) -> int:
+    """Warps of a ranking program over `block` lanes: 4, up to 16 for the longest rows."""
     return min(16, max(4, block // 1024))
 
 
 def top_k(scores: torch.Tensor, k: int, lo: int, num_splits: int | None = None) -> torch.Tensor:
     """top_k_positions for float32 scores `[..., n]`: the min(k, n) best of each row as positions + lo,
     ascending, ties to the lower position. `num_splits` (default: ranking_splits) chunks per row; 1 ranks
-    each row in one program (n <= ROW_BLOCK_MAX)."""
+    each row in one program (a row longer than ROW_BLOCK_MAX: the radix select)."""
     n = scores.shape[-1]
     k = min(k, n)
     flat = scores.reshape(-1, n).contiguous()
@@ -288,20 +298,39 @@ def top_k(scores: torch.Tensor, k: int, lo: int, num_splits: int | None = None) 
         if n > ROW_BLOCK_MAX or (num_splits is None and n > MERGE_MAX and not rows_fill_the_gpu):
             return radix_top_k(scores, k, lo)
         block = max(128, triton.next_power_of_2(n))
-        _row_best_kernel[(rows,)](flat, flat, out, n, k, lo, HAS_POS=False, BLOCK=block, num_warps=_warps(block))
+        _row_best_kernel[(rows,)](flat, flat, out, n, k, lo, HAS_POS=False, BLOCK=block,
+                                  num_warps=ranking_warps(block))
         return out.view(*scores.shape[:-1], k)
+    chunk, splits, width = candidate_layout(n, k, splits)
+    cand_score, cand_pos = candidate_buffers(rows, splits, width, scores.device)
+    block = max(128, triton.next_power_of_2(chunk))
+    _chunk_best_kernel[(splits, rows)](flat, cand_score, cand_pos, n, k, chunk, width, BLOCK=block,
+                                       num_warps=ranking_warps(block))
+    merge_candidates(cand_score, cand_pos, out, k, lo)
+    return out.view(*scores.shape[:-1], k)
+
+
+def candidate_layout(n: int, k: int, splits: int) -> tuple[int, int, int]:
+    """Rows of n scores in `splits` chunks: (scores a chunk, chunks, candidates a chunk), no chunk empty."""
     chunk = triton.cdiv(n, splits)
-    splits = triton.cdiv(n, chunk)  # no empty chunk
+    splits = triton.cdiv(n, chunk)
     width = min(k, chunk)
     if max(chunk, splits * width) > ROW_BLOCK_MAX:
         raise ValueError(f"{splits} chunks of {chunk} scores, K = {k}: a chunk and the candidates must fit "
                          f"{ROW_BLOCK_MAX} scores; pass more splits or None")
-    cand_score = torch.empty(rows, splits, width, dtype=torch.float32, device=scores.device)
-    cand_pos = torch.empty(rows, splits, width, dtype=torch.int32, device=scores.device)
-    block = max(128, triton.next_power_of_2(chunk))
-    _chunk_best_kernel[(splits, rows)](flat, cand_score, cand_pos, n, k, chunk, width, BLOCK=block,
-                                       num_warps=_warps(block))
+    return chunk, splits, width
+
+
+def candidate_buffers(rows: int, splits: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's chunks' candidates: float32 scores and int32 positions `[rows, splits, width]`."""
+    return (torch.empty(rows, splits, width, dtype=torch.float32, device=device),
+            torch.empty(rows, splits, width, dtype=torch.int32, device=device))
+
+
+def merge_candidates(cand_score: torch.Tensor, cand_pos: torch.Tensor, out: torch.Tensor, k: int,
+                     lo: int) -> None:
+    """The k best of each row's candidates as positions + lo, ascending, into out `[rows, k]`."""
+    rows, splits, width = cand_score.shape
     block = max(128, triton.next_power_of_2(splits * width))
     _row_best_kernel[(rows,)](cand_score, cand_pos, out, splits * width, k, lo, HAS_POS=True, BLOCK=block,
-                              num_warps=_warps(block))
-    return out.view(*scores.shape[:-1], k)
+                              num_warps=ranking_warps(block))

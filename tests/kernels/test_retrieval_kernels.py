@@ -12,6 +12,7 @@ from sfibench.optimized.retrieval_kernels import (
     page_scores_reference,
     token_scores,
     token_scores_reference,
+    top_pages,
 )
 from sfibench.optimized.top_k_kernels import top_k
 from sfibench.sfi.selector import top_k_positions
@@ -114,21 +115,29 @@ def test_expand_positions_lists_the_chosen_pages_then_the_current_one(page, leng
         assert len(listed) == expected_pages * page + (int(lengths[b]) - 1) % page + 1
 
 
-@pytest.mark.parametrize("splits", [3, None])
-def test_the_split_ranking_of_scored_pages_and_tokens_is_the_oracles(splits):
-    """What the optimized Quest and TidalDecode rank: the kernels' own scores (sequences of other lengths, so
-    other -inf tails; several KV heads; pages that tie because their keys are equal) ranked by `top_k`, split
-    into chunks or by its default, against top_k_positions on the same scores."""
-    batch, kv_heads, group, dim, page, slots = 2, 3, 2, 16, 4, 240
-    lengths = torch.tensor([240, 93], device=DEVICE)
+@pytest.mark.parametrize("splits", [2, None])
+def test_top_pages_and_the_ranked_tokens_are_the_oracles_choice(splits):
+    """What the optimized Quest and TidalDecode choose: top_pages (the scoring fused into the split ranking's
+    first pass at 2 chunks of 75 pages, two score tiles each; page_scores then top_k by default on these
+    few rows) leaves the bounds and scores page_scores leaves and picks what top_k_positions picks from
+    those scores, as top_k does from token_scores. Sequences of other lengths (other -inf tails), several
+    KV heads, tied pages and tokens (repeated keys and bounds), K below, at and above the real pages."""
+    batch, kv_heads, group, dim, page, slots = 2, 3, 2, 16, 4, 600
+    pages = slots // page
+    lengths = torch.tensor([600, 93], device=DEVICE)
     keys, highest, lowest = keys_and_bounds(batch, kv_heads, slots, dim, page, lengths, torch.float32, seed=6)
     keys[:, :, 40:80] = keys[:, :, :40]  # slots 40-79 repeat slots 0-39: tied token scores
     highest[:, :, 10:20], lowest[:, :, 10:20] = highest[:, :, :10], lowest[:, :, :10]  # and tied pages
     q = torch.randn(batch, kv_heads * group, dim, generator=torch.Generator().manual_seed(7)).to(DEVICE)
-    page_rows = page_scores(q, highest, lowest, keys, lengths, page)
-    assert torch.equal(page_rows[..., :10], page_rows[..., 10:20])
-    for k in (5, 23, 59, 60):  # 59 real pages at most; 60 pages in all
-        assert torch.equal(top_k(page_rows, k, 0, num_splits=splits), top_k_positions(page_rows, k, 0))
+    want_high, want_low = highest.clone(), lowest.clone()
+    want = page_scores(q, want_high, want_low, keys, lengths, page)
+    assert torch.equal(want[..., :10], want[..., 10:20])
+    for k in (5, 23, 149, 150):  # 149 real pages at most; 150 pages in all
+        high, low = highest.clone(), lowest.clone()
+        scores = torch.full((batch, kv_heads, pages), float("nan"), device=DEVICE)
+        chosen = top_pages(q, high, low, keys, lengths, page, k, scores, num_splits=splits)
+        assert torch.equal(high, want_high) and torch.equal(low, want_low) and torch.equal(scores, want)
+        assert torch.equal(chosen, top_k_positions(want, k, 0))
     token_rows = token_scores(q, keys, lengths)
-    for k in (7, 90, 240):
+    for k in (7, 90, 600):
         assert torch.equal(top_k(token_rows, k, 0, num_splits=splits), top_k_positions(token_rows, k, 0))
