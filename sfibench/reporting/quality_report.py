@@ -29,7 +29,9 @@ def _read(cell: dict) -> float:
 
 
 WIDE_COLUMNS = ("task", "context", "method", "retention", "read", "accuracy [95% CI]", "KL", "top-1", "ppl")
-COMPACT_COLUMNS = ("task", "context", "method", "retention", "score", "KL")
+# "budget": the retention as --budget takes it, a share of the context, to 4 digits (RULER's task names need
+# the room at 80 columns; report.md and the wide view give it whole)
+COMPACT_COLUMNS = ("task", "context", "method", "budget", "score", "KL")
 
 
 def results_table(cells: list[dict], wide: bool = False) -> Table:
@@ -37,13 +39,14 @@ def results_table(cells: list[dict], wide: bool = False) -> Table:
     Full-KV; `wide` adds tokens read / context ("read": over the global layers, where a model has sliding
     ones), top-1 agreement, and accuracy and perplexity apart."""
     table = styled_table("sfibench quality", WIDE_COLUMNS if wide else COMPACT_COLUMNS,
-                         right=("context", "retention", "read", "KL", "top-1", "ppl"))
+                         right=("context", "retention", "budget", "read", "KL", "top-1", "ppl"))
     if not wide:
         table.caption = "score: accuracy [95% CI], or perplexity (ppl)"
     for c in cells:
         acc = None if c["accuracy"] is None else f"{c['accuracy']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]"
         ppl = None if c["perplexity"] is None else f"{c['perplexity']:.2f}"
-        head = (c["task"], str(c["context"]), c["method"], "1" if c["retention"] is None else f"{c['retention']:g}")
+        share = "1" if c["retention"] is None else f"{c['retention']:{'g' if wide else '.4g'}}"
+        head = (c["task"], str(c["context"]), c["method"], share)
         if wide:
             table.add_row(*head, f"{_read(c):.3f}", acc or "–", _figure(c["kl"], ".3f"),
                           _figure(c["top1_agreement"], ".2f"), ppl or "–")

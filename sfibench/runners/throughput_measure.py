@@ -70,18 +70,16 @@ def largest_batch(session: Session, cfg: ThroughputRun, context: int) -> int:
 
 
 def own_largest_batches(session: Session, cfg: ThroughputRun, context: int) -> dict[tuple, int]:
-    """`--batch max`: each method spec's own largest batch at `context` (spec_key -> batch), by the estimate of
-    that method alone (a method that keeps only part of each prompt fits more sequences); refused with the
-    one-line error where not even one sequence of a method fits."""
+    """`--batch max`: each method spec's own largest batch at `context` (spec_key -> batch) by its estimate alone
+    (keeping part of each prompt fits more sequences); the one-line error where not one sequence fits."""
     return {spec_key(spec): largest_batch(session, replace(cfg, methods=((spec.name, spec.path),)), context)
             for spec in method_specs(cfg, context)}
 
 
 def check_before_loading(cfg: ThroughputRun, context: int, dims, dtype_bytes: int, gpu: bool,
                          planned: int) -> None:
-    """Refuse, from the model's shape `dims` alone (no weight allocated yet), each batch of `cfg` at `context`
-    whose estimate with the run's methods exceeds `planned` bytes: the one-line MemoryEstimateError names
-    what fits. A "max" batch is checked at one sequence, the least it will run."""
+    """Refuse, from the model's shape `dims` alone (no weight allocated), each batch of `cfg` at `context` whose
+    estimate exceeds `planned` bytes (one line naming what fits); a "max" batch at one sequence, its least."""
     specs, max_seq, synthetic = method_specs(cfg, context), context + cfg.steps + 1, _synthetic(cfg, context)
     for batch in sorted({1 if b == "max" else int(b) for b in cfg.batches}):
         check_shape_fits(dims, specs, batch, max_seq, dtype_bytes, synthetic, gpu, planned, cfg.steps,
@@ -89,8 +87,7 @@ def check_before_loading(cfg: ThroughputRun, context: int, dims, dtype_bytes: in
 
 
 def compacts(cfg: ThroughputRun) -> bool:
-    """Whether a method that keeps only part of each prompt decodes from its compact cache in this run: in the
-    fixed-context mode (measure_shape); request mode serves every method from the whole cache of P + G."""
+    """Whether a method keeping part of each prompt decodes from a compact cache: fixed-context runs, not requests."""
     return not cfg.requests
 
 
