@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 import sfibench
+from sfibench.metrics.floor import graph_replay
 from sfibench.optimized import compact_kernels, retrieval_kernels, top_k_kernels
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
 from sfibench.optimized.retrieval_kernels import page_scores, token_scores
@@ -234,16 +235,8 @@ def compact_rebuild(context: int, batch: int, layers: int, kv_heads: int, k_head
 
 
 def _graphed_ms(step) -> list[float]:
-    """Per-replay ms of `step` captured in one CUDA graph (warmed up first on a side stream)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return _time_ms(graph.replay, repeats=3, calls=20)
+    """Per-replay ms of `step` captured in one CUDA graph (metrics/floor.graph_replay warms it up first)."""
+    return _time_ms(graph_replay(step), repeats=3, calls=20)
 
 
 def retrieval_ranking(context: int, batch: int, layers: int = 36, kv_heads: int = 8, group: int = 4,
