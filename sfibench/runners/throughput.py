@@ -87,13 +87,12 @@ def planned_rows(run: ThroughputRun, own: dict[tuple, int]) -> int:
                for specs in batch_plan(method_specs(run.at(context), context), fixed, own).values())
 
 
-def measure_at_each_budget(session: Session, run: ThroughputRun, progress, earlier: list[dict] = (),
-                           own: dict[tuple, int] | None = None) -> list[dict]:
+def measure_at_each_budget(session: Session, run: ThroughputRun, progress, earlier: list[dict],
+                           own: dict[tuple, int]) -> list[dict]:
     """measure_all with the budget reference's settings at each context (ThroughputRun.at): where a percentage
     gives each context its own, the contexts that share one are measured together (a token count: all of them,
-    in one call). `own`: the "max" batches (largest_batches; None: resolved here). Rows `earlier` holds (a
-    resumed run's) are kept, not measured again."""
-    own = largest_batches(session, run) if own is None else own
+    in one call). `own`: the "max" batches (largest_batches). Rows `earlier` holds (a resumed run's) are kept,
+    not measured again."""
     groups: dict = {}
     for context in run.contexts:
         groups.setdefault(run.sfi_at(context), []).append(context)
