@@ -28,9 +28,9 @@ import triton.language as tl
 
 from sfibench.optimized.decode_attention import sm_count
 from sfibench.optimized.top_k_kernels import (
-    _keep_chunk_best,
     candidate_buffers,
     candidate_layout,
+    keep_chunk_best,
     merge_candidates,
     ranking_splits,
     ranking_warps,
@@ -160,7 +160,7 @@ def _page_chunk_best_kernel(q_ptr, high_ptr, low_ptr, k_ptr, length_ptr, score_p
                             GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
                             BLOCK_P: tl.constexpr, BLOCK: tl.constexpr):
     """_page_scores_kernel over one chunk of a (sequence, KV head)'s pages, then the first pass of top_k's
-    split ranking on them: the chunk's best pages as candidates (top_k_kernels._keep_chunk_best)."""
+    split ranking on them: the chunk's best pages as candidates (top_k_kernels.keep_chunk_best)."""
     part = tl.program_id(0)
     kv_head = tl.program_id(1).to(tl.int64)
     seq = tl.program_id(2).to(tl.int64)
@@ -186,7 +186,7 @@ def _page_chunk_best_kernel(q_ptr, high_ptr, low_ptr, k_ptr, length_ptr, score_p
     valid = pos < end
     score = tl.load(row_scores + pos, mask=valid, other=0.0, cache_modifier=".cg")
     row = seq * tl.num_programs(1) + kv_head
-    _keep_chunk_best(score, pos, valid, tl.minimum(k, end - start), cand_score_ptr, cand_pos_ptr,
+    keep_chunk_best(score, pos, valid, tl.minimum(k, end - start), cand_score_ptr, cand_pos_ptr,
                      (row * tl.num_programs(0) + part) * width, width, BLOCK)
 
 

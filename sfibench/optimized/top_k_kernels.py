@@ -48,7 +48,7 @@ TidalDecode's K = 2,307 tokens at 8K-128K, Quest's pages at 8K) one program rank
 MERGE_MAX scores, or of up to ROW_BLOCK_MAX where the rows alone fill the SMs; a longer row goes to the
 radix select, spread over the SMs.
 
-Quest's scoring is the first pass itself (retrieval_kernels.top_pages, through `_keep_chunk_best`,
+Quest's scoring is the first pass itself (retrieval_kernels.top_pages, through `keep_chunk_best`,
 `candidate_layout` and `merge_candidates`): the bounds are read once either way, and the split ranking
 then takes two launches with the scoring, as many as the scoring plus a one-program ranking.
 
@@ -217,7 +217,7 @@ def _keep_best(key, valid, k):
 
 
 @triton.jit
-def _keep_chunk_best(score, pos, valid, kept, cand_score_ptr, cand_pos_ptr, slots, width,
+def keep_chunk_best(score, pos, valid, kept, cand_score_ptr, cand_pos_ptr, slots, width,
                      BLOCK: tl.constexpr):
     """The `kept` best of one chunk's valid lanes (positions `pos`, ascending with the lanes) as (score,
     position) in candidate slots [slots, slots + kept), ascending; slots [kept, width) get position -1."""
@@ -240,7 +240,7 @@ def _chunk_best_kernel(score_ptr, cand_score_ptr, cand_pos_ptr, n, k, chunk, wid
     score = tl.load(score_ptr + row * n + pos, mask=valid, other=0.0)
     kept = tl.minimum(k, tl.minimum(chunk, n - part * chunk))
     slots = (row * tl.num_programs(0) + part) * width
-    _keep_chunk_best(score, pos, valid, kept, cand_score_ptr, cand_pos_ptr, slots, width, BLOCK)
+    keep_chunk_best(score, pos, valid, kept, cand_score_ptr, cand_pos_ptr, slots, width, BLOCK)
 
 
 @triton.jit
