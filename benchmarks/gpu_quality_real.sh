@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Usage: bash benchmarks/gpu_quality_real.sh SECONDS PART[:LIMIT] [PART[:LIMIT] ...]   (LIMIT: that part's seconds)
+# Usage: bash benchmarks/gpu_quality_real.sh SECONDS PART[@TASKS][:LIMIT] ...
+#   (TASKS: that part's comma-separated task list where it takes one; LIMIT: that part's seconds)
 # Quality of every method with a real instruct model (Qwen2.5-Coder-1.5B-Instruct, every layer attending) on a
 # GPU machine without network access, in one device call: reports/quality-qwen2.5-coder-1.5b-*.
 #
@@ -11,16 +12,16 @@
 #   list-16k     niah_list (one sentence per value, a slow step per sentence) at 16K, every method at paper-2k
 #   reason-16k   vt_reason (reasoning before the answer) at 16K, every method at paper-2k
 #   grid-CTX     niah_single, niah_multikey, niah_multivalue, niah_multiquery at CTX (8k, 16k, 32k), every method
-#                at paper-2k and paper-4k ($TASKS overrides the task list)
-#   retention-CTX  niah_single at CTX (8k, 16k, 32k), every method at retention 0.15 and 0.5 ($TASKS overrides)
+#                at paper-2k and paper-4k (@TASKS overrides the task list)
+#   retention-CTX  niah_single at CTX (8k, 16k, 32k), every method at retention 0.15 and 0.5 (@TASKS overrides)
 #   retention-list-16k  niah_list at 16K, every method at retention 0.15 and 0.5 ($LIST_SAMPLES prompts)
 #   variants-CTX SFI --no-nms and SFI --no-nms --keep-neighbours 7 on niah_single at CTX (paper-2k, paper-4k;
-#                $TASKS overrides the task list)
+#                @TASKS overrides the task list)
 #   variants-list-16k  the same two SFI variants on niah_list at 16K (paper-2k, $LIST_SAMPLES prompts)
 #   ruler-16k    RULER's 13 tasks at 16K, every method at paper-2k ($RULER_SAMPLES prompts per task)
 #   longfid-16k  niah_list_64 (answers of >= 1,024 tokens) at 16K, every method at paper-2k, batch 8
 #   agree-8k     niah_single at 8K, 20 prompts: optimized bfloat16, reference bfloat16, reference float32
-# Environment: SAMPLES (default 100), LIST_SAMPLES (64), RULER_SAMPLES (20), BATCH (default 16), WHEELS (the wheels).
+# Environment: TASKS (the task list of every part without @TASKS), SAMPLES (default 100), LIST_SAMPLES (64), RULER_SAMPLES (20), BATCH (default 16), WHEELS (the wheels).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 budget=${1:?usage: gpu_quality_real.sh SECONDS PART...}
@@ -40,6 +41,7 @@ echo "model $model; $(python -c 'import transformers, torch; print("transformers
 METHODS=full_kv,sfi,streaming_llm,snapkv,quest,tidaldecode
 SAMPLES=${SAMPLES:-100}
 BATCH=${BATCH:-16}
+DEFAULT_TASKS=${TASKS:-}
 LIST_SAMPLES=${LIST_SAMPLES:-64}
 RULER_SAMPLES=${RULER_SAMPLES:-20}
 
@@ -68,6 +70,8 @@ OPT=(--path optimized --dtype bfloat16)
 for spec in "$@"; do
     part=${spec%%:*}
     PARTLIMIT=$( [[ $spec == *:* ]] && echo "${spec#*:}" || echo "" )
+    TASKS=$( [[ $part == *@* ]] && echo "${part#*@}" || echo "${DEFAULT_TASKS:-}" )
+    part=${part%%@*}
     case $part in
     list-16k)
         quality "$part" 120 "${OPT[@]}" --tasks niah_list --ctx 16k --sfi-preset paper-2k --methods "$METHODS" \
