@@ -51,8 +51,8 @@ class Session:
         chooses them. `parallel`: this process's rank of a tensor-parallel run (its share of the model)."""
         resolved = rank_device(resolve_device(device))
         torch_dtype = parse_dtype(dtype, resolved)
-        starting(f"loading {model} on {resolved}" + (" (a GGUF file: reading and dequantising its weights)"
-                                                   if _is_gguf(model) else ""))
+        gguf = " (a GGUF file: dequantised on its first load, then read from its kept conversion)"
+        starting(f"loading {model} on {resolved}" + (gguf if _is_gguf(model) else ""))
         with loading(model, resolved, torch_dtype):
             loaded = load_for_decode(model, resolved, torch_dtype, seed, fuse, parallel)
         return cls(loaded, resolved, torch_dtype, parallel=parallel)
