@@ -96,5 +96,14 @@ def wrapped(text: str, width: int) -> str:
 
 
 def save(fig, path) -> None:
+    """`fig` saved as a PNG and closed; the file is then rewritten with at most 256 colours (a third of the
+    bytes of matplotlib's own PNG for these plots, which draw a few dozen colours; committed reports carry
+    hundreds of them)."""
+    from PIL import Image
+
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    with Image.open(path) as image:
+        palette = image.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT,
+                                               dither=Image.Dither.NONE)
+    palette.save(path, format="PNG", optimize=True)

@@ -30,6 +30,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "InvalidResultsError",
     "UnsupportedSchemaError",
+    "dumps_compactly",
     "read_results",
     "to_jsonable",
     "write_results",
@@ -85,7 +86,7 @@ def write_results(
         document[key] = value
 
     # Serialise fully before touching the disk: a conversion error must leave no file behind.
-    text = json.dumps(to_jsonable(document), indent=2, allow_nan=False) + "\n"
+    text = dumps_compactly(to_jsonable(document)) + "\n"
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -194,6 +195,29 @@ def read_results(path: Path | str, whole: bool = True) -> dict:
         return validate_results(document, file)
     except SchemaError as error:
         raise InvalidResultsError(str(error)) from None
+
+
+def dumps_compactly(value: Any, level: int = 0) -> str:
+    """Strict JSON, indented by two spaces down to the records and one line per record: a value that nests
+    at most two deep (a sample's record, a list of numbers) is written on one line, so a quality run's
+    per-step arrays do not take a line per number (half the bytes of a committed report)."""
+    if _depth(value) <= 2:
+        return json.dumps(value, allow_nan=False)
+    inner, pad = "  " * (level + 1), "  " * level
+    if isinstance(value, dict):
+        items = [f"{inner}{json.dumps(key)}: {dumps_compactly(item, level + 1)}" for key, item in value.items()]
+        return "{\n" + ",\n".join(items) + f"\n{pad}}}"
+    items = [inner + dumps_compactly(item, level + 1) for item in value]
+    return "[\n" + ",\n".join(items) + f"\n{pad}]"
+
+
+def _depth(value: Any) -> int:
+    """How deep containers nest in `value`: 0 for a scalar, 1 for a list or dict of scalars."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return 1 + max((_depth(item) for item in value), default=0)
+    return 0
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt
 import numpy as np
 
-from sfibench.reporting.plot_style import legend_below, wrapped
+from sfibench.reporting.plot_style import legend_below, save, wrapped
 from sfibench.reporting.stability_document import REFERENCE, layer_names, memory_labels, segments
 from sfibench.reporting.stability_plots_where import WHERE_PLOTS
 
@@ -77,8 +77,7 @@ def write_plots(run_dir: Path, results: dict) -> list[Path]:
     for name, draw in draws.items():
         fig = draw(results)
         fig.suptitle(f"{PLOTS[name]}\n{_title(results)}", fontsize=10)
-        fig.savefig(run_dir / name, dpi=110)
-        plt.close(fig)
+        save(fig, run_dir / name)
         paths.append(run_dir / name)
     return paths
 

@@ -66,6 +66,7 @@ def test_profile_keeps_each_components_spread_over_the_steps_and_draws_it(tmp_pa
     from typer.testing import CliRunner
 
     from sfibench.cli import app
+    from sfibench.reporting import profile_report
     from sfibench.reporting.profile_report import chart
     from sfibench.reporting.results import read_results
 
@@ -78,7 +79,7 @@ def test_profile_keeps_each_components_spread_over_the_steps_and_draws_it(tmp_pa
     assert saved["wall_ms_range"][0] <= saved["wall_ms_per_step"] <= saved["wall_ms_range"][1]
     assert "| attention |" in (out / "report.md").read_text()
     drawn = []
-    monkeypatch.setattr(plt.Figure, "savefig", lambda figure, *args, **kwargs: drawn.append(figure))
+    monkeypatch.setattr(profile_report, "save", lambda figure, path: drawn.append(figure))
     chart(saved, tmp_path / "profile.png")
     assert len(drawn[0].axes) == 2  # a panel per step kind: SFI's fast step and its slow step
     for ax in drawn[0].axes:

@@ -112,6 +112,20 @@ def test_round_trip_converts_tensors_numpy_nan_and_dataclasses(tmp_path, fixed_p
     assert loaded["provenance"] == {"timestamp_utc": "2026-01-01T00:00:00+00:00"}
 
 
+def test_records_are_one_line_each_and_read_back_equal(tmp_path, fixed_provenance):
+    """A quality run's samples (records holding per-step arrays) take a line each, not a line per number."""
+    samples = [{"task": "niah_list", "kl_steps": [0.5, 0.25, 1e-05], "steps_by_kind": {"fast": 3}},
+               {"task": "niah_list", "kl_steps": [], "steps_by_kind": {}}]
+    results = {"cells": [{"method": "sfi", "accuracy": 0.5}], "nested": {"a": {"b": {"c": [1, [2, 3]]}}}}
+    path = write_results(tmp_path, "quality", {"tasks": ["niah_list"]}, results, {"samples": samples})
+    text = path.read_text()
+    assert json.loads(text)["samples"] == samples and json.loads(text)["results"] == results
+    lines = text.splitlines()
+    assert json.dumps(samples[0]) in [line.strip().rstrip(",") for line in lines]
+    assert not any(line.strip() in ("0.5,", "0.25,") for line in lines)
+    assert len(lines) < 40
+
+
 def test_read_results_accepts_the_file_path(tmp_path, fixed_provenance):
     path = write_results(tmp_path, "bench", {}, {"x": 1})
     assert read_results(path)["results"] == {"x": 1}
