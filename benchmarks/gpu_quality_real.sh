@@ -9,7 +9,8 @@
 # call). Each part is one `sfibench quality` run on the optimized path in bfloat16 with CUDA graphs (agree-8k: three
 # runs), stopped with SIGINT at its limit (the run keeps and renders what is done) or skipped when less time
 # is left than it needs; each comes back as OUT/NAME.tar, to unpack under reports/.
-#   list-16k     niah_list (one sentence per value, a slow step per sentence) at 16K, every method at paper-2k
+#   list-CTX     niah_list (one sentence per value, a slow step per sentence) at CTX (8k, 16k, 32k), every method
+#                at paper-2k
 #   reason-16k   vt_reason (reasoning before the answer) at 16K, every method at paper-2k
 #   grid-CTX     niah_single, niah_multikey, niah_multivalue, niah_multiquery at CTX (8k, 16k, 32k), every method
 #                at paper-2k and paper-4k (@TASKS overrides the task list)
@@ -18,7 +19,8 @@
 #   variants-CTX SFI --no-nms and SFI --no-nms --keep-neighbours 7 on niah_single at CTX (paper-2k, paper-4k;
 #                @TASKS overrides the task list)
 #   variants-list-16k  the same two SFI variants on niah_list at 16K (paper-2k, $LIST_SAMPLES prompts)
-#   ruler-16k    RULER's 13 tasks at 16K, every method at paper-2k ($RULER_SAMPLES prompts per task)
+#   ruler-CTX    RULER's 13 tasks at CTX (8k, 16k, 32k: the model's limit), every method at paper-2k
+#                ($RULER_SAMPLES prompts per task)
 #   longfid-16k  niah_list_64 (answers of >= 1,024 tokens) at 16K, every method at paper-2k, batch 8
 #   agree-8k     niah_single at 8K, 20 prompts: optimized bfloat16, reference bfloat16, reference float32
 # Environment: TASKS (the task list of every part without @TASKS), SAMPLES (default 100), LIST_SAMPLES (64), RULER_SAMPLES (20), BATCH (default 16), WHEELS (the wheels).
@@ -29,7 +31,7 @@ shift
 started=$SECONDS
 RESERVE=15  # seconds kept for packing
 cat DEVICE_COMMIT 2>/dev/null | head -1
-# RULER's package and word lists (ruler-16k), staged once per warm machine by a call that carries them:
+# RULER's package and word lists (ruler-CTX), staged once per warm machine by a call that carries them:
 #   mkdir -p /root/stage && cp -r .stage/ruler-wheels /root/stage/   (carry .stage/ruler-wheels, 18 MB)
 ruler_wheels=$(ls "${RULER_WHEELS:-/root/stage/ruler-wheels}"/*.whl 2>/dev/null)
 # shellcheck disable=SC2086  # one path per wheel
@@ -73,8 +75,9 @@ for spec in "$@"; do
     TASKS=$( [[ $part == *@* ]] && echo "${part#*@}" || echo "${DEFAULT_TASKS:-}" )
     part=${part%%@*}
     case $part in
-    list-16k)
-        quality "$part" 120 "${OPT[@]}" --tasks niah_list --ctx 16k --sfi-preset paper-2k --methods "$METHODS" \
+    list-8k | list-16k | list-32k)
+        ctx=${part#list-}; [ "$ctx" = 32k ] && ctx=32000
+        quality "$part" 120 "${OPT[@]}" --tasks niah_list --ctx "$ctx" --sfi-preset paper-2k --methods "$METHODS" \
             --samples "$SAMPLES"; pack "$part" ;;
     reason-16k)
         quality "$part" 120 "${OPT[@]}" --tasks vt_reason --ctx 16k --sfi-preset paper-2k --methods "$METHODS" \
@@ -99,8 +102,9 @@ for spec in "$@"; do
         quality "$part-no-nms-keep7" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" --sfi-preset "$presets" \
             --methods sfi --no-nms --keep-neighbours 7 --samples "$n"
         pack "$part" "$part-no-nms" "$part-no-nms-keep7" ;;
-    ruler-16k)
-        quality "$part" 120 "${OPT[@]}" --tasks ruler --ctx 16k --sfi-preset paper-2k --methods "$METHODS" \
+    ruler-8k | ruler-16k | ruler-32k)
+        ctx=${part#ruler-}; [ "$ctx" = 32k ] && ctx=max  # RULER's 32K is the model's whole context (docs/ruler.md)
+        quality "$part" 120 "${OPT[@]}" --tasks ruler --ctx "$ctx" --sfi-preset paper-2k --methods "$METHODS" \
             --samples "$RULER_SAMPLES"; pack "$part" ;;
     longfid-16k)
         BATCH=8 quality "$part" 120 "${OPT[@]}" --tasks niah_list_64 --ctx 16k --sfi-preset paper-2k \
