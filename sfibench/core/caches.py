@@ -34,6 +34,12 @@ def home() -> Path | None:
         return None
 
 
+def sfibench_folder(name: str) -> Path | None:
+    """~/.cache/sfibench/<name>, where sfibench keeps what it builds once (None without a home)."""
+    base = home()
+    return None if base is None else base / ".cache" / "sfibench" / name
+
+
 def fallback_dir(name: str) -> Path | None:
     """`<tmp>/sfibench-<uid>/<name>`, made on first use and only ever used if this user owns it (another
     user could have made the folder first in a shared /tmp); None when it cannot be made."""

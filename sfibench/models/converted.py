@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from sfibench.core.caches import cache_dir, home
+from sfibench.core.caches import cache_dir, sfibench_folder
 
 VARIABLE = "SFIBENCH_CONVERTED_CACHE"
 WEIGHTS, CONFIG, SOURCE, TOKENIZER = "weights.safetensors", "config.json", "source.json", "tokenizer"
@@ -34,8 +34,7 @@ def root() -> Path | None:
     written, else a per-user folder in the temporary directory (None: nowhere can be written)."""
     if os.environ.get(VARIABLE):
         return Path(os.environ[VARIABLE])
-    base = home()
-    return cache_dir(None if base is None else base / ".cache" / "sfibench" / "converted", "converted")
+    return cache_dir(sfibench_folder("converted"), "converted")
 
 
 def folder_for(gguf: Path) -> Path | None:
@@ -81,8 +80,9 @@ def write(gguf: Path, config: dict, state: dict[str, torch.Tensor], tokenizer) -
         return
     kept, seen = {}, set()
     for name, tensor in state.items():
-        if tensor.data_ptr() not in seen:
-            seen.add(tensor.data_ptr())
+        alias = (tensor.data_ptr(), tuple(tensor.shape))  # a tied weight: the same tensor under a second name
+        if tensor.numel() == 0 or alias not in seen:
+            seen.add(alias)
             kept[name] = tensor.contiguous()
     staging = None
     try:
@@ -98,8 +98,8 @@ def write(gguf: Path, config: dict, state: dict[str, torch.Tensor], tokenizer) -
         (staging / SOURCE).write_text(json.dumps(_source(gguf)), encoding="utf-8")
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(staging, folder)
-    except OSError:
-        pass  # no room or no permission: the next load converts again
+    except Exception:  # noqa: BLE001 - no room, no permission or a writer's own error
+        return  # kept nowhere: the next load converts again
     finally:
         if staging is not None and staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sfibench.core.caches import cache_dir, home
+from sfibench.core.caches import cache_dir, sfibench_folder
 from sfibench.core.errors import ModelFileError, UsageError
 from sfibench.models.loading_errors import MissingWeightsError
 
@@ -73,8 +73,7 @@ def chunks(parted: PartedFile) -> list[Path]:
 
 def home_folder(parted: PartedFile) -> Path | None:
     """~/.cache/sfibench/<model> (None without a home)."""
-    base = home()
-    return None if base is None else base / ".cache" / "sfibench" / parted.model
+    return sfibench_folder(parted.model)
 
 
 def cache_folder(parted: PartedFile) -> Path:
