@@ -18,6 +18,7 @@
 #   retention-list-16k  niah_list at 16K, every method at retention 0.15 and 0.5 ($LIST_SAMPLES prompts)
 #   variants-CTX SFI --no-nms and SFI --no-nms --keep-neighbours 7 on niah_single at CTX (paper-2k, paper-4k;
 #                @TASKS overrides the task list)
+#   variants-retention-CTX  the same two SFI variants at retention 0.15 and 0.5 (@TASKS as for variants-CTX)
 #   variants-list-16k  the same two SFI variants on niah_list at 16K (paper-2k, $LIST_SAMPLES prompts)
 #   ruler-CTX    RULER's 13 tasks at CTX (8k, 16k, 32k: the model's limit), every method at paper-2k
 #                ($RULER_SAMPLES prompts per task)
@@ -93,13 +94,15 @@ for spec in "$@"; do
     retention-list-16k)
         quality "$part" 120 "${OPT[@]}" --tasks niah_list --ctx 16k --budget 0.15,0.5 \
             --methods "$METHODS" --samples "$LIST_SAMPLES"; pack "$part" ;;
-    variants-8k | variants-16k | variants-32k | variants-list-16k)
+    variants-8k | variants-16k | variants-32k | variants-list-16k | variants-retention-8k | variants-retention-16k \
+    | variants-retention-32k)
         ctx=${part##*-}; [ "$ctx" = 32k ] && ctx=32000
-        task=${TASKS:-niah_single}; presets=paper-2k,paper-4k; n=$SAMPLES
-        [[ $part == variants-list-* ]] && { task=niah_list; presets=paper-2k; n=$LIST_SAMPLES; }
-        quality "$part-no-nms" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" --sfi-preset "$presets" \
+        task=${TASKS:-niah_single}; points=(--sfi-preset paper-2k,paper-4k); n=$SAMPLES
+        [[ $part == variants-list-* ]] && { task=niah_list; points=(--sfi-preset paper-2k); n=$LIST_SAMPLES; }
+        [[ $part == variants-retention-* ]] && points=(--budget 0.15,0.5)
+        quality "$part-no-nms" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" "${points[@]}" \
             --methods sfi --no-nms --samples "$n"
-        quality "$part-no-nms-keep7" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" --sfi-preset "$presets" \
+        quality "$part-no-nms-keep7" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" "${points[@]}" \
             --methods sfi --no-nms --keep-neighbours 7 --samples "$n"
         pack "$part" "$part-no-nms" "$part-no-nms-keep7" ;;
     ruler-8k | ruler-16k | ruler-32k)

@@ -74,11 +74,15 @@ class Session:
         weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
         return available_device_memory(self.device) // self.parallel.world_size + weights
 
+    def holds(self, batch: int, tokens: int) -> bool:
+        """Whether the cache has room for `batch` sequences of `tokens` slots, so that prefill keeps it."""
+        return self.cache is not None and self.cache.batch == batch and self.cache.max_seq >= tokens
+
     def prefill(self, prompts: list[list[int]], max_new_tokens: int, evidence_rows: int = 64) -> Prefilled:
         """Check the prompts fit, size the cache for them, and prefill (dense, shared by all methods)."""
         check_prompts(prompts, self.max_tokens, max_new_tokens)
         needed = max(len(p) for p in prompts) + max_new_tokens
-        if self.cache is None or self.cache.batch != len(prompts) or self.cache.max_seq < needed:
+        if not self.holds(len(prompts), needed):
             self.cache = None  # free the old cache before allocating the new one
             self.cache = KVCache(self.loaded.config, len(prompts), needed, self.device, self.dtype)
         return prefill(self.loaded.model, self.cache, prompts, evidence_rows=evidence_rows)

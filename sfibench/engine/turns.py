@@ -63,8 +63,9 @@ class _Row:
         self.queue: list[int] = []  # forced ids still to feed
         self.turn, self.count, self.done = 0, 0, False
 
-    def choose(self, logits: torch.Tensor, keep_logits: bool) -> int:
-        """The id fed next, given the logits after the previous one."""
+    def choose(self, greedy: int, logits: torch.Tensor | None) -> int:
+        """The id fed next, given the greedy id after the previous one and, when they are kept, its logits
+        (`[V]` on the host)."""
         index = len(self.stream.tokens)
         if self.teacher is not None:
             token, answer = self.teacher.tokens[index], self.teacher.is_answer[index]
@@ -72,7 +73,7 @@ class _Row:
         elif self.queue:
             token, answer = self.queue.pop(0), False
         else:
-            token, answer = int(logits.argmax()), True
+            token, answer = greedy, True
             self.count += 1
             if token in self.script.stop_ids or self.count == self.script.max_answer_tokens:
                 if self.turn == len(self.script.follow_ups):
@@ -85,8 +86,8 @@ class _Row:
             if self.stream.tokens and not self.stream.is_answer[-1]:  # forced tokens came between: new turn
                 self.stream.answers.append([])
             self.stream.answers[-1].append(token)
-            if keep_logits:
-                self.stream.answer_logits.append(logits.float().cpu())
+            if logits is not None:
+                self.stream.answer_logits.append(logits.clone())  # a row of the step's copy: keep only this row
         self.stream.tokens.append(token)
         self.stream.is_answer.append(answer)
         return token
@@ -102,7 +103,17 @@ def run_scripts(model: Decoder, cache: KVCache, method: AttentionMethod, prefill
     (their outputs are ignored) until every row is done. With `use_graphs` (a GPU) each step is replayed
     from a CUDA graph; its logits are the graph's buffer, read before the next step overwrites them.
     """
-    driver = StepDriver(model, cache, method, use_graphs)
+    return drive_scripts(StepDriver(model, cache, method, use_graphs), prefilled, scripts, teacher, keep_logits,
+                         pad_id, on_step)
+
+
+@torch.no_grad()
+def drive_scripts(driver: StepDriver, prefilled: Prefilled, scripts: list[Script],
+                  teacher: list[Stream] | None = None, keep_logits: bool = False, pad_id: int = 0,
+                  on_step=None) -> list[Stream]:
+    """run_scripts through a given driver: one kept from an earlier batch replays the graphs it captured then
+    (its method restarts on `prefilled`)."""
+    method = driver.method
     driver.start(prefilled)
     rows = [_Row(s, None if teacher is None else teacher[i]) for i, s in enumerate(scripts)]
     logits, step, tokens = prefilled.last_logits, 0, None
@@ -112,8 +123,12 @@ def run_scripts(model: Decoder, cache: KVCache, method: AttentionMethod, prefill
             logits, ctx = result.logits, result.ctx
         active = [not row.done for row in rows]  # rows that still need this step's logits
         if step > 0:
-            _record(rows, ctx, method, active, model.config.global_layers)
-        chosen = [row.choose(logits[i], keep_logits) if active[i] else pad_id for i, row in enumerate(rows)]
+            _record(rows, ctx, method, active, driver.model.config.global_layers)
+        # One copy to the host per step for the whole batch (a copy per row waits on the device B times)
+        greedy = logits.argmax(dim=-1).tolist()
+        kept = logits.float().cpu() if keep_logits else None
+        chosen = [row.choose(greedy[i], None if kept is None else kept[i]) if active[i] else pad_id
+                  for i, row in enumerate(rows)]
         tokens = torch.tensor(chosen, device=logits.device)
         method.observe(tokens)
         if on_step is not None:

@@ -25,7 +25,7 @@ from sfibench.metrics.longbench import DATASETS
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import read_results
 from sfibench.reporting.run_dir import claimed_run_dir
-from sfibench.runners.quality_batch import conditions, evaluate_batch
+from sfibench.runners.quality_batch import KeptDrivers, conditions, evaluate_batch
 from sfibench.runners.quality_inputs import (
     SAME_ON_RESUME,
     QualityRun,
@@ -139,6 +139,7 @@ def _run_cells(session: Session, fmt: PromptFormat, inputs: QualityRun, contexts
                ledger: QualityLedger, console: Console, graphs: bool) -> None:
     """Every (context, task, batch, condition) the ledger does not hold yet, saving as each finishes."""
     labels, batch, seed = ledger.labels, inputs.batch, inputs.seed
+    drivers = KeptDrivers(session, graphs)  # each condition's graphs captured once per run, not once per batch
     total = sum(-(-n // batch) for n in inputs.samples) * len(inputs.tasks) * len(labels)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
@@ -171,7 +172,7 @@ def _run_cells(session: Session, fmt: PromptFormat, inputs: QualityRun, contexts
                             progress.advance(bar)
                         progress.update(bar, description=f"{task} @ {context} #{start}: {label}")
 
-                    evaluate_batch(session, chunk, plan[context], on_decode=on_decode, done=done, graphs=graphs,
+                    evaluate_batch(session, chunk, plan[context], on_decode=on_decode, done=done, drivers=drivers,
                                    on_records=lambda records, context=context: ledger.add(
                                        [{**record, "context": context} for record in records]))
                     if not console.is_terminal:  # a log file gets no live bar: one line per batch instead

@@ -21,9 +21,12 @@ import torch
 
 from sfibench import registry
 from sfibench.core.budget import BudgetError
+from sfibench.engine.driver import StepDriver
 from sfibench.engine.method import MethodSpec
+from sfibench.engine.prefill import Prefilled
 from sfibench.engine.session import Session
-from sfibench.engine.turns import Script, Stream, run_scripts
+from sfibench.engine.turns import Script, Stream, drive_scripts
+from sfibench.engine.workspace import LENGTH_BUCKET
 from sfibench.metrics import quality
 from sfibench.workloads.base import Sample
 
@@ -75,26 +78,61 @@ def _teacher_streams(samples: list[Sample]) -> list[Stream] | None:
     return [Stream(tokens=list(s.teacher), is_answer=[True] * len(s.teacher)) for s in samples]
 
 
-def _decode(session: Session, condition: Condition, prefilled, scripts, teacher, keep_logits, on_step, graphs):
-    method = registry.create_method(condition.spec, session.loaded.config, session.loaded.tokenizer)
-    return run_scripts(session.loaded.model, session.cache, method, prefilled, scripts, teacher=teacher,
-                       keep_logits=keep_logits, pad_id=session.loaded.tokenizer.eos_token_id or 0, on_step=on_step,
-                       use_graphs=graphs)
+class KeptDrivers:
+    """Each condition's method and step driver, kept from one batch of a quality run to the next.
+
+    On a GPU a driver captures a CUDA graph the first time it meets each step plan. A fresh driver per decode
+    pass (up to two per condition and batch) captured them all again, and for answers of a few dozen tokens
+    that was most of a batch's time. A kept driver restarts its method on the next batch's prefill (methods
+    reset their state in place: AttentionMethod.state) and replays what it captured. Graphs read the cache's
+    tensors, so every driver is dropped before the session allocates another cache.
+    """
+
+    def __init__(self, session: Session, graphs: bool):
+        self.session, self.graphs = session, graphs
+        self.kept: dict[int, tuple[Condition, StepDriver]] = {}  # id(condition) -> (condition, its driver)
+
+    def prefill(self, prompts: list[list[int]], decode_budget: int) -> Prefilled:
+        """The session's prefill with room for `decode_budget` more tokens, the cache's length rounded up to
+        the graphs' length bucket so that batches whose longest prompts differ by a few tokens share a cache."""
+        longest = max(len(p) for p in prompts)
+        room = -(-(longest + decode_budget) // LENGTH_BUCKET) * LENGTH_BUCKET
+        room = max(min(room, self.session.max_tokens), longest + decode_budget)
+        if not self.session.holds(len(prompts), room):
+            self.kept.clear()  # before the new cache is allocated: the old one is freed only once nothing holds it
+        return self.session.prefill(prompts, room - longest)
+
+    def driver(self, condition: Condition) -> StepDriver:
+        cache = self.session.cache
+        kept = self.kept.get(id(condition))
+        if kept is None or kept[1].cache is not cache:
+            loaded = self.session.loaded
+            method = registry.create_method(condition.spec, loaded.config, loaded.tokenizer)
+            kept = self.kept[id(condition)] = (condition, StepDriver(loaded.model, cache, method, self.graphs))
+        return kept[1]
+
+
+def _decode(session: Session, drivers: KeptDrivers, condition: Condition, prefilled, scripts, teacher, keep_logits,
+            on_step):
+    return drive_scripts(drivers.driver(condition), prefilled, scripts, teacher=teacher, keep_logits=keep_logits,
+                         pad_id=session.loaded.tokenizer.eos_token_id or 0, on_step=on_step)
 
 
 def evaluate_batch(session: Session, samples: list[Sample], conds: list[Condition], on_decode=None,
                    on_step=None, on_records=None, done: frozenset[str] = frozenset(),
-                   graphs: bool = False) -> list[dict]:
+                   graphs: bool = False, drivers: KeptDrivers | None = None) -> list[dict]:
     """One record per (sample, condition) not in `done` (labels of conditions a resumed run already has).
 
     `on_decode(label)` is called before each decode pass, `on_records(records)` with each condition's
     records as soon as they exist (so they can be saved). Full-KV is decoded even when done: every
-    other condition is compared with its logits. `graphs` replays each decode step from a CUDA graph.
+    other condition is compared with its logits. `graphs` replays each decode step from a CUDA graph;
+    `drivers` (one per run) keeps each condition's driver and graphs for the next batch.
     """
     tokenizer = session.loaded.tokenizer
     stop = frozenset({tokenizer.eos_token_id} - {None})
     scripts = [Script(s.max_answer_tokens, s.follow_ups, stop) for s in samples]
-    prefilled = session.prefill([s.prompt for s in samples], max(s.decode_budget for s in samples))
+    drivers = drivers or KeptDrivers(session, graphs)
+    prefilled = drivers.prefill([s.prompt for s in samples], max(s.decode_budget for s in samples))
     forced = _teacher_streams(samples)
     records = []
     full = None
@@ -104,15 +142,15 @@ def evaluate_batch(session: Session, samples: list[Sample], conds: list[Conditio
         if on_decode:
             on_decode(condition.label)
         if full is None:  # Full-KV: free run (or the given continuation), logits kept as the reference
-            full = _decode(session, condition, prefilled, scripts, forced, True, on_step, graphs)
+            full = _decode(session, drivers, condition, prefilled, scripts, forced, True, on_step)
             runs = (full, full)
         else:
-            taught = _decode(session, condition, prefilled, scripts, full, True, on_step, graphs)
+            taught = _decode(session, drivers, condition, prefilled, scripts, full, True, on_step)
             free = taught
             if forced is None and any(_diverges(t, f) for t, f in zip(taught, full)):
                 if on_decode:
                     on_decode(condition.label + " (free)")
-                free = _decode(session, condition, prefilled, scripts, None, False, on_step, graphs)
+                free = _decode(session, drivers, condition, prefilled, scripts, None, False, on_step)
             runs = (taught, free)
         if condition.label in done:
             continue

@@ -1,0 +1,73 @@
+"""A quality run keeps each condition's step driver from batch to batch: the records must not change."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from sfibench import registry
+from sfibench.engine.session import Session
+from sfibench.runners.quality_batch import KeptDrivers, evaluate_batch, make_condition
+from sfibench.workloads.base import PromptFormat
+from sfibench.workloads.needle_list import needle_list
+from sfibench.workloads.tasks import make_samples
+
+CONTEXT = 800
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return Session.open("tiny-llama", "cpu")
+
+
+def _conditions(path: str, t_max: int, methods: list[str]):
+    """Full-KV, then each of `methods` at retention 0.3; SFI's refresh after at most `t_max` tokens (a
+    random tiny model writes no sentence ends)."""
+    conds = [make_condition("full_kv", None, CONTEXT, path)] + [
+        make_condition(name, 0.3, CONTEXT, path) for name in methods if name != "full_kv"]
+    for cond in conds:
+        if cond.method == "sfi":
+            config = cond.spec.config
+            trigger = dataclasses.replace(config.trigger, t_max=t_max, min_gap=min(config.trigger.min_gap, t_max))
+            cond.spec = dataclasses.replace(cond.spec, config=dataclasses.replace(config, trigger=trigger))
+    return conds
+
+
+# The optimized path runs its Triton kernels in the interpreter here: shorter answers, a refresh every 2 tokens,
+# and the methods that carry state across steps (SnapKV's and StreamingLLM's is made whole at each start).
+@pytest.mark.parametrize("path,answer,t_max,methods", [("reference", 40, 16, registry.names()),
+                                                      ("optimized", 6, 2, ["sfi", "quest", "tidaldecode"])])
+def test_a_kept_driver_restarts_as_a_fresh_one_would(tiny, path, answer, t_max, methods):
+    """The second batch through drivers kept from the first gives the records a fresh start gives: no
+    method carries state (a selection, a trigger's count, a slow step's schedule) from one batch to the next.
+    SFI's refresh fires in the first batch."""
+    fmt = PromptFormat(tiny.loaded.tokenizer, chat=False)
+    samples = [needle_list(fmt, CONTEXT, random.Random(index), index, 3, "niah_list") for index in range(4)]
+    for sample in samples:
+        sample.max_answer_tokens = answer
+    first, second = samples[:2], samples[2:]
+    conds = _conditions(path, t_max, methods)
+    kept = KeptDrivers(tiny, graphs=False)
+    warmed = evaluate_batch(tiny, first, conds, drivers=kept)
+    assert all(r["slow_steps"] >= 2 for r in warmed if r["method"] == "sfi")
+    drivers = {c.label: kept.driver(c) for c in conds}
+    after = evaluate_batch(tiny, second, conds, drivers=kept)
+    assert all(kept.driver(c) is drivers[c.label] for c in conds)  # the same drivers ran the second batch
+    fresh = evaluate_batch(tiny, second, conds)
+    assert after == fresh
+
+
+def test_drivers_are_dropped_when_the_cache_is_replaced(tiny):
+    fmt = PromptFormat(tiny.loaded.tokenizer, chat=False)
+    samples = make_samples("niah_single", fmt, CONTEXT, 3, seed=1)
+    cond = make_condition("sfi", 0.3, CONTEXT)
+    kept = KeptDrivers(tiny, graphs=False)
+    evaluate_batch(tiny, samples[:2], [make_condition("full_kv", None, CONTEXT), cond], drivers=kept)
+    two = kept.driver(cond)
+    assert two.cache is tiny.cache and tiny.cache.max_seq % 256 == 0  # rounded up to the graphs' bucket
+    evaluate_batch(tiny, samples[2:], [make_condition("full_kv", None, CONTEXT), cond], drivers=kept)
+    one = kept.driver(cond)
+    assert one is not two and one.cache is tiny.cache and tiny.cache.batch == 1
+    assert len(kept.kept) == 2
