@@ -21,6 +21,7 @@ import torch
 
 from sfibench import registry
 from sfibench.core.budget import BudgetError
+from sfibench.core.oom import DeviceOutOfMemoryError
 from sfibench.engine.driver import StepDriver
 from sfibench.engine.method import MethodSpec
 from sfibench.engine.prefill import Prefilled
@@ -85,12 +86,15 @@ class KeptDrivers:
     pass (up to two per condition and batch) captured them all again, and for answers of a few dozen tokens
     that was most of a batch's time. A kept driver restarts its method on the next batch's prefill (methods
     reset their state in place: AttentionMethod.state) and replays what it captured. Graphs read the cache's
-    tensors, so every driver is dropped before the session allocates another cache.
+    tensors, so every driver is dropped before the session allocates another cache. Every condition's method
+    state is then held at once; where that runs out of device memory, only the running condition's is kept
+    from then on (`forget`).
     """
 
     def __init__(self, session: Session, graphs: bool):
         self.session, self.graphs = session, graphs
         self.kept: dict[int, tuple[Condition, StepDriver]] = {}  # id(condition) -> (condition, its driver)
+        self.keep_all = True  # False once the held state ran out of memory: one condition's driver at a time
 
     def prefill(self, prompts: list[list[int]], decode_budget: int) -> Prefilled:
         """The session's prefill with room for `decode_budget` more tokens, the cache's length rounded up to
@@ -106,16 +110,36 @@ class KeptDrivers:
         cache = self.session.cache
         kept = self.kept.get(id(condition))
         if kept is None or kept[1].cache is not cache:
+            if not self.keep_all:
+                self.kept.clear()
             loaded = self.session.loaded
             method = registry.create_method(condition.spec, loaded.config, loaded.tokenizer)
             kept = self.kept[id(condition)] = (condition, StepDriver(loaded.model, cache, method, self.graphs))
         return kept[1]
 
+    def forget(self, condition: Condition) -> bool:
+        """After running out of device memory in `condition`'s decode: drop every driver and keep one at a time
+        from now on. True if another condition's was dropped (so trying again may fit)."""
+        others = len(self.kept) - (id(condition) in self.kept)
+        self.kept.clear()
+        self.keep_all = False
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return others > 0
+
 
 def _decode(session: Session, drivers: KeptDrivers, condition: Condition, prefilled, scripts, teacher, keep_logits,
             on_step):
-    return drive_scripts(drivers.driver(condition), prefilled, scripts, teacher=teacher, keep_logits=keep_logits,
-                         pad_id=session.loaded.tokenizer.eos_token_id or 0, on_step=on_step)
+    def run():
+        return drive_scripts(drivers.driver(condition), prefilled, scripts, teacher=teacher, keep_logits=keep_logits,
+                             pad_id=session.loaded.tokenizer.eos_token_id or 0, on_step=on_step)
+
+    try:
+        return run()
+    except DeviceOutOfMemoryError:
+        if not drivers.forget(condition):  # nothing else was held: this condition alone does not fit
+            raise
+        return run()
 
 
 def evaluate_batch(session: Session, samples: list[Sample], conds: list[Condition], on_decode=None,

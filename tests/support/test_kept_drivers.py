@@ -71,3 +71,34 @@ def test_drivers_are_dropped_when_the_cache_is_replaced(tiny):
     one = kept.driver(cond)
     assert one is not two and one.cache is tiny.cache and tiny.cache.batch == 1
     assert len(kept.kept) == 2
+
+
+def test_running_out_of_memory_keeps_one_driver_at_a_time(tiny, monkeypatch):
+    """Where every condition's held state does not fit, the decode that ran out is tried again with nothing
+    else held, and from then on one condition's driver is kept at a time: the records are the same."""
+    import sfibench.runners.quality_batch as quality_batch
+    from sfibench.core.oom import DeviceOutOfMemoryError
+
+    fmt = PromptFormat(tiny.loaded.tokenizer, chat=False)
+    samples = make_samples("niah_single", fmt, CONTEXT, 2, seed=4)
+    conds = _conditions("reference", 16, registry.names())
+    expected = evaluate_batch(tiny, samples, conds)
+    real, failures = quality_batch.drive_scripts, []
+
+    def drive_in_little_memory(driver, *args, **kwargs):
+        if len(kept.kept) > 2:  # "room" for two drivers' state
+            failures.append(driver.method.name)
+            raise DeviceOutOfMemoryError("out of device memory during decode: (simulated)")
+        return real(driver, *args, **kwargs)
+
+    monkeypatch.setattr(quality_batch, "drive_scripts", drive_in_little_memory)
+    kept = KeptDrivers(tiny, graphs=False)
+    assert evaluate_batch(tiny, samples, conds, drivers=kept) == expected
+    assert len(failures) == 1 and not kept.keep_all and len(kept.kept) == 1
+    failures.clear()
+    kept.keep_all = True
+    kept.kept.clear()
+    monkeypatch.setattr(quality_batch, "drive_scripts", lambda driver, *a, **k: (_ for _ in ()).throw(
+        DeviceOutOfMemoryError("out of device memory during decode: (simulated)")))
+    with pytest.raises(DeviceOutOfMemoryError):  # one condition alone does not fit: the error stands
+        evaluate_batch(tiny, samples, conds, drivers=kept)
