@@ -82,10 +82,10 @@ def _teacher_streams(samples: list[Sample]) -> list[Stream] | None:
 class KeptDrivers:
     """Each condition's method and step driver, kept from one batch of a quality run to the next.
 
-    On a GPU a driver captures a CUDA graph the first time it meets each step plan. A fresh driver per decode
-    pass (up to two per condition and batch) captured them all again, and for answers of a few dozen tokens
-    that was most of a batch's time. A kept driver restarts its method on the next batch's prefill (methods
-    reset their state in place: AttentionMethod.state) and replays what it captured. Graphs read the cache's
+    On a GPU a driver captures a CUDA graph the first time it meets each step plan, so kept for the whole run it
+    captures each of a condition's graphs once, not on every decode pass (up to two per condition and batch).
+    A kept driver restarts its method on the next batch's prefill (methods reset their state in place:
+    AttentionMethod.state) and replays what it captured. Graphs read the cache's
     tensors, so every driver is dropped before the session allocates another cache. Every condition's method
     state is then held at once; where that runs out of device memory, only the running condition's is kept
     from then on (`forget`).
