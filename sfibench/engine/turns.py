@@ -63,9 +63,9 @@ class _Row:
         self.queue: list[int] = []  # forced ids still to feed
         self.turn, self.count, self.done = 0, 0, False
 
-    def choose(self, greedy: int, logits: torch.Tensor | None) -> int:
-        """The id fed next, given the greedy id after the previous one and, when they are kept, its logits
-        (`[V]` on the host)."""
+    def choose(self, greedy: int | None, logits: torch.Tensor | None) -> int:
+        """The id fed next, given the greedy id after the previous one (None when a teacher decides) and, when
+        they are kept, its logits (`[V]` on the host)."""
         index = len(self.stream.tokens)
         if self.teacher is not None:
             token, answer = self.teacher.tokens[index], self.teacher.is_answer[index]
@@ -124,8 +124,9 @@ def drive_scripts(driver: StepDriver, prefilled: Prefilled, scripts: list[Script
         active = [not row.done for row in rows]  # rows that still need this step's logits
         if step > 0:
             _record(rows, ctx, method, active, driver.model.config.global_layers)
-        # One copy to the host per step for the whole batch (a copy per row waits on the device B times)
-        greedy = logits.argmax(dim=-1).tolist()
+        # One copy to the host per step for the whole batch (a copy per row waits on the device B times); a
+        # teacher-forced pass feeds the teacher's ids and needs no greedy ones
+        greedy = logits.argmax(dim=-1).tolist() if teacher is None else [None] * len(rows)
         kept = logits.float().cpu() if keep_logits else None
         chosen = [row.choose(greedy[i], None if kept is None else kept[i]) if active[i] else pad_id
                   for i, row in enumerate(rows)]

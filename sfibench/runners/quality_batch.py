@@ -128,11 +128,10 @@ class KeptDrivers:
         return others > 0
 
 
-def _decode(session: Session, drivers: KeptDrivers, condition: Condition, prefilled, scripts, teacher, keep_logits,
-            on_step):
+def _decode(drivers: KeptDrivers, condition: Condition, prefilled, scripts, teacher, keep_logits, on_step):
     def run():
         return drive_scripts(drivers.driver(condition), prefilled, scripts, teacher=teacher, keep_logits=keep_logits,
-                             pad_id=session.loaded.tokenizer.eos_token_id or 0, on_step=on_step)
+                             pad_id=drivers.session.loaded.tokenizer.eos_token_id or 0, on_step=on_step)
 
     try:
         return run()
@@ -144,18 +143,18 @@ def _decode(session: Session, drivers: KeptDrivers, condition: Condition, prefil
 
 def evaluate_batch(session: Session, samples: list[Sample], conds: list[Condition], on_decode=None,
                    on_step=None, on_records=None, done: frozenset[str] = frozenset(),
-                   graphs: bool = False, drivers: KeptDrivers | None = None) -> list[dict]:
+                   drivers: KeptDrivers | None = None) -> list[dict]:
     """One record per (sample, condition) not in `done` (labels of conditions a resumed run already has).
 
     `on_decode(label)` is called before each decode pass, `on_records(records)` with each condition's
     records as soon as they exist (so they can be saved). Full-KV is decoded even when done: every
-    other condition is compared with its logits. `graphs` replays each decode step from a CUDA graph;
-    `drivers` (one per run) keeps each condition's driver and graphs for the next batch.
+    other condition is compared with its logits. `drivers` (one per run, which says whether steps replay CUDA
+    graphs) keeps each condition's driver and graphs for the next batch; without it the batch decodes eagerly.
     """
     tokenizer = session.loaded.tokenizer
     stop = frozenset({tokenizer.eos_token_id} - {None})
     scripts = [Script(s.max_answer_tokens, s.follow_ups, stop) for s in samples]
-    drivers = drivers or KeptDrivers(session, graphs)
+    drivers = drivers or KeptDrivers(session, graphs=False)
     prefilled = drivers.prefill([s.prompt for s in samples], max(s.decode_budget for s in samples))
     forced = _teacher_streams(samples)
     records = []
@@ -166,15 +165,15 @@ def evaluate_batch(session: Session, samples: list[Sample], conds: list[Conditio
         if on_decode:
             on_decode(condition.label)
         if full is None:  # Full-KV: free run (or the given continuation), logits kept as the reference
-            full = _decode(session, drivers, condition, prefilled, scripts, forced, True, on_step)
+            full = _decode(drivers, condition, prefilled, scripts, forced, True, on_step)
             runs = (full, full)
         else:
-            taught = _decode(session, drivers, condition, prefilled, scripts, full, True, on_step)
+            taught = _decode(drivers, condition, prefilled, scripts, full, True, on_step)
             free = taught
             if forced is None and any(_diverges(t, f) for t, f in zip(taught, full)):
                 if on_decode:
                     on_decode(condition.label + " (free)")
-                free = _decode(session, drivers, condition, prefilled, scripts, None, False, on_step)
+                free = _decode(drivers, condition, prefilled, scripts, None, False, on_step)
             runs = (taught, free)
         if condition.label in done:
             continue
