@@ -20,8 +20,8 @@ import torch
 from sfibench.engine.cache import KVCache
 from sfibench.engine.decode import step_kinds
 from sfibench.engine.driver import StepDriver
-from sfibench.engine.prefill import Prefilled
 from sfibench.engine.method import AttentionMethod
+from sfibench.engine.prefill import Prefilled
 from sfibench.models.decoder import Decoder
 
 

@@ -8,7 +8,9 @@ import random
 import pytest
 
 from sfibench import registry
+from sfibench.core.oom import DeviceOutOfMemoryError
 from sfibench.engine.session import Session
+from sfibench.runners import quality_batch
 from sfibench.runners.quality_batch import KeptDrivers, evaluate_batch, make_condition
 from sfibench.workloads.base import PromptFormat
 from sfibench.workloads.needle_list import needle_list
@@ -76,9 +78,6 @@ def test_drivers_are_dropped_when_the_cache_is_replaced(tiny):
 def test_running_out_of_memory_keeps_one_driver_at_a_time(tiny, monkeypatch):
     """Where every condition's held state does not fit, the decode that ran out is tried again with nothing
     else held, and from then on one condition's driver is kept at a time: the records are the same."""
-    import sfibench.runners.quality_batch as quality_batch
-    from sfibench.core.oom import DeviceOutOfMemoryError
-
     fmt = PromptFormat(tiny.loaded.tokenizer, chat=False)
     samples = make_samples("niah_single", fmt, CONTEXT, 2, seed=4)
     conds = _conditions("reference", 16, registry.names())
