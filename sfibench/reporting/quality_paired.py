@@ -68,7 +68,7 @@ def matches_full_kv(row: dict) -> bool:
             and comparison["low"] >= -MATCH_MARGIN)
 
 
-def _lower_by_more_than(comparison: dict, margin: float) -> bool:
+def lower_by_more_than(comparison: dict, margin: float) -> bool:
     """Decided lower: the interval lies below -margin and the exact test rejects equality at ALPHA."""
     return comparison["high"] < -margin and comparison["p"] < ALPHA
 
@@ -83,7 +83,7 @@ def claim_text(rows: list[dict], largest_retention: float) -> str:
     if matching is not None:
         return f"{matching['retention']:g}"
     # Not matching: either the interval still allows a small drop (n too small) or it excludes one.
-    open_rows = [r for r in rows if not _lower_by_more_than(r["comparison"], MATCH_MARGIN)]
+    open_rows = [r for r in rows if not lower_by_more_than(r["comparison"], MATCH_MARGIN)]
     if not open_rows:
         return f"none up to {largest_retention:g} (each drops more than {MATCH_MARGIN:g})"
     best = min(open_rows, key=lambda r: -r["comparison"]["low"])
@@ -104,7 +104,7 @@ def _verdict(row: dict) -> str:
     drop = excluded_drop(comparison)
     if comparison["low"] > 0:
         return ("higher; " if comparison["p"] < ALPHA else "") + "excludes any drop"
-    head = ("lower; " if _lower_by_more_than(comparison, 0.0) else
+    head = ("lower; " if lower_by_more_than(comparison, 0.0) else
             f"matches Full-KV (margin {MATCH_MARGIN:g}); " if row["against"] == dense and matches_full_kv(row) else "")
     return head + ("excludes any drop" if drop is None else f"excludes a drop larger than {drop:.2f}")
 

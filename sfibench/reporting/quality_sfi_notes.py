@@ -1,35 +1,42 @@
 """What a quality report says about SFI's cells beyond their numbers: where SFI scores below Full-KV, what
-docs/findings.md showed to be the cause and which variant tests it; where SFI wrote the same answers at
+docs/findings.md showed to be the cause and which variant tests it; where SFI wrote the same wrong answers at
 every retention, why its fidelity then barely moves with the budget."""
 
 from __future__ import annotations
 
 from sfibench import registry
-from sfibench.reporting.quality_paired import SOLVED
+from sfibench.reporting.quality_paired import SOLVED, comparisons, lower_by_more_than
 
 FINDINGS = "docs/findings.md"
 VARIANT_FLAGS = "--no-nms --keep-neighbours 7"
 
 
-def losing_cells(cells: list[dict]) -> list[tuple[dict, dict]]:
+def losing_cells(cells: list[dict], records: list[dict] | None = None) -> list[tuple[dict, dict]]:
     """(SFI's cell, Full-KV's cell) for every task, context and retention where SFI scored below a Full-KV
-    that solves the task (a cell Full-KV fails decides nothing)."""
+    that solves the task (a cell Full-KV fails decides nothing). With per-sample records, "below" is the
+    paired verdict (the interval excludes 0 and the exact test agrees), so a drop within noise is not one."""
     dense = {(c["task"], c["context"]): c for c in cells if c["method"] == registry.dense().name
              and c["accuracy"] is not None and c["accuracy"] >= SOLVED}
+    paired = {(r["task"], r["context"], r["retention"]): r["comparison"] for r in comparisons(records or [], cells)
+              if r["method"] == registry.BUDGET_REFERENCE and r["comparison"] is not None}
     pairs = []
     for cell in cells:
         full = dense.get((cell["task"], cell["context"]))
-        if cell["method"] == registry.BUDGET_REFERENCE and full and cell["accuracy"] is not None \
-                and cell["accuracy"] < full["accuracy"]:
+        if cell["method"] != registry.BUDGET_REFERENCE or not full or cell["accuracy"] is None:
+            continue
+        comparison = paired.get((cell["task"], cell["context"], cell["retention"]))
+        lower = (lower_by_more_than(comparison, 0.0) if comparison is not None
+                 else cell["accuracy"] < full["accuracy"])
+        if lower:
             pairs.append((cell, full))
     return pairs
 
 
-def below_full_kv_note(cfg: dict, cells: list[dict]) -> list[str]:
+def below_full_kv_note(cfg: dict, cells: list[dict], records: list[dict] | None = None) -> list[str]:
     """A paragraph where SFI scored below Full-KV: the cells, the cause the findings showed on Gemma-3
     (Soft-NMS suppressing the needle's neighbours), and the variant flags that test it; empty where SFI did
     not lose."""
-    losing = losing_cells(cells)
+    losing = losing_cells(cells, records)
     if not losing:
         return []
     by_shape: dict[tuple, list[tuple[dict, dict]]] = {}
@@ -64,26 +71,38 @@ def _shape_scores(task: str, context: int, pairs: list[tuple[dict, dict]]) -> st
 
 
 def same_answers_note(samples: list[dict] | None) -> list[str]:
-    """A line per (task, context) where SFI wrote the same answer at every retention on at least half the
-    prompts: its fidelity then barely moves with the budget, and this is why (docs/findings.md measured
-    it)."""
+    """A line per (task, context) where SFI wrote the same wrong answer (scored below Full-KV's on that
+    prompt, or below 1 where Full-KV did not run) at every retention on at least half the prompts: its
+    fidelity then barely moves with the budget, and this is why (docs/findings.md measured it). The same
+    right answer at every budget needs no explanation."""
+    dense_scores = {(r["task"], r["context"], r["index"]): r.get("score") for r in samples or []
+                    if r["method"] == registry.dense().name}
     by_shape: dict[tuple, dict[int, dict]] = {}
     for record in samples or []:
         if record["method"] == registry.BUDGET_REFERENCE and record.get("prediction") is not None:
             answers = by_shape.setdefault((record["task"], record["context"]), {})
-            answers.setdefault(record["index"], {})[record["retention"]] = record["prediction"]
+            answers.setdefault(record["index"], {})[record["retention"]] = record
     lines = []
     for (task, context), prompts in by_shape.items():
         retentions = sorted({r for answers in prompts.values() for r in answers})
         if len(retentions) < 2:
             continue
-        same = sum(len(answers) == len(retentions) and len({str(a) for a in answers.values()}) == 1
-                   for answers in prompts.values())
+        same = sum(len(answers) == len(retentions) and len({str(a["prediction"]) for a in answers.values()}) == 1
+                   and _wrong(next(iter(answers.values())), dense_scores.get((task, context, index)))
+                   for index, answers in prompts.items())
         if 2 * same >= len(prompts):
             spelled = " / ".join(f"{r:g}" for r in retentions)
-            lines.append(f"**SFI wrote the same answer at retention {spelled} on {same} of {len(prompts)} "
+            lines.append(f"**SFI wrote the same wrong answer at retention {spelled} on {same} of {len(prompts)} "
                          f"{task} prompts at {context:,} tokens**, so its fidelity there barely moves with "
                          "the budget: a larger selection did not give the heads that copy the answer what "
                          f"they need (on smollm2 at 2K, measured in {FINDINGS}: the needle's digits stay in "
                          "a minority of the (layer, KV head) selections at either budget).")
     return lines + ([""] if lines else [])
+
+
+def _wrong(record: dict, dense_score: float | None) -> bool:
+    """SFI's answer lost to Full-KV's on this prompt (below a perfect score where Full-KV has none)."""
+    score = record.get("score")
+    if score is None:
+        return False
+    return score < (dense_score if dense_score is not None else 1.0)

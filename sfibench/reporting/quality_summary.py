@@ -130,8 +130,8 @@ def _sfi_lines(config: dict, per_layer: str) -> list[str]:
     presets = config.get("sfi_preset")
     names = dict(zip(config["retentions"], presets.split(","))) if presets else {}
     if not settings:  # runs recorded before the settings were: the preset's name and the rule above
-        return [f"- SFI operating point: preset {presets} (SPEC 4: the authors' k_head, 4 sinks, a 256-token recent "
-                "window, SPEC's triggers)"] if presets else []
+        return [(f"- SFI operating point: preset {presets} (SPEC 4: the authors' k_head, 4 sinks, a 256-token recent "
+                 "window, SPEC's triggers)")] if presets else []
     first = settings[0]
     where = " (the authors' operating point, SPEC 4)" if presets else ""
     lines = [(f"- SFI settings{where}: triggers "
@@ -212,7 +212,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                                    if all(c["accuracy"] is None for c in cells) else "."))
     if unsolved:
         lines += ["", "Tasks Full-KV does not solve (reported below, not interpreted): " + "; ".join(unsolved) + "."]
-    sfi_notes = below_full_kv_note(cfg, cells) + same_answers_note(results.get("samples"))
+    sfi_notes = below_full_kv_note(cfg, cells, results.get("samples")) + same_answers_note(results.get("samples"))
     lines += [""] + sfi_notes if sfi_notes else []
     if any(c["accuracy"] is not None for c in cells):
         lines += ["", "## Accuracy", ""]
