@@ -1,4 +1,4 @@
-"""One table across a model family's committed throughput runs, for README.md's `family` results block.
+"""One table across a model family's committed throughput runs, for the `family` results block (docs/performance.md).
 
 A row per (model, context, batch), in the order the block names the runs; a column per method on the
 optimized path (a run without optimized rows shows its reference rows). Each cell is the row's tok/s, its
