@@ -11,7 +11,9 @@
 # is left than it needs; each comes back as OUT/NAME.tar, to unpack under reports/.
 #   list-CTX     niah_list (one sentence per value, a slow step per sentence) at CTX (8k, 16k, 32k), every method
 #                at paper-2k
-#   reason-16k   vt_reason (reasoning before the answer) at 16K, every method at paper-2k
+#   reason-CTX   niah_reason and vt_reason (reasoning before the answer) at CTX (8k, 16k, 32k), every method at
+#                paper-2k (@TASKS overrides)
+#   reason-retention-16k  niah_reason at 16K, every method at retention 0.15 and 0.5 (@TASKS overrides)
 #   grid-CTX     niah_single, niah_multikey, niah_multivalue, niah_multiquery at CTX (8k, 16k, 32k), every method
 #                at paper-2k and paper-4k (@TASKS overrides the task list)
 #   retention-CTX  niah_single at CTX (8k, 16k, 32k), every method at retention 0.15 and 0.5 (@TASKS overrides)
@@ -80,9 +82,13 @@ for spec in "$@"; do
         ctx=${part#list-}; [ "$ctx" = 32k ] && ctx=32000
         quality "$part" 120 "${OPT[@]}" --tasks niah_list --ctx "$ctx" --sfi-preset paper-2k --methods "$METHODS" \
             --samples "$SAMPLES"; pack "$part" ;;
-    reason-16k)
-        quality "$part" 120 "${OPT[@]}" --tasks vt_reason --ctx 16k --sfi-preset paper-2k --methods "$METHODS" \
-            --samples "$SAMPLES"; pack "$part" ;;
+    reason-8k | reason-16k | reason-32k)
+        ctx=${part#reason-}; [ "$ctx" = 32k ] && ctx=32000
+        quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-niah_reason,vt_reason}" --ctx "$ctx" --sfi-preset paper-2k \
+            --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
+    reason-retention-16k)
+        quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-niah_reason}" --ctx 16k --budget 0.15,0.5 \
+            --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
     grid-8k | grid-16k | grid-32k)
         ctx=${part#grid-}; [ "$ctx" = 32k ] && ctx=32000
         quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-niah_single,niah_multikey,niah_multivalue,niah_multiquery}" \

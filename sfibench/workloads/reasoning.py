@@ -1,4 +1,6 @@
-"""vt_reason: variable tracking answered after step-by-step reasoning, scored on the final answer only.
+"""Tasks answered after reasoning, scored on the final answer only.
+
+vt_reason: variable tracking answered after step-by-step reasoning.
 
 Several chains of assignments are hidden in essay prose (`VAR QXKRB = 52817.`, then at later depths
 `VAR HDMZA = VAR QXKRB.` and so on), one value per chain. The question names the last variable of one
@@ -7,7 +9,12 @@ end with a line "Answer: <value>". Each hop of the reasoning needs a different a
 chains' values are there to be confused with, so the answer cannot be guessed from the only number in
 the text. The reasoning takes a few hundred tokens, over which SFI's refresh fires at sentence starts.
 
-Scored by `final_answer` (metrics/quality.py): the value must be in the text after the last "Answer:";
+niah_reason: the niah_multikey question over RETRIEVAL_KEYS needles, answered after going through the
+text's needles one sentence each (key and number) and saying which one the question asks for. Each
+sentence of that reasoning needs a different needle, so a method's selection must move from sentence to
+sentence, as SFI's refresh is meant to make it; the final answer needs the asked one among look-alikes.
+
+Both are scored by `final_answer` (metrics/quality.py): the value must be in the text after the last "Answer:";
 an answer without that line scores 0, whatever its reasoning names. The answer may take up to
 `REASON_TOKENS` generated tokens and stops earlier at the model's end-of-turn token.
 """
@@ -18,12 +25,13 @@ import string
 from itertools import pairwise
 
 from sfibench.workloads.base import Sample, register_task
-from sfibench.workloads.haystack import DEFAULT_DEPTHS, Haystack, depth_for, magic_number
-from sfibench.workloads.needles import haystack_prompt
+from sfibench.workloads.haystack import DEFAULT_DEPTHS, Haystack, depth_for, key_words, magic_number
+from sfibench.workloads.needles import haystack_prompt, needle_depths, niah_intro, niah_needle
 
 CHAINS = 3  # one asked, the others distractors with values of their own
 HOPS = 4  # assignments after the first in each chain: 5 variables per chain
 REASON_TOKENS = 512  # the answer cap: reasoning and the final line
+RETRIEVAL_KEYS = 10  # niah_reason: one asked, nine look-alikes; a sentence each makes >= 200 tokens of reasoning
 INTRO = "Memorize and track the chains of variable assignment hidden in the following text."
 
 
@@ -67,3 +75,29 @@ def variable_tracking_reasoned(fmt, target, rng, index):
     return Sample("vt_reason", index, ids, [[values[0]]], max_answer_tokens=REASON_TOKENS, scorer="final_answer",
                   meta={"depth": first, "hop_depths": hop_depths, "asked": asked, "chain": chains[0],
                         "distractor_values": values[1:]})
+
+
+def list_then_answer_question(key: str) -> str:
+    return (f"Question: What is the special magic number for {key} mentioned in the provided text? Think step by "
+            "step before answering: go through the text from its beginning and write one sentence for each "
+            "special magic number you find, naming its key and its number, in the order they appear. Then say "
+            f"which of them is the one for {key}, and end with a final line of the form \"Answer: <number>\".")
+
+
+@register_task("niah_reason", f"the queried key's number among {RETRIEVAL_KEYS} needles, after a sentence per "
+                              f"needle found (reasoning before the answer, cap {REASON_TOKENS} tokens)")
+def niah_reasoned(fmt, target, rng, index):
+    keys = key_words(rng, RETRIEVAL_KEYS)
+    values: list[str] = []
+    while len(values) < RETRIEVAL_KEYS:  # distinct, so the final answer names one needle only
+        value = magic_number(rng)
+        if value not in values:
+            values.append(value)
+    depths = needle_depths(rng, index, RETRIEVAL_KEYS)  # the asked key's needle at the controlled depth
+    needles = [(d, niah_needle(k, v)) for d, k, v in zip(depths, keys, values)]
+    prefix = "Let me go through the special magic numbers in the text one by one."
+    ids, _ = haystack_prompt(fmt, target, Haystack(rng), needles, list_then_answer_question(keys[0]), prefix,
+                             "niah_reason", intro=niah_intro())
+    return Sample("niah_reason", index, ids, [[values[0]]], max_answer_tokens=REASON_TOKENS, scorer="final_answer",
+                  meta={"depth": depths[0], "asked": keys[0], "distractor_values": values[1:],
+                        "needles": [{"depth": d, "key": k, "value": v} for d, k, v in zip(depths, keys, values)]})

@@ -1,4 +1,5 @@
-"""Reasoning task (vt_reason), per-step fidelity along long answers, and the report's refresh section and plot."""
+"""Reasoning tasks (vt_reason, niah_reason), per-step fidelity along long answers, and the report's refresh section
+and plot."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from sfibench.reporting.quality_refresh import refresh_section
 from sfibench.runners.quality_batch import LONG_FIDELITY_STEPS, evaluate_batch, make_condition
 from sfibench.workloads.base import PromptFormat
 from sfibench.workloads.needle_list import needle_list
-from sfibench.workloads.reasoning import REASON_TOKENS
+from sfibench.workloads.reasoning import REASON_TOKENS, RETRIEVAL_KEYS
 from sfibench.workloads.tasks import make_samples
 
 
@@ -40,6 +41,45 @@ def test_vt_reason_is_seeded_and_asks_for_the_end_of_one_chain(chat):
     assert f"What is the numeric value of VAR {chain[-1]}" in text and '"Answer: <number>"' in text
     assert sample.scorer == "final_answer" and sample.max_answer_tokens == REASON_TOKENS >= 256
     assert 0.97 * 4000 <= len(sample.prompt) <= 4000
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_niah_reason_is_seeded_holds_every_needle_and_asks_for_one(chat):
+    fmt = PromptFormat(Tokenizer(ByteTokenizer()), chat=chat)
+    a, b, c = (make_samples("niah_reason", fmt, 5000, 2, seed=s) for s in (7, 7, 8))
+    assert [s.prompt for s in a] == [s.prompt for s in b] and a[0].prompt != c[0].prompt != a[1].prompt
+    sample = a[0]
+    text = fmt.tokenizer.decode(sample.prompt)
+    needles = sample.meta["needles"]
+    values = [n["value"] for n in needles]
+    assert len(needles) == RETRIEVAL_KEYS and len(set(values)) == RETRIEVAL_KEYS
+    assert all(text.count(f"One of the special magic numbers for {n['key']} is: {n['value']}.") == 1
+               for n in needles)
+    asked = sample.meta["asked"]
+    assert asked == needles[0]["key"] and sample.answers == [[needles[0]["value"]]]
+    assert sample.meta["distractor_values"] == values[1:]
+    assert f"What is the special magic number for {asked} mentioned" in text and '"Answer: <number>"' in text
+    assert "one sentence for each special magic number" in text
+    assert sample.scorer == "final_answer" and sample.max_answer_tokens == REASON_TOKENS
+    assert 0.97 * 5000 <= len(sample.prompt) <= 5000
+
+
+def test_a_method_that_reads_everything_answers_niah_reason_as_full_kv(tiny):
+    """SFI with a k_head beyond prompt + answer reads every token at every step: on niah_reason its reasoning and
+    final answer are Full-KV's."""
+    fmt = PromptFormat(tiny.loaded.tokenizer, chat=False)
+    samples = make_samples("niah_reason", fmt, 1600, 2, seed=3)
+    for sample in samples:
+        sample.max_answer_tokens = 96  # a random model never writes "Answer:"; the text is what is compared
+    context = max(len(s.prompt) for s in samples)
+    whole = 4 * (context + samples[0].max_answer_tokens)
+    conds = [make_condition("full_kv", None, context), make_condition("sfi", whole / context, context)]
+    records = evaluate_batch(tiny, samples, conds)
+    full = [r for r in records if r["method"] == "full_kv"]
+    sfi = [r for r in records if r["method"] == "sfi"]
+    assert [r["prediction"] for r in sfi] == [r["prediction"] for r in full]
+    assert [r["score"] for r in sfi] == [r["score"] for r in full]
+    assert all(r["token_agreement"] == 1.0 for r in sfi)
 
 
 def test_final_answer_scorer_on_hand_made_answers():
