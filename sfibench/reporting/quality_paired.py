@@ -89,8 +89,10 @@ def claim_text(rows: list[dict], largest_retention: float) -> str:
     best = min(open_rows, key=lambda r: -r["comparison"]["low"])
     if best["comparison"]["low"] >= -MATCH_MARGIN:  # within the margin, but on too few prompts
         return f"undecided at {best['retention']:g} (n = {best['comparison']['n']} < {MIN_MATCH_PAIRS} prompts)"
-    return (f"undecided at {best['retention']:g} (n too small: excludes only drops > "
-            f"{-best['comparison']['low']:.2f})")
+    allowed = -best["comparison"]["low"]
+    if allowed >= 0.995:  # a score drops by 1 at most: an interval reaching -1 excludes nothing
+        return f"undecided at {best['retention']:g} (n too small: the interval excludes no drop)"
+    return f"undecided at {best['retention']:g} (n too small: excludes only drops > {allowed:.2f})"
 
 
 def _p(value: float) -> str:

@@ -156,6 +156,11 @@ def test_claim_check_matches_only_where_the_interval_excludes_a_drop_beyond_the_
     streaming = compare([1] * 9, [1] * 9)
     assert verdicts["streaming_llm"] == (f"undecided at 0.2 (n too small: excludes only drops > "
                                          f"{-streaming['low']:.2f})")
+    # 4 prompts all lost: p = 0.125 decides nothing, and an interval reaching -1 excludes no drop at all
+    lost = [_record("niah_single", m, r, i, m == "full_kv") for m, r in (("full_kv", None), ("snapkv", 0.1))
+            for i in range(4)]
+    assert claim_check(summarise(lost), lost)[0][0]["verdicts"]["snapkv"] == \
+        "undecided at 0.1 (n too small: the interval excludes no drop)"
     # 400 prompts, identical answers: the interval excludes any drop beyond the margin, so it matches
     many = [_record("niah_single", m, r, i, i % 10 != 0) for m, r in (("full_kv", None), ("sfi", 0.1))
             for i in range(400)]
