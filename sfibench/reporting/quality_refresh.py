@@ -84,7 +84,7 @@ def refresh_section(samples: list[dict]) -> list[str]:
     for task, method in fired:
         per = [c for c in sparse if (c["task"], c["method"]) == (task, method)]
         lines.append(f"- {method} refreshed on {task}: "
-                     + "; ".join(f"{c['slow_steps_per_answer']:.1f} slow steps per answer at retention "
+                     + "; ".join(f"{c['slow_steps_per_answer']:.2f} slow steps per answer at retention "
                                  f"{c['retention']:g}, {c['context']} tokens" for c in per) + ".")
     if not sparse:
         lines.append("No method in this run has slow steps.")
