@@ -23,7 +23,7 @@
 #   variants-retention-CTX  the same two SFI variants at retention 0.15 and 0.5 (@TASKS as for variants-CTX)
 #   variants-list-16k  the same two SFI variants on niah_list at 16K (paper-2k, $LIST_SAMPLES prompts)
 #   ruler-CTX    RULER's 13 tasks at CTX (8k, 16k, 32k: the model's limit), every method at paper-2k
-#                ($RULER_SAMPLES prompts per task)
+#                ($RULER_SAMPLES prompts per task; @TASKS picks some, e.g. @ruler_qa_1,ruler_qa_2)
 #   longfid-16k  niah_list_64 (answers of >= 1,024 tokens) at 16K, every method at paper-2k, batch 8
 #   agree-8k     niah_single at 8K, 20 prompts: optimized bfloat16, reference bfloat16, reference float32
 # Environment: TASKS (the task list of every part without @TASKS), SAMPLES (default 100), LIST_SAMPLES (64), RULER_SAMPLES (20), BATCH (default 16), WHEELS (the wheels).
@@ -113,8 +113,8 @@ for spec in "$@"; do
         pack "$part" "$part-no-nms" "$part-no-nms-keep7" ;;
     ruler-8k | ruler-16k | ruler-32k)
         ctx=${part#ruler-}; [ "$ctx" = 32k ] && ctx=max  # RULER's 32K is the model's whole context (docs/ruler.md)
-        quality "$part" 120 "${OPT[@]}" --tasks ruler --ctx "$ctx" --sfi-preset paper-2k --methods "$METHODS" \
-            --samples "$RULER_SAMPLES"; pack "$part" ;;
+        quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-ruler}" --ctx "$ctx" --sfi-preset paper-2k \
+            --methods "$METHODS" --samples "$RULER_SAMPLES"; pack "$part" ;;
     longfid-16k)
         BATCH=8 quality "$part" 120 "${OPT[@]}" --tasks niah_list_64 --ctx 16k --sfi-preset paper-2k \
             --methods "$METHODS" --samples 16; pack "$part" ;;
