@@ -25,7 +25,7 @@ from sfibench.metrics.longbench import DATASETS
 from sfibench.reporting.report_run import render
 from sfibench.reporting.results import read_results
 from sfibench.reporting.run_dir import claimed_run_dir
-from sfibench.runners.quality_batch import KeptDrivers, conditions, evaluate_batch
+from sfibench.runners.quality_batch import BatchTimes, KeptDrivers, conditions, evaluate_batch
 from sfibench.runners.quality_inputs import (
     SAME_ON_RESUME,
     QualityRun,
@@ -172,9 +172,11 @@ def _run_cells(session: Session, fmt: PromptFormat, inputs: QualityRun, contexts
                             progress.advance(bar)
                         progress.update(bar, description=f"{task} @ {context} #{start}: {label}")
 
+                    times = BatchTimes()
                     evaluate_batch(session, chunk, plan[context], on_decode=on_decode, done=done, drivers=drivers,
-                                   on_records=lambda records, context=context: ledger.add(
+                                   times=times, on_records=lambda records, context=context: ledger.add(
                                        [{**record, "context": context} for record in records]))
                     if not console.is_terminal:  # a log file gets no live bar: one line per batch instead
                         console.print(f"{time.strftime('%H:%M:%S')} {task} @ {context}: "
-                                      f"{start + len(chunk)}/{len(task_samples)} samples", highlight=False)
+                                      f"{start + len(chunk)}/{len(task_samples)} samples ({times.describe()})",
+                                      highlight=False, soft_wrap=True)

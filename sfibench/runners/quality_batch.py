@@ -14,6 +14,7 @@ which is what plots put on the x axis.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -128,7 +129,33 @@ class KeptDrivers:
         return others > 0
 
 
-def _decode(drivers: KeptDrivers, condition: Condition, prefilled, scripts, teacher, keep_logits, on_step):
+@dataclass
+class BatchTimes:
+    """Where one batch's wall time went, for the run's log: a batch costs far more than its decode steps' bytes
+    when something outside the steps dominates (host copies, metrics on the CPU)."""
+    prefill_s: float = 0.0
+    decode_s: float = 0.0  # every decode pass, the host work between its steps included
+    passes: int = 0
+    steps: int = 0  # decode steps over all passes (a pass runs as long as its longest row)
+    records_s: float = 0.0  # KL, agreement and scores from the kept logits
+
+    def describe(self) -> str:
+        per_step = f", {1000 * self.decode_s / self.steps:.1f} ms a step" if self.steps else ""
+        return (f"prefill {self.prefill_s:.1f} s, {self.passes} decode passes of {self.steps} steps "
+                f"{self.decode_s:.1f} s{per_step}, records {self.records_s:.1f} s")
+
+
+def _decode(drivers: KeptDrivers, condition: Condition, prefilled, scripts, teacher, keep_logits, on_step,
+            times: BatchTimes):
+    started = time.perf_counter()
+    streams = _decode_streams(drivers, condition, prefilled, scripts, teacher, keep_logits, on_step)
+    times.decode_s += time.perf_counter() - started  # each step's argmax or host copy waits on the device
+    times.passes += 1
+    times.steps += max(len(s.tokens) for s in streams) - 1  # the first token comes from the prefill
+    return streams
+
+
+def _decode_streams(drivers: KeptDrivers, condition: Condition, prefilled, scripts, teacher, keep_logits, on_step):
     def run():
         return drive_scripts(drivers.driver(condition), prefilled, scripts, teacher=teacher, keep_logits=keep_logits,
                              pad_id=drivers.session.loaded.tokenizer.eos_token_id or 0, on_step=on_step)
@@ -143,19 +170,23 @@ def _decode(drivers: KeptDrivers, condition: Condition, prefilled, scripts, teac
 
 def evaluate_batch(session: Session, samples: list[Sample], conds: list[Condition], on_decode=None,
                    on_step=None, on_records=None, done: frozenset[str] = frozenset(),
-                   drivers: KeptDrivers | None = None) -> list[dict]:
+                   drivers: KeptDrivers | None = None, times: BatchTimes | None = None) -> list[dict]:
     """One record per (sample, condition) not in `done` (labels of conditions a resumed run already has).
 
     `on_decode(label)` is called before each decode pass, `on_records(records)` with each condition's
     records as soon as they exist (so they can be saved). Full-KV is decoded even when done: every
     other condition is compared with its logits. `drivers` (one per run, which says whether steps replay CUDA
     graphs) keeps each condition's driver and graphs for the next batch; without it the batch decodes eagerly.
+    `times`, when given, is filled with where the batch's wall time went.
     """
+    times = times if times is not None else BatchTimes()
     tokenizer = session.loaded.tokenizer
     stop = frozenset({tokenizer.eos_token_id} - {None})
     scripts = [Script(s.max_answer_tokens, s.follow_ups, stop) for s in samples]
     drivers = drivers or KeptDrivers(session, graphs=False)
+    started = time.perf_counter()
     prefilled = drivers.prefill([s.prompt for s in samples], max(s.decode_budget for s in samples))
+    times.prefill_s += time.perf_counter() - started
     forced = _teacher_streams(samples)
     records = []
     full = None
@@ -165,20 +196,22 @@ def evaluate_batch(session: Session, samples: list[Sample], conds: list[Conditio
         if on_decode:
             on_decode(condition.label)
         if full is None:  # Full-KV: free run (or the given continuation), logits kept as the reference
-            full = _decode(drivers, condition, prefilled, scripts, forced, True, on_step)
+            full = _decode(drivers, condition, prefilled, scripts, forced, True, on_step, times)
             runs = (full, full)
         else:
-            taught = _decode(drivers, condition, prefilled, scripts, full, True, on_step)
+            taught = _decode(drivers, condition, prefilled, scripts, full, True, on_step, times)
             free = taught
             if forced is None and any(_diverges(t, f) for t, f in zip(taught, full)):
                 if on_decode:
                     on_decode(condition.label + " (free)")
-                free = _decode(drivers, condition, prefilled, scripts, None, False, on_step)
+                free = _decode(drivers, condition, prefilled, scripts, None, False, on_step, times)
             runs = (taught, free)
         if condition.label in done:
             continue
+        started = time.perf_counter()
         new = [_record(tokenizer, sample, condition, full[row], runs[0][row], runs[1][row], stop)
                for row, sample in enumerate(samples)]
+        times.records_s += time.perf_counter() - started
         if on_records:
             on_records(new)
         records += new

@@ -11,7 +11,7 @@ from sfibench import registry
 from sfibench.core.oom import DeviceOutOfMemoryError
 from sfibench.engine.session import Session
 from sfibench.runners import quality_batch
-from sfibench.runners.quality_batch import KeptDrivers, evaluate_batch, make_condition
+from sfibench.runners.quality_batch import BatchTimes, KeptDrivers, evaluate_batch, make_condition
 from sfibench.workloads.base import PromptFormat
 from sfibench.workloads.needle_list import needle_list
 from sfibench.workloads.tasks import make_samples
@@ -73,6 +73,23 @@ def test_drivers_are_dropped_when_the_cache_is_replaced(tiny):
     one = kept.driver(cond)
     assert one is not two and one.cache is tiny.cache and tiny.cache.batch == 1
     assert len(kept.kept) == 2
+
+
+def test_a_batch_accounts_for_its_decode_passes_and_steps(tiny):
+    """The run log's per-batch breakdown counts every decode pass (Full-KV's, each condition's teacher-forced
+    one and the free ones that ran) and every decode step of them."""
+    fmt = PromptFormat(tiny.loaded.tokenizer, chat=False)
+    samples = make_samples("niah_single", fmt, CONTEXT, 2, seed=4)
+    conds = _conditions("reference", 16, ["sfi", "snapkv", "streaming_llm"])
+    passes, calls, times = [], [0], BatchTimes()
+
+    def on_step(step):
+        calls[0] += 1
+
+    evaluate_batch(tiny, samples, conds, on_decode=passes.append, on_step=on_step, times=times)
+    assert times.passes == len(passes) >= len(conds)
+    assert times.steps == calls[0] - times.passes > 0  # on_step also sees the prefill's logits of each pass
+    assert f"{times.passes} decode passes of {times.steps} steps" in times.describe()
 
 
 def test_running_out_of_memory_keeps_one_driver_at_a_time(tiny, monkeypatch):
