@@ -186,6 +186,8 @@ def evaluate_batch(session: Session, samples: list[Sample], conds: list[Conditio
     drivers = drivers or KeptDrivers(session, graphs=False)
     started = time.perf_counter()
     prefilled = drivers.prefill([s.prompt for s in samples], max(s.decode_budget for s in samples))
+    if prefilled.last_logits.is_cuda:  # the prefill's kernels finish here, not inside the first decode pass
+        torch.cuda.synchronize(prefilled.last_logits.device)
     times.prefill_s += time.perf_counter() - started
     forced = _teacher_streams(samples)
     records = []
