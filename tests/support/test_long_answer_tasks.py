@@ -1,4 +1,5 @@
-"""Long-answer tasks (niah_list): generation, the ordered-list scorer, slow-step bookkeeping, a full reader = Full-KV."""
+"""Long-answer tasks (niah_list): generation, the ordered-list scorer, slow-step bookkeeping, a full reader = Full-KV
+(niah_list and niah_reason)."""
 
 from __future__ import annotations
 
@@ -104,22 +105,40 @@ def _list_sample(fmt, values: int, target: int, seed: int):
     return needle_list(fmt, target, random.Random(seed), 0, values, "niah_list")
 
 
+def _full_kv_and_whole_reading_sfi(tiny, samples) -> tuple[list[dict], list[dict]]:
+    """Full-KV's records and those of SFI with a k_head beyond prompt + answer, which reads every token."""
+    context = max(len(s.prompt) for s in samples)
+    whole = 4 * (context + max(s.max_answer_tokens for s in samples))
+    conds = [make_condition("full_kv", None, context), make_condition("sfi", whole / context, context)]
+    records = evaluate_batch(tiny, samples, conds)
+    return [r for r in records if r["method"] == "full_kv"], [r for r in records if r["method"] == "sfi"]
+
+
 def test_a_method_that_reads_everything_scores_as_full_kv(tiny):
     """SFI with a k_head beyond prompt + answer reads every token at every step: its answers, scores, slow-step
     records aside, are Full-KV's."""
     fmt = PromptFormat(tiny.loaded.tokenizer, chat=False)
     samples = [_list_sample(fmt, 2, 700, seed) for seed in (1, 2)]
-    context = max(len(s.prompt) for s in samples)
-    whole = 4 * (context + samples[0].max_answer_tokens)
-    conds = [make_condition("full_kv", None, context), make_condition("sfi", whole / context, context)]
-    records = evaluate_batch(tiny, samples, conds)
-    full = [r for r in records if r["method"] == "full_kv"]
-    sfi = [r for r in records if r["method"] == "sfi"]
+    full, sfi = _full_kv_and_whole_reading_sfi(tiny, samples)
+    records = full + sfi
     assert [r["prediction"] for r in sfi] == [r["prediction"] for r in full]
     assert [(r["score"], r["exact_match"]) for r in sfi] == [(r["score"], r["exact_match"]) for r in full]
     assert all(r["token_agreement"] == 1.0 and r["top1_agreement"] == 1.0 for r in sfi)
     assert all(r["answer_capped"] == (r["answer_tokens"] >= samples[0].max_answer_tokens) for r in records)
     assert all(r["slow_steps"] == 0 and r["slow_interval"] is None for r in full)
+
+
+def test_a_method_that_reads_everything_answers_niah_reason_as_full_kv(tiny):
+    """SFI with a k_head beyond prompt + answer reads every token at every step: on niah_reason its reasoning and
+    final answer are Full-KV's."""
+    fmt = PromptFormat(tiny.loaded.tokenizer, chat=False)
+    samples = make_samples("niah_reason", fmt, 1600, 2, seed=3)
+    for sample in samples:
+        sample.max_answer_tokens = 96  # a random model never writes "Answer:"; the text is what is compared
+    full, sfi = _full_kv_and_whole_reading_sfi(tiny, samples)
+    assert [r["prediction"] for r in sfi] == [r["prediction"] for r in full]
+    assert [r["score"] for r in sfi] == [r["score"] for r in full]
+    assert all(r["token_agreement"] == 1.0 for r in sfi)
 
 
 ENDERS = tuple(e.encode() for e in (".", "?", "!", "。", "？", "！"))
