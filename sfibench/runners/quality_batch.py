@@ -137,28 +137,36 @@ class BatchTimes:
     decode_s: float = 0.0  # every decode pass, the host work between its steps included
     passes: int = 0
     steps: int = 0  # decode steps over all passes (a pass runs as long as its longest row)
+    capture_s: float = 0.0  # of decode_s: capturing CUDA graphs for plans no earlier batch met
     records_s: float = 0.0  # KL, agreement and scores from the kept logits
 
     def describe(self) -> str:
         per_step = f", {1000 * self.decode_s / self.steps:.1f} ms a step" if self.steps else ""
+        capture = f" (graph capture {self.capture_s:.1f} s)" if self.capture_s else ""
         return (f"prefill {self.prefill_s:.1f} s, {self.passes} decode passes of {self.steps} steps "
-                f"{self.decode_s:.1f} s{per_step}, records {self.records_s:.1f} s")
+                f"{self.decode_s:.1f} s{capture}{per_step}, records {self.records_s:.1f} s")
 
 
 def _decode(drivers: KeptDrivers, condition: Condition, prefilled, scripts, teacher, keep_logits, on_step,
             times: BatchTimes):
     started = time.perf_counter()
-    streams = _decode_streams(drivers, condition, prefilled, scripts, teacher, keep_logits, on_step)
+    streams = _decode_streams(drivers, condition, prefilled, scripts, teacher, keep_logits, on_step, times)
     times.decode_s += time.perf_counter() - started  # each step's argmax or host copy waits on the device
     times.passes += 1
     times.steps += max(len(s.tokens) for s in streams) - 1  # the first token comes from the prefill
     return streams
 
 
-def _decode_streams(drivers: KeptDrivers, condition: Condition, prefilled, scripts, teacher, keep_logits, on_step):
+def _decode_streams(drivers: KeptDrivers, condition: Condition, prefilled, scripts, teacher, keep_logits, on_step,
+                    times: BatchTimes):
     def run():
-        return drive_scripts(drivers.driver(condition), prefilled, scripts, teacher=teacher, keep_logits=keep_logits,
-                             pad_id=drivers.session.loaded.tokenizer.eos_token_id or 0, on_step=on_step)
+        driver = drivers.driver(condition)
+        captured_before = driver.capture_seconds
+        try:
+            return drive_scripts(driver, prefilled, scripts, teacher=teacher, keep_logits=keep_logits,
+                                 pad_id=drivers.session.loaded.tokenizer.eos_token_id or 0, on_step=on_step)
+        finally:
+            times.capture_s += driver.capture_seconds - captured_before
 
     try:
         return run()

@@ -90,6 +90,7 @@ def test_a_batch_accounts_for_its_decode_passes_and_steps(tiny):
     assert times.passes == len(passes) >= len(conds)
     assert times.steps == calls[0] - times.passes > 0  # on_step also sees the prefill's logits of each pass
     assert f"{times.passes} decode passes of {times.steps} steps" in times.describe()
+    assert times.capture_s == 0 and "graph capture" not in times.describe()  # eager: no graph was captured
 
 
 def test_running_out_of_memory_keeps_one_driver_at_a_time(tiny, monkeypatch):
