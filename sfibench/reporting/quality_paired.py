@@ -111,12 +111,13 @@ def _verdict(row: dict) -> str:
     return head + ("excludes any drop" if drop is None else f"excludes a drop larger than {drop:.2f}")
 
 
-def paired_section(records: list[dict] | None, cells: list[dict]) -> list[str]:
-    """The report's "Paired comparisons" section: one table per scored task."""
+def paired_section(records: list[dict] | None, cells: list[dict], rows: list[dict] | None = None) -> list[str]:
+    """The report's "Paired comparisons" section: one table per scored task (`rows`: the records' comparisons,
+    where the caller already made them)."""
     lines = ["## Paired comparisons", ""]
     if not records:
         return lines + ["This run's results.json holds no per-sample records, so no comparison is paired.", ""]
-    rows = comparisons(records, cells)
+    rows = comparisons(records, cells) if rows is None else rows
     if not rows:
         return lines + ["No method was scored beside Full-KV on the same prompts here.", ""]
     lines.append(

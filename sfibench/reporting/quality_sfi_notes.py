@@ -11,20 +11,24 @@ FINDINGS = "docs/findings.md"
 VARIANT_FLAGS = "--no-nms --keep-neighbours 7"
 
 
-def losing_cells(cells: list[dict], records: list[dict] | None = None) -> list[tuple[dict, dict]]:
+def losing_cells(cells: list[dict], records: list[dict] | None = None,
+                 paired: list[dict] | None = None) -> list[tuple[dict, dict]]:
     """(SFI's cell, Full-KV's cell) for every task, context and retention where SFI scored below a Full-KV
     that solves the task (a cell Full-KV fails decides nothing). With per-sample records, "below" is the
     paired verdict (the interval excludes 0 and the exact test agrees), so a drop within noise is not one."""
     dense = {(c["task"], c["context"]): c for c in cells if c["method"] == registry.dense().name
              and c["accuracy"] is not None and c["accuracy"] >= SOLVED}
-    paired = {(r["task"], r["context"], r["retention"]): r["comparison"] for r in comparisons(records or [], cells)
-              if r["method"] == registry.BUDGET_REFERENCE and r["comparison"] is not None}
+    if paired is None:  # the records' comparisons, unless the caller made them
+        paired = comparisons(records or [], cells)
+    sfi_against_full = {(r["task"], r["context"], r["retention"]): r["comparison"] for r in paired
+                        if r["method"] == registry.BUDGET_REFERENCE and r["comparison"] is not None
+                        and r["against"] == registry.dense().name}
     pairs = []
     for cell in cells:
         full = dense.get((cell["task"], cell["context"]))
         if cell["method"] != registry.BUDGET_REFERENCE or not full or cell["accuracy"] is None:
             continue
-        comparison = paired.get((cell["task"], cell["context"], cell["retention"]))
+        comparison = sfi_against_full.get((cell["task"], cell["context"], cell["retention"]))
         lower = (lower_by_more_than(comparison, 0.0) if comparison is not None
                  else cell["accuracy"] < full["accuracy"])
         if lower:
@@ -32,11 +36,12 @@ def losing_cells(cells: list[dict], records: list[dict] | None = None) -> list[t
     return pairs
 
 
-def below_full_kv_note(cfg: dict, cells: list[dict], records: list[dict] | None = None) -> list[str]:
+def below_full_kv_note(cfg: dict, cells: list[dict], records: list[dict] | None = None,
+                       paired: list[dict] | None = None) -> list[str]:
     """A paragraph where SFI scored below Full-KV: the cells, the cause the findings showed on Gemma-3
     (Soft-NMS suppressing the needle's neighbours), and the variant flags that test it; empty where SFI did
     not lose."""
-    losing = losing_cells(cells, records)
+    losing = losing_cells(cells, records, paired)
     if not losing:
         return []
     by_shape: dict[tuple, list[tuple[dict, dict]]] = {}

@@ -68,10 +68,13 @@ def summarise(records: list[dict]) -> list[dict]:
                                         c["retention"] or 0))
 
 
-def claim_check(cells: list[dict], records: list[dict] | None) -> tuple[list[dict], list[str]]:
+def claim_check(cells: list[dict], records: list[dict] | None,
+                paired: list[dict] | None = None) -> tuple[list[dict], list[str]]:
     """Per solved (task, context): the smallest retention at which each method matches Full-KV (paired, on the
-    same prompts), or why none does; `records` are the run's per-sample records (None: none recorded)."""
-    paired = comparisons(records, cells) if records else []
+    same prompts), or why none does; `records` are the run's per-sample records (None: none recorded), `paired`
+    their comparisons where the caller already made them."""
+    if paired is None:
+        paired = comparisons(records, cells) if records else []
     largest = max((c["retention"] for c in cells if c["retention"] is not None), default=1.0)
     rows, unsolved = [], []
     for full in (c for c in cells if c["method"] == registry.dense().name and c["accuracy"] is not None):
@@ -199,7 +202,9 @@ def markdown(results: dict, plots: list[str]) -> str:
              "top-1 agreement per decode step (the first answer token comes from the shared prefill and is "
              "excluded); greedy-token agreement = position-wise match of the free-running answers."), "",
              "## Claim check", ""]
-    checks, unsolved = claim_check(cells, results.get("samples"))
+    records = results.get("samples")
+    paired = comparisons(records, cells) if records else []  # made once: three sections read them
+    checks, unsolved = claim_check(cells, records, paired)
     if checks:
         lines += ["| task | context | Full-KV | " + " | ".join(f"{m}: smallest matching retention" for m in methods) + " |",
                   "|---|---|---|" + "---|" * len(methods)]
@@ -212,7 +217,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                                    if all(c["accuracy"] is None for c in cells) else "."))
     if unsolved:
         lines += ["", "Tasks Full-KV does not solve (reported below, not interpreted): " + "; ".join(unsolved) + "."]
-    sfi_notes = below_full_kv_note(cfg, cells, results.get("samples")) + same_answers_note(results.get("samples"))
+    sfi_notes = below_full_kv_note(cfg, cells, records, paired) + same_answers_note(records)
     lines += [""] + sfi_notes if sfi_notes else []
     if any(c["accuracy"] is not None for c in cells):
         lines += ["", "## Accuracy", ""]
@@ -240,7 +245,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                              + " | ".join(cell(a, 2) for a in c["turn_accuracy"]) + " |")
         lines.append("")
     if any(c["accuracy"] is not None for c in cells):
-        lines += ["", *paired_section(results.get("samples"), cells)]
+        lines += ["", *paired_section(records, cells, paired)]
     both = scope["key"] == "measured_retention_global"  # then the figure over all layers is shown beside it
     compared = [c for c in cells if c["method"] != registry.dense().name]
     if compared:  # a run of the dense method alone has nothing to compare with it
