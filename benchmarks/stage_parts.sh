@@ -21,8 +21,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE_ROOT=${STAGE_ROOT:-/root/stage}
 
-tree_bytes() {
-    git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}'
+tree_bytes() {  # a tracked file deleted from the tree does not travel: stat skips it
+    { git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null || true; } |
+        awk '{s += $1} END {print s + 0}'
 }
 
 case "${1:-}" in
