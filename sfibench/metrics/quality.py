@@ -133,13 +133,19 @@ def negative_log_likelihood(logits: torch.Tensor, targets: torch.Tensor) -> torc
 
 
 def final_answer_text(prediction: str) -> str | None:
-    """The text after the last "Answer:" of a reasoned answer (case-insensitive); None when there is none."""
+    """The final answer of a reasoned answer: the rest of the line of its last "Answer:" (case-insensitive), or
+    the next line with a word character where that rest has none; None when there is no "Answer:". Only that
+    line counts: a model that repeats the instruction ('end with a line of the form "Answer: <number>"') and
+    then lists every value has not answered."""
     found = list(re.finditer(r"answer\s*:", prediction, flags=re.IGNORECASE))
-    return prediction[found[-1].end():] if found else None
+    if not found:
+        return None
+    rest = prediction[found[-1].end():].split("\n")
+    return next((line for line in rest if re.search(r"\w", line)), "")  # "**Answer:**" leaves only the emphasis
 
 
 def final_answer(prediction: str, references: list[str]) -> float:
-    """`string_match_all` on the final answer only: reasoning before it may name anything, and a prediction
+    """`string_match_all` on the final answer's line only: reasoning before it may name anything, and a prediction
     without an "Answer:" line scores 0."""
     text = final_answer_text(prediction)
     return 0.0 if text is None else string_match_all(text, references)

@@ -16,7 +16,8 @@ sentence, as SFI's refresh is meant to make it; the final answer needs the asked
 
 Both are scored by `final_answer` (metrics/quality.py): the value must be in the text after the last "Answer:";
 an answer without that line scores 0, whatever its reasoning names. The answer may take up to
-`REASON_TOKENS` generated tokens and stops earlier at the model's end-of-turn token.
+`REASON_TOKENS` (vt_reason) or `NIAH_REASON_TOKENS` (niah_reason) generated tokens and stops earlier at the
+model's end-of-turn token.
 """
 
 from __future__ import annotations
@@ -30,8 +31,12 @@ from sfibench.workloads.needles import haystack_prompt, needle_depths, niah_intr
 
 CHAINS = 3  # one asked, the others distractors with values of their own
 HOPS = 4  # assignments after the first in each chain: 5 variables per chain
-REASON_TOKENS = 512  # the answer cap: reasoning and the final line
-RETRIEVAL_KEYS = 10  # niah_reason: one asked, nine look-alikes; a sentence each makes >= 200 tokens of reasoning
+REASON_TOKENS = 512  # vt_reason's answer cap: reasoning and the final line
+# niah_reason: one asked, five look-alikes. Qwen2.5-Coder-1.5B-Instruct spends 50-80 tokens on each needle's
+# sentence (more where it explains each one), so six make 300-500 tokens of reasoning; its cap leaves room for the
+# opening and the final line, which ten needles' sentences did not
+RETRIEVAL_KEYS = 6
+NIAH_REASON_TOKENS = 768  # niah_reason's answer cap
 INTRO = "Memorize and track the chains of variable assignment hidden in the following text."
 
 
@@ -85,7 +90,7 @@ def list_then_answer_question(key: str) -> str:
 
 
 @register_task("niah_reason", f"the queried key's number among {RETRIEVAL_KEYS} needles, after a sentence per "
-                              f"needle found (reasoning before the answer, cap {REASON_TOKENS} tokens)")
+                              f"needle found (reasoning before the answer, cap {NIAH_REASON_TOKENS} tokens)")
 def niah_reasoned(fmt, target, rng, index):
     keys = key_words(rng, RETRIEVAL_KEYS)
     values: list[str] = []
@@ -98,6 +103,6 @@ def niah_reasoned(fmt, target, rng, index):
     prefix = "Let me go through the special magic numbers in the text one by one."
     ids, _ = haystack_prompt(fmt, target, Haystack(rng), needles, list_then_answer_question(keys[0]), prefix,
                              "niah_reason", intro=niah_intro())
-    return Sample("niah_reason", index, ids, [[values[0]]], max_answer_tokens=REASON_TOKENS, scorer="final_answer",
+    return Sample("niah_reason", index, ids, [[values[0]]], max_answer_tokens=NIAH_REASON_TOKENS, scorer="final_answer",
                   meta={"depth": depths[0], "asked": keys[0], "distractor_values": values[1:],
                         "needles": [{"depth": d, "key": k, "value": v} for d, k, v in zip(depths, keys, values)]})

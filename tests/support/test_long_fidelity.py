@@ -17,7 +17,7 @@ from sfibench.reporting.quality_refresh import refresh_section
 from sfibench.runners.quality_batch import LONG_FIDELITY_STEPS, evaluate_batch, make_condition
 from sfibench.workloads.base import PromptFormat
 from sfibench.workloads.needle_list import needle_list
-from sfibench.workloads.reasoning import REASON_TOKENS, RETRIEVAL_KEYS
+from sfibench.workloads.reasoning import NIAH_REASON_TOKENS, REASON_TOKENS, RETRIEVAL_KEYS
 from sfibench.workloads.tasks import make_samples
 
 
@@ -61,7 +61,7 @@ def test_niah_reason_is_seeded_holds_every_needle_and_asks_for_one(chat):
     assert sample.meta["distractor_values"] == values[1:]
     assert f"What is the special magic number for {asked} mentioned" in text and '"Answer: <number>"' in text
     assert "one sentence for each special magic number" in text
-    assert sample.scorer == "final_answer" and sample.max_answer_tokens == REASON_TOKENS
+    assert sample.scorer == "final_answer" and sample.max_answer_tokens == NIAH_REASON_TOKENS > REASON_TOKENS
     assert 0.97 * 5000 <= len(sample.prompt) <= 5000
 
 
@@ -76,6 +76,14 @@ def test_final_answer_scorer_on_hand_made_answers():
     assert quality.score_answer("final_answer", reasoning, ["53827"]) == 0.0  # no "Answer:" line
     assert quality.score_answer("final_answer", reasoning + "Answer: 538270", ["53827"]) == 0.0  # whole numbers
     assert quality.final_answer_text("no line here") is None
+    # the final answer is the line of the last "Answer:" (or the next line when that one ends there): an echo of the
+    # instruction followed by a list of every value, capped before the final line, has not answered
+    echo = 'I will end with a final line of the form "Answer: <number>".\n\n1. 92336\n2. 53827\n'
+    assert quality.score_answer("final_answer", echo, ["53827"]) == 0.0
+    assert quality.score_answer("final_answer", echo + "So the number asked for is the second.\nAnswer: 53827",
+                                ["53827"]) == 1.0
+    assert quality.score_answer("final_answer", reasoning + "**Answer:**\n\n53827\n", ["53827"]) == 1.0
+    assert quality.score_answer("final_answer", reasoning + "Answer:\n\n92336\n53827", ["53827"]) == 0.0
 
 
 def test_long_answers_keep_fidelity_per_decode_step(tiny):
