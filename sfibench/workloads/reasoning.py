@@ -14,7 +14,7 @@ text's needles one sentence each (key and number) and saying which one the quest
 sentence of that reasoning needs a different needle, so a method's selection must move from sentence to
 sentence, as SFI's refresh is meant to make it; the final answer needs the asked one among look-alikes.
 
-Both are scored by `final_answer` (metrics/quality.py): the value must be in the text after the last "Answer:";
+Both are scored by `final_answer` (metrics/quality.py): the value must be on the line of the last "Answer:";
 an answer without that line scores 0, whatever its reasoning names. The answer may take up to
 `REASON_TOKENS` (vt_reason) or `NIAH_REASON_TOKENS` (niah_reason) generated tokens and stops earlier at the
 model's end-of-turn token.
