@@ -32,9 +32,9 @@ from sfibench.workloads.needles import haystack_prompt, needle_depths, niah_intr
 CHAINS = 3  # one asked, the others distractors with values of their own
 HOPS = 4  # assignments after the first in each chain: 5 variables per chain
 REASON_TOKENS = 512  # vt_reason's answer cap: reasoning and the final line
-# niah_reason: one asked, five look-alikes. Qwen2.5-Coder-1.5B-Instruct spends 50-80 tokens on each needle's
-# sentence (more where it explains each one), so six make 300-500 tokens of reasoning; its cap leaves room for the
-# opening and the final line, which ten needles' sentences did not
+# niah_reason: one asked, five look-alikes. Qwen2.5-Coder-1.5B-Instruct's answers over six needles, final line
+# included, took 348-447 tokens where it answered (reports/quality-qwen2.5-coder-1.5b-niah-reason-4k-cpu); the
+# cap leaves room for a wordier answer
 RETRIEVAL_KEYS = 6
 NIAH_REASON_TOKENS = 768  # niah_reason's answer cap
 INTRO = "Memorize and track the chains of variable assignment hidden in the following text."
