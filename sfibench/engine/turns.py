@@ -65,7 +65,7 @@ class _Row:
 
     def choose(self, greedy: int | None, logits: torch.Tensor | None) -> int:
         """The id fed next, given the greedy id after the previous one (None when a teacher decides) and, when
-        they are kept, its logits (`[V]` on the host)."""
+        they are kept, its logits (`[V]`, a row of the step's copy on the model's device)."""
         index = len(self.stream.tokens)
         if self.teacher is not None:
             token, answer = self.teacher.tokens[index], self.teacher.is_answer[index]
@@ -87,7 +87,7 @@ class _Row:
                 self.stream.answers.append([])
             self.stream.answers[-1].append(token)
             if logits is not None:
-                self.stream.answer_logits.append(logits.clone())  # a row of the step's copy: keep only this row
+                self.stream.answer_logits.append(logits)
         self.stream.tokens.append(token)
         self.stream.is_answer.append(answer)
         return token
@@ -124,10 +124,12 @@ def drive_scripts(driver: StepDriver, prefilled: Prefilled, scripts: list[Script
         active = [not row.done for row in rows]  # rows that still need this step's logits
         if step > 0:
             _record(rows, ctx, method, active, driver.model.config.global_layers)
-        # One copy to the host per step for the whole batch (a copy per row waits on the device B times); a
-        # teacher-forced pass feeds the teacher's ids and needs no greedy ones
+        # One copy of the greedy ids to the host per step for the whole batch (a copy per row waits on the device
+        # B times); a teacher-forced pass feeds the teacher's ids and needs none. Kept logits stay on the device in
+        # their own dtype (KL is computed there): a copy to the host is B x V floats a step, several times the
+        # step's own time for a 150K vocabulary. The copy is needed because a graph's buffer is overwritten.
         greedy = logits.argmax(dim=-1).tolist() if teacher is None else [None] * len(rows)
-        kept = logits.float().cpu() if keep_logits else None
+        kept = logits.clone() if keep_logits else None
         chosen = [row.choose(greedy[i], None if kept is None else kept[i]) if active[i] else pad_id
                   for i, row in enumerate(rows)]
         tokens = torch.tensor(chosen, device=logits.device)

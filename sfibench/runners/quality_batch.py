@@ -229,7 +229,11 @@ def evaluate_batch(session: Session, samples: list[Sample], conds: list[Conditio
 
 
 def _diverges(taught: Stream, full: Stream) -> bool:
-    return any(int(logits.argmax()) != token for logits, token in zip(taught.answer_logits, full.answer_tokens))
+    """Whether the method's argmax differs from Full-KV's token at some answer position (one copy to the host)."""
+    count = min(len(taught.answer_logits), len(full.answer_tokens))
+    if count == 0:
+        return False
+    return torch.stack(taught.answer_logits[:count]).argmax(dim=-1).tolist() != full.answer_tokens[:count]
 
 
 def _record(tokenizer, sample: Sample, condition: Condition, full: Stream, taught: Stream, free: Stream,
@@ -253,7 +257,7 @@ def _record(tokenizer, sample: Sample, condition: Condition, full: Stream, taugh
     if condition.retention is not None:
         record.update(long_fidelity(sample, kl, full_logits, method_logits, taught))
     if sample.teacher is not None:
-        targets = torch.tensor(sample.teacher[1:])
+        targets = torch.tensor(sample.teacher[1:], device=method_logits.device)
         nll = quality.negative_log_likelihood(method_logits, targets) if len(targets) else torch.zeros(0)
         record["nll"] = float(nll.mean()) if len(nll) else 0.0
         return record
