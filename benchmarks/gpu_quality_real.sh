@@ -5,10 +5,10 @@
 # GPU machine without network access, in one device call: reports/quality-qwen2.5-coder-1.5b-*.
 #
 # Staging, before this call (benchmarks/README.md): the GGUF carried in chunks by stage_parts.sh under the
-# name qwen2.5-coder-1.5b.gguf, and the gguf / transformers wheels in $WHEELS (default .whl/, carried with this
-# call). Each part is one `sfibench quality` run on the optimized path in bfloat16 with CUDA graphs (agree-8k: three
-# runs), stopped with SIGINT at its limit (the run keeps and renders what is done) or skipped when less time
-# is left than it needs; each comes back as OUT/NAME.tar, to unpack under reports/.
+# name qwen2.5-coder-1.5b.gguf, and the gguf wheel (a newer transformers wheel optional) in $WHEELS (default
+# .whl/, carried with this call). Each part is one `sfibench quality` run on the optimized path in bfloat16 with
+# CUDA graphs (agree-8k: three runs), stopped with SIGINT at its limit (the run keeps and renders what is done)
+# or skipped when less time is left than it needs; each comes back as OUT/NAME.tar, to unpack under reports/.
 #   list-CTX     niah_list (one sentence per value, a slow step per sentence) at CTX (8k, 16k, 32k), every method
 #                at paper-2k
 #   reason-CTX   niah_reason and vt_reason (reasoning before the answer) at CTX (8k, 16k, 32k), every method at
@@ -41,6 +41,12 @@ ruler_wheels=$(ls "${RULER_WHEELS:-/root/stage/ruler-wheels}"/*.whl 2>/dev/null)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "${WHEELS:-.whl}"/*.whl $ruler_wheels || exit 1
 export PYTHONPATH=$PWD:/tmp/site
+# A carried transformers installs with --no-deps, so it can need a newer huggingface-hub than the machine has
+# (transformers 5.25 needs >= 2.4); then the machine's own transformers (>= 5.17, pyproject) reads the model.
+if ! python -c 'import transformers' 2>/dev/null; then
+    echo "the carried transformers does not import here (it needs newer dependencies): using the machine's own"
+    rm -rf /tmp/site/transformers /tmp/site/transformers-*.dist-info
+fi
 model=$(bash benchmarks/stage_parts.sh assemble qwen2.5-coder-1.5b.gguf) || exit 1
 echo "model $model; $(python -c 'import transformers, torch; print("transformers", transformers.__version__, "torch", torch.__version__)')"
 METHODS=full_kv,sfi,streaming_llm,snapkv,quest,tidaldecode
