@@ -6,10 +6,12 @@ import dataclasses
 import random
 
 import pytest
+import torch
 
 from sfibench import registry
 from sfibench.core.oom import DeviceOutOfMemoryError
 from sfibench.engine.session import Session
+from sfibench.engine.turns import Stream
 from sfibench.runners import quality_batch
 from sfibench.runners.quality_batch import BatchTimes, KeptDrivers, evaluate_batch, make_condition
 from sfibench.workloads.base import PromptFormat
@@ -119,3 +121,15 @@ def test_running_out_of_memory_keeps_one_driver_at_a_time(tiny, monkeypatch):
     monkeypatch.setattr(quality_batch, "drive_scripts", drive_in_no_memory)
     with pytest.raises(DeviceOutOfMemoryError):  # one condition alone does not fit: the error stands
         evaluate_batch(tiny, samples, conds, drivers=KeptDrivers(tiny, graphs=False))
+
+
+def test_a_free_run_is_needed_only_where_the_taught_argmax_leaves_the_teacher():
+    """A method's free run is skipped when its teacher-forced argmax equals Full-KV's token at every answer
+    position (the free run would then be Full-KV's own); kept logits are the model's dtype, as on the GPU."""
+    full = Stream(tokens=[5, 7, 2], is_answer=[True, True, True])
+    rows = torch.eye(10, dtype=torch.bfloat16)
+    taught = Stream(answer_logits=[rows[5], rows[7], rows[2]])
+    assert not quality_batch._diverges(taught, full)
+    taught.answer_logits[1] = rows[3]
+    assert quality_batch._diverges(taught, full)
+    assert not quality_batch._diverges(Stream(), full)
