@@ -119,19 +119,20 @@ def excluded_drop(comparison: dict) -> float | None:
     return -comparison["low"] if comparison["low"] < 0 else None
 
 
-def paired_difference_ci(base: list[float], other: list[float]) -> dict:
+def paired_difference_ci(base: list[float], other: list[float], binary: bool | None = None) -> dict:
     """Mean of `other - base` over paired samples (the same prompts) with a 95% interval.
 
     0/1 scores: Newcombe's interval (`newcombe_interval`), which stays sane at n = 4 and at 0/n or n/n, where a
     bootstrap over so few pairs collapses to a point. Other values (KL, partial credit): the t interval of the
-    mean difference.
+    mean difference. `binary` says which the values are (default: 0/1 where every value is 0 or 1); pass False
+    for a continuous quantity that can happen to be all 0 (KL of identical runs).
     """
     if len(base) != len(other) or not base:
         raise ValueError(f"paired samples need equal, non-zero counts, got {len(base)} and {len(other)}")
     n = len(base)
     diffs = [o - b for b, o in zip(base, other)]
     mean = sum(diffs) / n
-    if is_binary([*base, *other]):
+    if is_binary([*base, *other]) if binary is None else binary:
         both = sum(b == 1 and o == 1 for b, o in zip(base, other))
         other_only = sum(b == 0 and o == 1 for b, o in zip(base, other))
         base_only = sum(b == 1 and o == 0 for b, o in zip(base, other))

@@ -43,6 +43,9 @@ def test_paired_continuous_difference_is_a_t_interval():
     assert ci["high"] - ci["mean"] == pytest.approx(4.303 * sd / math.sqrt(3))
     with pytest.raises(ValueError):
         paired_difference_ci([1.0], [])
+    # KL of two identical runs is all 0: a continuous zero difference, not two concordant 0/1 scores
+    ci = paired_difference_ci([0.0] * 5, [0.0] * 5, binary=False)
+    assert ci["interval"] == "t" and (ci["low"], ci["high"]) == (0.0, 0.0)
 
 
 def test_ablation_table_pairs_runs_of_the_same_prompts(tmp_path):
