@@ -75,6 +75,9 @@ def grid_block(runs: list[tuple[Path, str, dict]]) -> list[str]:
     return [*lines, ""]
 
 
+FLAG_OF_FIELD = {"policy": "trigger"}  # the trigger's policy field is set by --trigger
+
+
 def variant_flags(variant: dict | None) -> str:
     """The command-line flags that run SFI as `variant` (a field it changes -> its value): a switched-off
     Selector part `use_x` is `--no-x`, any other field `--field value` (commands/sfi_options.py spells them
@@ -84,8 +87,8 @@ def variant_flags(variant: dict | None) -> str:
         if isinstance(value, bool) and field.startswith("use_"):
             flags.append(f"--{'' if value else 'no-'}{field.removeprefix('use_').replace('_', '-')}")
         else:
-            flags.append(f"--{field.replace('_', '-')} {value:g}" if isinstance(value, float)
-                         else f"--{field.replace('_', '-')} {value}")
+            flag = FLAG_OF_FIELD.get(field, field).replace("_", "-")
+            flags.append(f"--{flag} {value:g}" if isinstance(value, float) else f"--{flag} {value}")
     return " ".join(flags)
 
 

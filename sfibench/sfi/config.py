@@ -164,17 +164,20 @@ VARIANT_FIELDS = {"use_prior": "selector", "use_nms": "selector", "use_cross_hea
                   "nms_radius": "selector", "nms_alpha": "selector", "w_prefill": "sfi", "bridge_steps": "sfi",
                   "publish": "sfi",
                   # ablations beyond the paper (SPEC 5): never on unless asked for
-                  "evidence_norm": "selector", "keep_neighbours": "selector"}
+                  "evidence_norm": "selector", "keep_neighbours": "selector",
+                  # the refresh's own ablation: policy "bootstrap" keeps the prompt's selection for the whole answer
+                  "policy": "trigger"}
 
 
 def with_variant(cfg: SFIConfig, variant: dict | None) -> SFIConfig:
     """`cfg` with an ablation's settings, e.g. {"use_nms": False}."""
-    selector, own = {}, {}
+    changed: dict[str, dict] = {"selector": {}, "trigger": {}, "sfi": {}}
     for name, value in (variant or {}).items():
         if name not in VARIANT_FIELDS:
             raise ValueError(f"unknown SFI setting {name!r}; valid: {', '.join(VARIANT_FIELDS)}")
-        (selector if VARIANT_FIELDS[name] == "selector" else own)[name] = value
-    return dataclasses.replace(cfg, selector=dataclasses.replace(cfg.selector, **selector), **own)
+        changed[VARIANT_FIELDS[name]][name] = value
+    return dataclasses.replace(cfg, selector=dataclasses.replace(cfg.selector, **changed["selector"]),
+                               trigger=dataclasses.replace(cfg.trigger, **changed["trigger"]), **changed["sfi"])
 
 
 METHOD = MethodDef(

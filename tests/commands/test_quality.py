@@ -129,11 +129,12 @@ def test_budget_rule():
 def test_sfi_variant_changes_only_sfi_and_names_bad_settings():
     plan = conditions(["sfi", "snapkv"], [0.2], 2048, {"use_nms": False, "w_prefill": 64, "keep_neighbours": 5,
                                                        "evidence_norm": "visible", "bridge_steps": 3,
-                                                       "publish": "when_ready"})
+                                                       "publish": "when_ready", "policy": "bootstrap"})
     sfi = next(c for c in plan if c.method == "sfi").spec.config
     assert sfi.selector.use_nms is False and sfi.w_prefill == 64 and sfi.selector.use_prior is True
     assert (sfi.selector.keep_neighbours, sfi.selector.evidence_norm) == (5, "visible")
     assert (sfi.bridge_steps, sfi.publish) == (3, "when_ready")
+    assert (sfi.trigger.policy, sfi.trigger.t_max) == ("bootstrap", 96)  # the refresh off, the rest as it was
     assert make_condition("sfi", 0.2, 2048).spec.config.selector.use_nms is True  # defaults untouched
     with pytest.raises(ValueError, match="unknown SFI setting 'use_magic'"):
         make_condition("sfi", 0.2, 2048, variant={"use_magic": True})
@@ -206,12 +207,15 @@ def test_ablation_run_records_the_sfi_variant(tmp_path):
     result = CliRunner().invoke(app, ["quality", "--model", "tiny-llama", "--methods", "sfi", "--tasks", "niah_single",
                                       "--ctx", "600", "--retention", "0.5", "--samples", "1", "--no-chat",
                                       "--no-nms", "--w-prefill", "32", "--keep-neighbours", "3", "--evidence-norm",
-                                      "visible", "--nms-alpha", "0.5", "--bridge-steps", "2", "--device", "cpu",
-                                      "--out", str(out)])
+                                      "visible", "--nms-alpha", "0.5", "--bridge-steps", "2", "--trigger", "bootstrap",
+                                      "--device", "cpu", "--out", str(out)])
     assert result.exit_code == 0, result.output
     saved = json.loads((out / "results.json").read_text())
     assert saved["config"]["sfi_variant"] == {"use_nms": False, "w_prefill": 32, "nms_alpha": 0.5,
-                                              "evidence_norm": "visible", "keep_neighbours": 3, "bridge_steps": 2}
+                                              "evidence_norm": "visible", "keep_neighbours": 3, "bridge_steps": 2,
+                                              "policy": "bootstrap"}
+    assert saved["config"]["sfi_settings"][0]["trigger"] == "bootstrap"  # what the method ran with
+    assert all(record["slow_steps"] == 0 for record in saved["samples"])
     assert "SFI ablation" in (out / "report.md").read_text()
 
 
@@ -228,6 +232,7 @@ def test_ablation_run_records_the_sfi_variant(tmp_path):
     (["--nms-radius", "-1"], "Invalid value for '--nms-radius'"),
     (["--nms-alpha", "-0.5"], "Invalid value for '--nms-alpha'"),
     (["--bridge-steps", "-2"], "Invalid value for '--bridge-steps'"),
+    (["--trigger", "never"], "--trigger 'never' is not one of: punctuation_tmax, fixed, random, bootstrap"),
     (["--ctx", "8k", "--sfi-preset", "paper-2k,paper-8k"], "unknown --sfi-preset 'paper-8k'"),
 ])
 def test_bad_input_is_one_clear_error(tmp_path, args, message):
