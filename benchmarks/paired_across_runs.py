@@ -17,12 +17,13 @@ answer; the two Full-KV answers are the same greedy decode of the same prompt, u
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sfibench.core.errors import UsageError  # noqa: E402
 from sfibench.metrics.paired import compare, paired_difference_ci  # noqa: E402
+from sfibench.reporting.run_files import load_run  # noqa: E402
 
 SAME_PROMPTS = ("model", "seed", "chat")  # config fields that decide which prompts a run builds
 
@@ -32,10 +33,10 @@ def load(spec: str) -> tuple[Path, str, dict]:
     run, _, method = spec.rpartition(":")
     if not run or not method:
         raise SystemExit(f"error: {spec!r} is not RUN_DIR:METHOD (e.g. reports/quality-x:snapkv)")
-    path = Path(run) / "results.json"
-    if not path.is_file():
-        raise SystemExit(f"error: {path} does not exist; give a `sfibench quality` run directory")
-    return Path(run), method, json.loads(path.read_text())
+    try:
+        return Path(run), method, load_run(Path(run), f"run {run}")
+    except UsageError as error:  # no such folder, no results.json, a truncated or foreign one
+        raise SystemExit(f"error: {error}") from None
 
 
 def records(data: dict, method: str) -> dict[tuple, dict]:

@@ -26,8 +26,9 @@ from sfibench.reporting.run_files import load_run
 SAME = ("model", "contexts", "seed", "chat", "samples", "retentions")  # and tasks: a subset of the baseline's
 
 
-def paired_difference(base: list[float], other: list[float]) -> tuple[float, float, float]:
-    ci = paired_difference_ci(base, other)
+def paired_difference(base: list[float], other: list[float],
+                      binary: bool | None = None) -> tuple[float, float, float]:
+    ci = paired_difference_ci(base, other, binary)
     return ci["mean"], ci["low"], ci["high"]
 
 
@@ -86,7 +87,8 @@ def ablation_markdown(base_dir: Path, run_dirs: list[Path], link_from: Path = Pa
                     if document is not base:
                         d, low, high = paired_difference([r["score"] for r in theirs], [r["score"] for r in mine])
                         cell += f" ({d:+.2f} [{low:+.2f}, {high:+.2f}])"
-                        d, low, high = paired_difference([r["kl"] for r in theirs], [r["kl"] for r in mine])
+                        d, low, high = paired_difference([r["kl"] for r in theirs], [r["kl"] for r in mine],
+                                                         binary=False)  # KL is continuous even when all 0
                         kl_cell += f" ({d:+.3f} [{low:+.3f}, {high:+.3f}])"
                     accuracy.append(cell)
                     fidelity.append(f"{kl_cell}; read {read:.3f}")

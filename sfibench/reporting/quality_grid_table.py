@@ -80,8 +80,8 @@ FLAG_OF_FIELD = {"policy": "trigger"}  # the trigger's policy field is set by --
 
 def variant_flags(variant: dict | None) -> str:
     """The command-line flags that run SFI as `variant` (a field it changes -> its value): a switched-off
-    Selector part `use_x` is `--no-x`, any other field `--field value` (commands/sfi_options.py spells them
-    so, and tests hold the two together)."""
+    Selector part `use_x` is `--no-x`, any other field `--field value`, except the trigger's `policy`, which
+    `--trigger` sets (commands/sfi_options.py spells them so, and tests hold the two together)."""
     flags = []
     for field, value in (variant or {}).items():
         if isinstance(value, bool) and field.startswith("use_"):

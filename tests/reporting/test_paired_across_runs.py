@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from sfibench.reporting.results import SCHEMA_VERSION
+
 # a maintainer's script, not the package
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from paired_across_runs import main  # noqa: E402
@@ -19,12 +21,14 @@ def _run(tmp_path: Path, name: str, method: str, scores: list[float], kls: list[
          prompt_tokens: int = 100, retention: float | None = 0.25) -> Path:
     run = tmp_path / name
     run.mkdir()
-    where = {"task": "niah_list", "context": 1024, "retention": retention, "prompt_tokens": prompt_tokens}
+    where = {"task": "niah_list", "context": 1024, "retention": retention, "prompt_tokens": prompt_tokens,
+             "steps_by_kind": {"fast": 8}}
     samples = [{**where, "index": i, "method": method, "score": s, "kl": k}
                for i, (s, k) in enumerate(zip(scores, kls))]
     # another method's record of the same prompt must stay out of the pairing
     samples.append({**where, "index": 0, "method": "other", "score": 1.0, "kl": 9.0})
-    document = {"config": config or CONFIG, "provenance": {"git_commit": "abc"}, "samples": samples}
+    document = {"schema_version": SCHEMA_VERSION, "command": "quality", "config": config or CONFIG,
+                "provenance": {"git_commit": "abc"}, "results": {"cells": []}, "samples": samples}
     (run / "results.json").write_text(json.dumps(document))
     return run
 
@@ -60,3 +64,13 @@ def test_runs_of_different_prompts_are_refused(tmp_path):
         main([f"{a}:sfi", f"{longer}:sfi"])
     with pytest.raises(SystemExit, match="is not RUN_DIR:METHOD"):
         main([str(a), f"{a}:sfi"])
+
+
+def test_a_folder_without_a_run_is_one_error_line(tmp_path):
+    a = _run(tmp_path, "a", "sfi", [1.0] * 3, [0.0] * 3)
+    with pytest.raises(SystemExit, match="holds no results.json"):
+        main([f"{a}:sfi", f"{tmp_path}:sfi"])
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "results.json").write_text('{"config": ')
+    with pytest.raises(SystemExit, match="^error: "):
+        main([f"{a}:sfi", f"{tmp_path / 'broken'}:sfi"])
