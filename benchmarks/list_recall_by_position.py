@@ -1,0 +1,106 @@
+"""Where along a list answer a method goes wrong: the share of values right by their place in the list.
+
+python benchmarks/list_recall_by_position.py RUN[:METHOD] ... [--groups 4] [--out FILE]
+
+A list task (niah_list, niah_list_32/64: scorer `ordered_list`) asks for N values in a stated order, one per
+sentence, so an answer's later values are written after more of SFI's refreshes than its first ones. The
+task's score (ordered recall) says how many values came back, not where the misses fall. Here the i-th
+number an answer names counts as right when it is the i-th requested value, and the N places are cut into
+`--groups` equal runs (values 1-4, 5-8, ... for N = 16), each with the share right over the prompts scored.
+
+A miss early in the list that shifts the rest (a value skipped or named twice) makes every later place
+wrong although the later values may be there; the task's own score forgives that shift, this view does not,
+so read it beside the score. Runs and methods are taken as given: pair them (paired_across_runs.py) before
+reading a difference between two rows as an effect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from sfibench.core.errors import UsageError  # noqa: E402
+from sfibench.metrics.quality import numbers_in  # noqa: E402
+from sfibench.reporting.run_files import load_run  # noqa: E402
+
+
+def places_right(prediction: str, references: list[str]) -> list[bool]:
+    """Per requested value, whether the answer's number at that place is that value."""
+    named = numbers_in(prediction)
+    return [i < len(named) and named[i] == ref.strip() for i, ref in enumerate(references)]
+
+
+def group_bounds(count: int, groups: int) -> list[tuple[int, int]]:
+    """`groups` consecutive runs of places covering 0..count-1 as evenly as the count allows."""
+    groups = max(1, min(groups, count))
+    edges = [round(g * count / groups) for g in range(groups + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def rows(run: str, data: dict, method: str | None, groups: int) -> list[dict]:
+    """One row per (method, task, context, retention) with list answers: prompts and share right per group."""
+    cells: dict[tuple, list[list[bool]]] = {}
+    for record in data["samples"]:
+        if "prediction" not in record or (method and record["method"] != method):
+            continue
+        for text, refs in zip(record["prediction"], record["answers"]):
+            if len(refs) > 1:  # a list answer; one-value tasks have nothing to place
+                key = (record["method"], record["task"], record["context"], record["retention"], len(refs))
+                cells.setdefault(key, []).append(places_right(text, refs))
+    out = []
+    for (name, task, context, retention, count), answers in sorted(
+            cells.items(), key=lambda item: (item[0][0], item[0][1], item[0][2], item[0][3] or 0)):
+        shares = [sum(sum(a[lo:hi]) for a in answers) / (len(answers) * (hi - lo))
+                  for lo, hi in group_bounds(count, groups)]
+        out.append({"run": run, "method": name, "task": task, "context": context, "retention": retention,
+                    "values": count, "n": len(answers), "shares": shares})
+    return out
+
+
+def markdown(table: list[dict], groups: int) -> str:
+    if not table:
+        return "No list answers (a task with more than one requested value) in the runs given."
+    bounds = group_bounds(table[0]["values"], groups)
+    same = all(r["values"] == table[0]["values"] for r in table)
+    heads = ([f"values {lo + 1}-{hi}" for lo, hi in bounds] if same
+             else [f"group {g + 1}" for g in range(len(bounds))])
+    lines = ["| run | method | task | context | retention | N | n | " + " | ".join(heads) + " |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in heads) + " |"]
+    for r in table:
+        retention = "dense" if r["retention"] is None else f"{r['retention']:.4g}"
+        shares = " | ".join(f"{s:.0%}" for s in r["shares"])
+        lines.append(f"| {r['run']} | {r['method']} | {r['task']} | {r['context']} | {retention} | "
+                     f"{r['values']} | {r['n']} | {shares} |")
+    lines += ["", "Share of answers whose i-th number is the i-th requested value, by runs of places "
+              f"(group g: the g-th of {len(bounds)} equal runs of a row's N places); n: answers."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="RUN[:METHOD]",
+                        help="a quality run's folder, optionally :method")
+    parser.add_argument("--groups", type=int, default=4,
+                        help="runs of places the list is cut into (default 4)")
+    parser.add_argument("--out", type=Path, help="also write the table here")
+    args = parser.parse_args(argv)
+    if args.groups < 1:
+        parser.error(f"--groups must be at least 1, got {args.groups}")
+    table = []
+    for spec in args.runs:
+        run, _, method = (spec, "", "") if Path(spec).exists() or ":" not in spec else spec.rpartition(":")
+        try:
+            data = load_run(Path(run), f"run {run}")
+        except UsageError as error:  # no such folder, no results.json, a truncated or foreign one
+            raise SystemExit(f"error: {error}") from None
+        table += rows(Path(run).name, data, method or None, args.groups)
+    text = markdown(table, args.groups)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
