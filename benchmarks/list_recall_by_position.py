@@ -1,6 +1,6 @@
 """Where along a list answer a method goes wrong: the share of values right by their place in the list.
 
-python benchmarks/list_recall_by_position.py RUN[:METHOD] ... [--groups 4] [--out FILE]
+python benchmarks/list_recall_by_position.py RUN[:METHOD] ... [--groups 4] [--shared] [--out FILE]
 
 A list task (niah_list, niah_list_32/64: scorer `ordered_list`) asks for N values in a stated order, one per
 sentence, so an answer's later values are written after more of SFI's refreshes than its first ones. The
@@ -39,24 +39,42 @@ def group_bounds(count: int, groups: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
-def rows(run: str, data: dict, method: str | None, groups: int) -> list[dict]:
-    """One row per (method, task, context, retention) with list answers: prompts and share right per group."""
-    cells: dict[tuple, list[list[bool]]] = {}
+def placed_answers(run: str, data: dict, method: str | None) -> dict[tuple, dict[int, list[bool]]]:
+    """Per (run, method, task, context, retention, N): each list answer's places right, by sample index."""
+    cells: dict[tuple, dict[int, list[bool]]] = {}
     for record in data["samples"]:
         if "prediction" not in record or (method and record["method"] != method):
             continue
         for text, refs in zip(record["prediction"], record["answers"]):
             if len(refs) > 1:  # a list answer; one-value tasks have nothing to place
-                key = (record["method"], record["task"], record["context"], record["retention"], len(refs))
-                cells.setdefault(key, []).append(places_right(text, refs))
+                key = (run, record["method"], record["task"], record["context"], record["retention"],
+                       len(refs))
+                cells.setdefault(key, {})[record["index"]] = places_right(text, refs)
+    return cells
+
+
+def keep_shared(cells: dict[tuple, dict[int, list[bool]]]) -> dict[tuple, dict[int, list[bool]]]:
+    """Only the prompts that every cell of the same task and context answered (the same prompts where the
+    runs were built alike; paired_across_runs.py checks that)."""
+    common: dict[tuple, set[int]] = {}
+    for key, answers in cells.items():
+        task_context = key[2:4]
+        common[task_context] = common.get(task_context, set(answers)) & set(answers)
+    return {key: {i: a for i, a in answers.items() if i in common[key[2:4]]}
+            for key, answers in cells.items()}
+
+
+def rows(cells: dict[tuple, dict[int, list[bool]]], groups: int) -> list[dict]:
+    """One row per cell with answers: prompts and the share right per group of places."""
     out = []
-    for (name, task, context, retention, count), answers in sorted(
-            cells.items(), key=lambda item: (item[0][0], item[0][1], item[0][2], item[0][3] or 0)):
-        shares = [sum(sum(a[lo:hi]) for a in answers) / (len(answers) * (hi - lo))
+    for (run, name, task, context, retention, count), answers in cells.items():
+        if not answers:
+            continue
+        shares = [sum(sum(a[lo:hi]) for a in answers.values()) / (len(answers) * (hi - lo))
                   for lo, hi in group_bounds(count, groups)]
         out.append({"run": run, "method": name, "task": task, "context": context, "retention": retention,
                     "values": count, "n": len(answers), "shares": shares})
-    return out
+    return sorted(out, key=lambda r: (r["task"], r["context"], r["run"], r["method"], r["retention"] or 0))
 
 
 def markdown(table: list[dict], groups: int) -> str:
@@ -84,18 +102,21 @@ def main(argv: list[str] | None = None) -> None:
                         help="a quality run's folder, optionally :method")
     parser.add_argument("--groups", type=int, default=4,
                         help="runs of places the list is cut into (default 4)")
+    parser.add_argument("--shared", action="store_true",
+                        help="only the prompts every run and method given answered, per task and context")
     parser.add_argument("--out", type=Path, help="also write the table here")
     args = parser.parse_args(argv)
     if args.groups < 1:
         parser.error(f"--groups must be at least 1, got {args.groups}")
-    table = []
+    cells: dict[tuple, dict[int, list[bool]]] = {}
     for spec in args.runs:
         run, _, method = (spec, "", "") if Path(spec).exists() or ":" not in spec else spec.rpartition(":")
         try:
             data = load_run(Path(run), f"run {run}")
         except UsageError as error:  # no such folder, no results.json, a truncated or foreign one
             raise SystemExit(f"error: {error}") from None
-        table += rows(Path(run).name, data, method or None, args.groups)
+        cells.update(placed_answers(Path(run).name, data, method or None))
+    table = rows(keep_shared(cells) if args.shared else cells, args.groups)
     text = markdown(table, args.groups)
     print(text)
     if args.out:

@@ -66,3 +66,12 @@ def test_bad_input_is_one_error_line(tmp_path):
         main([str(tmp_path / "missing")])
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--groups", "0"])
+
+
+def test_shared_keeps_only_prompts_every_method_answered(tmp_path, capsys):
+    right, wrong = " ".join(VALUES), "0"
+    run = _run(tmp_path, {"full_kv": [right, right, wrong], "sfi": [wrong, wrong]})
+    main([str(run)])
+    assert "| full_kv | niah_list | 1024 | dense | 8 | 3 | 67% |" in capsys.readouterr().out
+    main([str(run), "--shared"])  # the third prompt is Full-KV's alone
+    assert "| full_kv | niah_list | 1024 | dense | 8 | 2 | 100% |" in capsys.readouterr().out
