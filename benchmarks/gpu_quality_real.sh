@@ -22,9 +22,9 @@
 #                @TASKS overrides the task list)
 #   variants-retention-CTX  the same two SFI variants at retention 0.15 and 0.5 (@TASKS as for variants-CTX)
 #   variants-list-16k  the same two SFI variants on niah_list at 16K (paper-2k, $LIST_SAMPLES prompts)
-#   no-refresh-CTX  SFI --no-nms --keep-neighbours 7 --trigger bootstrap (the prompt's selection for the whole
-#                answer: the refresh's ablation, beside variants-list-16k's second run) on niah_list at CTX (8k,
-#                16k, 32k), paper-2k, $LIST_SAMPLES prompts (@TASKS overrides, e.g. @niah_reason)
+#   refresh-CTX  the refresh's ablation: SFI --no-nms --keep-neighbours 7 with --trigger bootstrap (the prompt's
+#                selection for the whole answer) beside SnapKV, then the same SFI with its refresh on, on niah_list
+#                at CTX (8k, 16k, 32k), paper-2k, $LIST_SAMPLES prompts (@TASKS overrides, e.g. @niah_list_32)
 #   ruler-CTX    RULER's 13 tasks at CTX (8k, 16k, 32k: the model's limit), every method at paper-2k
 #                ($RULER_SAMPLES prompts per task; @TASKS picks some, e.g. @ruler_qa_1,ruler_qa_2)
 #   longfid-16k  niah_list_64 (answers of >= 1,024 tokens) at 16K, every method at paper-2k, batch 8
@@ -120,12 +120,16 @@ for spec in "$@"; do
         quality "$part-no-nms-keep7" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" "${points[@]}" \
             --methods sfi --no-nms --keep-neighbours 7 --samples "$n"
         pack "$part" "$part-no-nms" "$part-no-nms-keep7" ;;
-    no-refresh-8k | no-refresh-16k | no-refresh-32k)
-        ctx=${part#no-refresh-}; [ "$ctx" = 32k ] && ctx=32000
-        quality "$part" 90 "${OPT[@]}" --tasks "${TASKS:-niah_list}" --ctx "$ctx" --sfi-preset paper-2k \
-            --methods sfi --no-nms --keep-neighbours 7 --trigger bootstrap --samples "$LIST_SAMPLES"; pack "$part" ;;
+    refresh-8k | refresh-16k | refresh-32k)
+        ctx=${part#refresh-}; [ "$ctx" = 32k ] && ctx=32000
+        variant=(--tasks "${TASKS:-niah_list}" --ctx "$ctx" --sfi-preset paper-2k --no-nms --keep-neighbours 7
+            --samples "$LIST_SAMPLES")
+        quality "$part-off" 90 "${OPT[@]}" "${variant[@]}" --methods sfi,snapkv --trigger bootstrap
+        quality "$part-on" 90 "${OPT[@]}" "${variant[@]}" --methods sfi
+        pack "$part" "$part-off" "$part-on" ;;
     ruler-8k | ruler-16k | ruler-32k)
-        ctx=${part#ruler-}; [ "$ctx" = 32k ] && ctx=max  # RULER's 32K is the model's whole context (docs/ruler.md)
+        # RULER's 32K is the model's whole context less sfibench's 8-token margin; a preset needs it as a number
+        ctx=${part#ruler-}; [ "$ctx" = 32k ] && ctx=32760
         quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-ruler}" --ctx "$ctx" --sfi-preset paper-2k \
             --methods "$METHODS" --samples "$RULER_SAMPLES"; pack "$part" ;;
     longfid-16k)

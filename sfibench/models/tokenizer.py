@@ -65,6 +65,28 @@ class Tokenizer:
     def eos_token_id(self) -> int | None:
         return self.backend.eos_token_id
 
+    def stop_ids(self) -> frozenset[int]:
+        """The ids that end an answer: EOS and, for a chat model, the token that closes an assistant turn in
+        its template (`<|im_end|>` for Qwen, `<end_of_turn>` for Gemma).
+
+        EOS alone is not enough: a converter may set it to the base model's end of text (transformers 5.17
+        gives a Qwen2.5 instruct GGUF `<|endoftext|>`), which the instruct model writes only after its end of
+        turn and a newline, so the answer would run on past its end."""
+        ids = {self.eos_token_id} - {None}
+        if self.byte_table or not getattr(self.backend, "chat_template", None):
+            return frozenset(ids)
+        marker = "sfibench-answer-end"
+        try:
+            text = self.backend.apply_chat_template(
+                [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}], tokenize=False)
+        except Exception:  # a template that refuses a finished assistant turn names no end of turn
+            return frozenset(ids)
+        after = text.rpartition(marker)[2]
+        first = self.backend(after, add_special_tokens=False)["input_ids"][:1] if after else []
+        control = set(self.backend.all_special_ids) | set(self.backend.get_added_vocab().values())
+        # a turn closed by plain text (a newline) adds no stop: that text also occurs inside answers
+        return frozenset(ids | {i for i in first if i in control})
+
 
 class BrokenTokenizerError(ModelFileError):
     """A model file whose tokenizer converts wrongly: the model would read text it was never trained on."""

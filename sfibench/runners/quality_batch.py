@@ -189,7 +189,7 @@ def evaluate_batch(session: Session, samples: list[Sample], conds: list[Conditio
     """
     times = times if times is not None else BatchTimes()
     tokenizer = session.loaded.tokenizer
-    stop = frozenset({tokenizer.eos_token_id} - {None})
+    stop = tokenizer.stop_ids()
     scripts = [Script(s.max_answer_tokens, s.follow_ups, stop) for s in samples]
     drivers = drivers or KeptDrivers(session, graphs=False)
     started = time.perf_counter()
