@@ -42,7 +42,7 @@ class Trace:
 
 @torch.no_grad()
 def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled: Prefilled,
-             max_new_tokens: int, sampler: Sampler, eos_token_id: int | None = None,
+             max_new_tokens: int, sampler: Sampler, stop_ids: frozenset[int] = frozenset(),
              forced: torch.Tensor | None = None, keep_logits: bool = False, on_step=None,
              use_graphs: bool = False) -> Trace:
     """Decode `max_new_tokens` per sequence from a prefilled (or restored) cache.
@@ -51,6 +51,7 @@ def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled:
     sampled, and the method observes the forced tokens, so triggers see the real text stream.
     `on_step(index, tokens, record)` is called after each emitted token (for streaming output);
     `record` is the StepRecord of the step that produced it (None for the first, from the prefill).
+    A sequence is finished at its first token in `stop_ids` (Tokenizer.stop_ids: EOS and the end of turn).
     """
     if int(prefilled.lengths.max()) + max_new_tokens > cache.max_seq:
         raise PromptError(f"the cache holds {cache.max_seq} tokens, too few for the prompt plus {max_new_tokens} "
@@ -75,7 +76,7 @@ def generate(model: Decoder, cache: KVCache, method: AttentionMethod, prefilled:
             kept.append(logits.float().cpu())
         method.observe(tokens)
         for row in range(batch):
-            if finished[row] is None and eos_token_id is not None and int(sampled[row]) == eos_token_id:
+            if finished[row] is None and int(sampled[row]) in stop_ids:
                 finished[row] = index
         if on_step is not None:
             on_step(index, sampled, record)

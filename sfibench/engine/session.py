@@ -92,6 +92,6 @@ class Session:
                keep_logits: bool = False, on_step=None) -> tuple[Trace, dict]:
         sampler = Sampler(sampling or SamplingConfig(), self.device, self.parallel)
         trace = generate(self.loaded.model, self.cache, method, prefilled, max_new_tokens, sampler,
-                         eos_token_id=self.loaded.tokenizer.eos_token_id, forced=forced,
+                         stop_ids=self.loaded.tokenizer.stop_ids(), forced=forced,
                          keep_logits=keep_logits, on_step=on_step)
         return trace, method.summary()

@@ -222,7 +222,7 @@ def _decode(session: Session, probe: DenseProbe, reducer: StabilityReducer, cfg:
         boundaries.observe(torch.tensor([token]))
     sampler = Sampler(SamplingConfig(temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed), session.device)
     greedy = Sampler(SamplingConfig(), session.device)
-    eos = loaded.tokenizer.eos_token_id
+    stop = loaded.tokenizer.stop_ids()
     logits, nll = prefilled.last_logits, []
     driver = StepDriver(loaded.model, cache, probe)
     driver.start(prefilled)
@@ -236,7 +236,7 @@ def _decode(session: Session, probe: DenseProbe, reducer: StabilityReducer, cfg:
                 token = segment.forced[index]
             else:
                 token = int((greedy if index < segment.greedy_steps else sampler)(logits)[0])
-            if segment.forced is None and token == eos:
+            if segment.forced is None and token in stop:
                 break  # the model ended its text: what follows would not be natural text
             if segment.forced is not None:
                 nll.append(float(-logits[0].float().log_softmax(-1)[token]))

@@ -281,7 +281,7 @@ def decode(loaded, name: str, prompt: list[int], steps: int):
     pre = prefill(loaded.model, cache, [prompt], chunk=64)
     method = create_method(registry.spec(name), loaded.config, loaded.tokenizer)
     return generate(loaded.model, cache, method, pre, steps, Sampler(SamplingConfig(), "cpu"),
-                    eos_token_id=loaded.tokenizer.eos_token_id)
+                    stop_ids=loaded.tokenizer.stop_ids())
 
 
 @pytest.mark.slow
