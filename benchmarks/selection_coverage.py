@@ -68,10 +68,15 @@ SNAPKV, RANDOM = "SnapKV's score, top K of C", "random K of C (chance)"
 ROWS = [name for name, _ in SFI_VARIANTS] + [SNAPKV, RANDOM]
 
 
-def answer_attention(session: Session, prefilled, sample, stop: frozenset) -> tuple[dict, list[int]]:
-    """Full-KV's greedy answer; per global layer, its G-pooled attention weights `[steps, H_kv, L_t]` (a list)."""
+def answer_attention(session: Session, prefilled, sample, stop: frozenset, method=None,
+                     cap: int | None = None) -> tuple[dict, list[int]]:
+    """Full-KV's greedy answer; per global layer, its G-pooled attention weights `[steps, H_kv, L_t]` (a list).
+
+    `method`: another method that attends densely at every step (it then writes Full-KV's answer); `cap`: at
+    most this many answer tokens (default: the task's own cap)."""
     cfg = session.loaded.config
-    method = create_method(MethodSpec("full_kv", "reference", FullKVConfig()), cfg, session.loaded.tokenizer)
+    if method is None:
+        method = create_method(MethodSpec("full_kv", "reference", FullKVConfig()), cfg, session.loaded.tokenizer)
     weights: dict[int, list[torch.Tensor]] = {layer: [] for layer in cfg.global_layers}
     attend = method.attend
 
@@ -86,7 +91,7 @@ def answer_attention(session: Session, prefilled, sample, stop: frozenset) -> tu
 
     method.attend = probe
     stream = run_scripts(session.loaded.model, session.cache, method, prefilled,
-                         [Script(sample.max_answer_tokens, [], stop)], pad_id=session.loaded.tokenizer.eos_token_id or 0)[0]
+                         [Script(cap or sample.max_answer_tokens, [], stop)], pad_id=session.loaded.tokenizer.eos_token_id or 0)[0]
     return weights, stream.answers[0]
 
 
@@ -96,8 +101,13 @@ def sfi_picks(session: Session, prefilled, spec: MethodSpec) -> dict[int, torch.
     method = create_method(copy.deepcopy(spec), cfg, session.loaded.tokenizer)
     restore(session.cache, prefilled)
     method.start(session.cache, prefilled)
+    return published_picks(method)
+
+
+def published_picks(method) -> dict[int, torch.Tensor]:
+    """The selection an SFI method has published for row 0, per global layer: absolute positions `[H_kv, K]`."""
     sel, picks = method.sel, {}
-    for layer in cfg.global_layers:
+    for layer in method.model_config.global_layers:
         buffer = int(sel.published_host[layer, 0])
         count = int(sel.counts[buffer, layer, 0].max())
         picks[layer] = sel.positions[buffer, layer, 0, :, :count].clone()
@@ -117,8 +127,9 @@ def random_picks(layers: list[int], heads: int, lo: int, hi: int, k: int, seed: 
     return {layer: top_k_positions(torch.rand(heads, hi - lo, generator=generator), k, lo) for layer in layers}
 
 
-def coverage(weights: dict, picks: dict, lo: int, hi: int, value: list[int]) -> dict:
-    """One row's numbers on one sample (see the module docstring)."""
+def masses(weights: dict, picks: dict, lo: int, hi: int) -> tuple[float, float, float]:
+    """Attention mass on the picks, on the candidates [lo, hi) and in all, summed over the steps, layers and
+    KV heads of `weights` ({layer: [[H_kv, L_t], ...]})."""
     selected = candidates = total = 0.0
     for layer, steps in weights.items():
         chosen = picks[layer]
@@ -126,8 +137,19 @@ def coverage(weights: dict, picks: dict, lo: int, hi: int, value: list[int]) -> 
             selected += float(w.gather(-1, chosen).sum())
             candidates += float(w[:, lo:hi].sum())
             total += float(w.sum())
-    held = [sum(float((picks[layer] == position).any(dim=-1).float().mean()) for layer in picks) / len(picks)
-            for position in value]
+    return selected, candidates, total
+
+
+def held_shares(picks: dict, positions: list[int]) -> list[float]:
+    """Per position: the share of (global layer, KV head) selections that hold it."""
+    return [sum(float((picks[layer] == position).any(dim=-1).float().mean()) for layer in picks) / len(picks)
+            for position in positions]
+
+
+def coverage(weights: dict, picks: dict, lo: int, hi: int, value: list[int]) -> dict:
+    """One row's numbers on one sample (see the module docstring)."""
+    selected, candidates, total = masses(weights, picks, lo, hi)
+    held = held_shares(picks, value)
     return {"mass_coverage": selected / candidates if candidates else None,
             "fast_step_recall": 1 - (candidates - selected) / total if total else None,
             "candidate_mass": candidates / total if total else None, "value_token_held": held}
