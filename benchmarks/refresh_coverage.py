@@ -72,9 +72,12 @@ from sfibench.workloads.tasks import get_task, make_samples
 # (label, SFI settings changed from SPEC); the first one drives the run, the others refresh beside it
 VARIANTS = (("SPEC", {}), ("no-NMS keep7", {"use_nms": False, "keep_neighbours": 7}))
 SNAPKV, RANDOM = "SnapKV (fixed)", "random K of C"
-METRICS = ("coverage", "value_steps", "held", "all_held")
+METRICS = ("coverage", "value_steps", "held", "all_held", "recall")
 ROWS = ([f"refreshed, {name}" for name, _ in VARIANTS] + [f"bootstrap, {name}" for name, _ in VARIANTS]
         + [SNAPKV, RANDOM])
+# paired over prompts: what the refresh changes, per Selector variant
+DIFFS = [(f"refreshed - bootstrap, {name}", f"refreshed, {name}", f"bootstrap, {name}")
+         for name, _ in VARIANTS]
 
 
 def shadow_run(session: Session, prefilled, sample, stop: frozenset, retention: float, context: int,
@@ -160,14 +163,14 @@ def measure(shadow: dict, snapkv: dict, prompt_values: dict[int, list[int]], ans
                 if steps_i:
                     at_value = {layer: [s_[t - 1] for t in steps_i] for layer, s_ in weights.items()}
                     got, of, _ = masses(at_value, chosen, lo, hi)
-                    record["value_step_coverage"].setdefault(row, {})[i] = got / of if of else None
+                    record["value_step_coverage"].setdefault(row, {})[str(i)] = got / of if of else None
                 if i in prompt_values:
                     shares = held_shares(chosen, prompt_values[i])
                     all_held = sum(float(torch.stack([(chosen[layer] == p).any(dim=-1)
                                                       for p in prompt_values[i]]).all(dim=0).float().mean())
                                    for layer in chosen) / len(chosen)
-                    record["value_held"].setdefault(row, {})[i] = sum(shares) / len(shares)
-                    record["value_all_held"].setdefault(row, {})[i] = all_held
+                    record["value_held"].setdefault(row, {})[str(i)] = sum(shares) / len(shares)
+                    record["value_all_held"].setdefault(row, {})[str(i)] = all_held
         records.append(record)
     return records
 
@@ -222,14 +225,19 @@ def by_sentence(prompts: list[dict]) -> dict:
                 for row in ROWS:
                     cell = per_prompt.setdefault(i, {}).setdefault(row, {})
                     cell["coverage"] = seg["coverage"][row]
-                    cell["held"] = seg["value_held"].get(row, {}).get(i)
-                    cell["all_held"] = seg["value_all_held"].get(row, {}).get(i)
-                    cell["value_steps"] = seg["value_step_coverage"].get(row, {}).get(i)
+                    cell["held"] = seg["value_held"].get(row, {}).get(str(i))
+                    cell["all_held"] = seg["value_all_held"].get(row, {}).get(str(i))
+                    cell["value_steps"] = seg["value_step_coverage"].get(row, {}).get(str(i))
+                    cell["recall"] = seg["fast_step_recall"].get(row)
                     cell["refreshed"] = seg["segment"] > 0
         later = [c for i, c in per_prompt.items() if i >= 2 and c[ROWS[0]]["refreshed"]]
         if later:
             per_prompt["mean, i >= 2"] = {row: {m: _mean([c[row][m] for c in later]) for m in METRICS}
                                            for row in ROWS}
+        for cells in per_prompt.values():
+            for name, a, b in DIFFS:
+                cells[name] = {m: None if cells[a][m] is None or cells[b][m] is None
+                               else cells[a][m] - cells[b][m] for m in METRICS}
         for i, cells in per_prompt.items():
             for row, cell in cells.items():
                 for metric in METRICS:
@@ -290,11 +298,13 @@ def markdown(document: dict, command: str) -> str:
                  for i in range(1, 1 + max((len(p["expected"]) for p in prompts), default=0))}
     for metric, title in (("coverage", "Attention-mass coverage over the sentence's fast steps"),
                           ("value_steps", "Attention-mass coverage over the steps writing the value"),
-                          ("held", "Needle value held")):
-        lines += [f"## {title}", "", "| i | n | refreshed in | " + " | ".join(ROWS) + " |",
-                  "|---|---|---|" + "---|" * len(ROWS)]
+                          ("held", "Needle value held"),
+                          ("recall", "Fast-step recall (share of all attention mass a fast step reads)")):
+        columns = ROWS + [name for name, _, _ in DIFFS]
+        lines += [f"## {title}", "", "| i | n | refreshed in | " + " | ".join(columns) + " |",
+                  "|---|---|---|" + "---|" * len(columns)]
         for i in keys:
-            row_cells = [cells[i].get(row, {}).get(metric) for row in ROWS]
+            row_cells = [cells[i].get(row, {}).get(metric) for row in columns]
             n = max((c["n"] for c in row_cells if c), default=0)
             lines.append(f"| {i} | {n} | {refreshed.get(i, '')} | " + " | ".join(
                 f"{c['mean']:.2f} [{c['low']:.2f}, {c['high']:.2f}]" if c else "–" for c in row_cells) + " |")
@@ -318,7 +328,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-chat", dest="chat", action="store_false")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="new directory for the results")
+    parser.add_argument("--rerender", action="store_true",
+                        help="rewrite the tables and plot of an existing --out from its results.json")
     args = parser.parse_args(argv)
+    if args.rerender:
+        if not (args.out / "results.json").is_file():
+            parser.error(f"--rerender: {args.out / 'results.json'} does not exist")
+        write(json.loads((args.out / "results.json").read_text()), args.out)
+        return
     if args.out.exists():
         parser.error(f"--out {args.out} exists; choose a new directory")
     if not 0 < args.retention < 1:
@@ -343,14 +360,18 @@ def main(argv: list[str] | None = None) -> None:
                            "retention": args.retention, "samples": args.samples, "chat": args.chat,
                            "seed": args.seed,
                            "max_answer_tokens": args.max_answer_tokens, "threads": torch.get_num_threads()},
-                "results": {**results, "by_sentence": by_sentence(prompts), "wall_s": time.time() - started},
+                "results": {**results, "wall_s": time.time() - started},
                 "prompts": prompts, "provenance": provenance()}
     args.out.mkdir(parents=True)
-    (args.out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
-    plot(document["results"]["by_sentence"], args.out / "coverage_by_sentence.png")
-    (args.out / "report.md").write_text(markdown(document, command))
-    print(f"report: {args.out / 'report.md'}")
+    write(document, args.out)
 
+
+def write(document: dict, out: Path) -> None:
+    document["results"]["by_sentence"] = by_sentence(document["prompts"])
+    (out / "results.json").write_text(json.dumps(document, indent=2) + "\n")
+    plot(document["results"]["by_sentence"], out / "coverage_by_sentence.png")
+    (out / "report.md").write_text(markdown(document, document["command"]))
+    print(f"report: {out / 'report.md'}")
 
 if __name__ == "__main__":
     main()

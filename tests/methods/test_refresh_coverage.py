@@ -114,7 +114,12 @@ def test_end_to_end_on_tiny_llama(tmp_path):
     first = segments[0]["coverage"]  # before the first slow step the bootstrap serves
     assert first["refreshed, SPEC"] == first["bootstrap, SPEC"]
     assert document["provenance"] and document["command"].startswith("python benchmarks/refresh_coverage.py")
-    assert (out / "coverage_by_sentence.png").exists() and "SnapKV" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert (out / "coverage_by_sentence.png").exists()
+    assert "SnapKV" in report and "refreshed - bootstrap" in report
+    (out / "report.md").unlink()
+    refresh_coverage.main(["--rerender", "--out", str(out)])  # the tables again, from results.json alone
+    assert (out / "report.md").read_text() == report
 
 
 @pytest.mark.parametrize("args", [["--retention", "2"], ["--ctx", "lots"], ["--tasks", "no_such_task"]])
