@@ -235,9 +235,10 @@ def by_sentence(prompts: list[dict]) -> dict:
             per_prompt["mean, i >= 2"] = {row: {m: _mean([c[row][m] for c in later]) for m in METRICS}
                                            for row in ROWS}
         for cells in per_prompt.values():
-            for name, a, b in DIFFS:
+            for name, a, b in DIFFS:  # none where the bootstrap served the sentence (the two are the same)
                 cells[name] = {m: None if cells[a][m] is None or cells[b][m] is None
-                               else cells[a][m] - cells[b][m] for m in METRICS}
+                               or not cells[a].get("refreshed", True) else cells[a][m] - cells[b][m]
+                               for m in METRICS}
         for i, cells in per_prompt.items():
             for row, cell in cells.items():
                 for metric in METRICS:
@@ -254,20 +255,23 @@ def _mean(values: list) -> float | None:
 
 
 def plot(cells: dict, path: Path) -> None:
+    """Coverage of the sentence's attention mass (left) and its needle value held (right), by sentence."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     indices = sorted(int(i) for i in cells if i.isdigit())
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for row in ROWS:
-        xs = [i for i in indices if row in cells[str(i)]]
-        ax.plot(xs, [cells[str(i)][row]["coverage"]["mean"] for i in xs], marker="o", ms=3, label=row,
-                ls="--" if row in (SNAPKV, RANDOM) else "-")
-    ax.set_xlabel("sentence index i (the sentence writing the i-th requested value)")
-    ax.set_ylabel("attention-mass coverage of C")
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharex=True)
+    for ax, metric, label in ((axes[0], "coverage", "attention-mass coverage of C (sentence's fast steps)"),
+                              (axes[1], "held", "needle value tokens held (share of layer-head selections)")):
+        for row in ROWS:
+            xs = [i for i in indices if metric in cells[str(i)].get(row, {})]
+            ax.plot(xs, [cells[str(i)][row][metric]["mean"] for i in xs], marker="o", ms=3, label=row,
+                    ls="--" if row in (SNAPKV, RANDOM) else "-")
+        ax.set_xlabel("sentence i (the one writing the i-th requested value)")
+        ax.set_ylabel(label)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
