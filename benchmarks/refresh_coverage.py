@@ -2,6 +2,7 @@
 
     python benchmarks/refresh_coverage.py --out DIR [--model smollm2-135m] [--tasks niah_list] [--ctx 2k]
         [--retention 0.15] [--samples 4] [--no-chat] [--max-answer-tokens N]
+    python benchmarks/refresh_coverage.py --rerender --out DIR    # tables and plot again from results.json
 
 SFI's premise is that the dense attention of a sentence's first token (the slow step) predicts what the rest
 of the sentence attends to. Per prompt, on the reference path in float32:
@@ -35,7 +36,8 @@ of the sentence attends to. Per prompt, on the reference path in float32:
    steps that copy the needle).
 
 Per sentence index i (the segment writing value i) and averaged over the sentences served by a decode
-refresh (i >= 2), means over prompts with 95% bootstrap intervals. Writes DIR/results.json (per-prompt
+refresh (i >= 2), means over prompts with 95% bootstrap intervals, and the paired difference refreshed -
+bootstrap per Selector variant (per prompt, then over prompts). Writes DIR/results.json (per-prompt
 numbers, provenance, command), DIR/report.md and DIR/coverage_by_sentence.png.
 """
 

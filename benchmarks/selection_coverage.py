@@ -76,7 +76,8 @@ def answer_attention(session: Session, prefilled, sample, stop: frozenset, metho
     most this many answer tokens (default: the task's own cap)."""
     cfg = session.loaded.config
     if method is None:
-        method = create_method(MethodSpec("full_kv", "reference", FullKVConfig()), cfg, session.loaded.tokenizer)
+        spec = MethodSpec("full_kv", "reference", FullKVConfig())
+        method = create_method(spec, cfg, session.loaded.tokenizer)
     weights: dict[int, list[torch.Tensor]] = {layer: [] for layer in cfg.global_layers}
     attend = method.attend
 
@@ -91,7 +92,8 @@ def answer_attention(session: Session, prefilled, sample, stop: frozenset, metho
 
     method.attend = probe
     stream = run_scripts(session.loaded.model, session.cache, method, prefilled,
-                         [Script(cap or sample.max_answer_tokens, [], stop)], pad_id=session.loaded.tokenizer.eos_token_id or 0)[0]
+                         [Script(cap or sample.max_answer_tokens, [], stop)],
+                         pad_id=session.loaded.tokenizer.eos_token_id or 0)[0]
     return weights, stream.answers[0]
 
 
@@ -105,7 +107,7 @@ def sfi_picks(session: Session, prefilled, spec: MethodSpec) -> dict[int, torch.
 
 
 def published_picks(method) -> dict[int, torch.Tensor]:
-    """The selection an SFI method has published for row 0, per global layer: absolute positions `[H_kv, K]`."""
+    """The selection an SFI method has published for row 0, per global layer: positions `[H_kv, K]`."""
     sel, picks = method.sel, {}
     for layer in method.model_config.global_layers:
         buffer = int(sel.published_host[layer, 0])
