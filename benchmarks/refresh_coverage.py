@@ -180,7 +180,7 @@ def measure(shadow: dict, snapkv: dict, prompt_values: dict[int, list[int]], ans
 def run(args, context: int, log) -> dict:
     session = Session.open(args.model, device="cpu", dtype="float32", seed=args.seed)
     cfg, tokenizer = session.loaded.config, session.loaded.tokenizer
-    stop = frozenset({tokenizer.eos_token_id} - {None})
+    stop = tokenizer.stop_ids()
     prompts = []
     for task in args.tasks.split(","):
         fmt = PromptFormat(tokenizer, args.chat)

@@ -174,7 +174,7 @@ def run(model: str, tasks: list[str], context: int, retentions: list[float], nam
         chat: bool, seed: int, log) -> dict:
     session = Session.open(model, device="cpu", dtype="float32", seed=seed)
     cfg, tokenizer = session.loaded.config, session.loaded.tokenizer
-    stop = frozenset({tokenizer.eos_token_id} - {None})
+    stop = tokenizer.stop_ids()
     records = []
     for task in tasks:
         for sample in make_samples(task, PromptFormat(tokenizer, chat), context, samples, seed):
