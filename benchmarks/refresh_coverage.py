@@ -181,6 +181,8 @@ def run(args, context: int, log) -> dict:
     session = Session.open(args.model, device="cpu", dtype="float32", seed=args.seed)
     cfg, tokenizer = session.loaded.config, session.loaded.tokenizer
     stop = tokenizer.stop_ids()
+    snap_spec = make_condition("snapkv", args.retention, context).spec
+    sfi_cfg = make_condition("sfi", args.retention, context).spec.config
     prompts = []
     for task in args.tasks.split(","):
         fmt = PromptFormat(tokenizer, args.chat)
@@ -192,8 +194,6 @@ def run(args, context: int, log) -> dict:
             prompt_values = {i: value_positions(tokenizer, sample.prompt, v) for i, v in enumerate(asked, 1)}
             prefilled = session.prefill([sample.prompt], cap)
             length = int(prefilled.lengths[0])
-            snap_spec = make_condition("snapkv", args.retention, context).spec
-            sfi_cfg = make_condition("sfi", args.retention, context).spec.config
             lo, hi = geometry.candidate_range(length, sfi_cfg)
             snapkv = snapkv_picks(session, prefilled, snap_spec, lo, hi, min(sfi_cfg.k_head, hi - lo))
             shadow = shadow_run(session, prefilled, sample, stop, args.retention, context, cap)
