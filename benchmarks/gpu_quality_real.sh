@@ -25,6 +25,7 @@
 #   refresh-CTX  the refresh's ablation: SFI --no-nms --keep-neighbours 7 with --trigger bootstrap (the prompt's
 #                selection for the whole answer) beside SnapKV, then the same SFI with its refresh on, on niah_list
 #                at CTX (8k, 16k, 32k), paper-2k, $LIST_SAMPLES prompts (@TASKS overrides, e.g. @niah_list_32)
+#   refresh-retention-16k  the same pair at 16K, at retention 0.15 and 0.5 instead of paper-2k
 #   ruler-CTX    RULER's 13 tasks at CTX (8k, 16k, 32k: the model's limit), every method at paper-2k
 #                ($RULER_SAMPLES prompts per task; @TASKS picks some, e.g. @ruler_qa_1,ruler_qa_2)
 #   longfid-16k  niah_list_64 (answers of >= 1,024 tokens) at 16K, every method at paper-2k, batch 8
@@ -120,9 +121,10 @@ for spec in "$@"; do
         quality "$part-no-nms-keep7" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" "${points[@]}" \
             --methods sfi --no-nms --keep-neighbours 7 --samples "$n"
         pack "$part" "$part-no-nms" "$part-no-nms-keep7" ;;
-    refresh-8k | refresh-16k | refresh-32k)
-        ctx=${part#refresh-}; [ "$ctx" = 32k ] && ctx=32000
-        variant=(--tasks "${TASKS:-niah_list}" --ctx "$ctx" --sfi-preset paper-2k --no-nms --keep-neighbours 7
+    refresh-8k | refresh-16k | refresh-32k | refresh-retention-16k)
+        ctx=${part##*-}; [ "$ctx" = 32k ] && ctx=32000
+        points=(--sfi-preset paper-2k); [[ $part == refresh-retention-* ]] && points=(--budget 0.15,0.5)
+        variant=(--tasks "${TASKS:-niah_list}" --ctx "$ctx" "${points[@]}" --no-nms --keep-neighbours 7
             --samples "$LIST_SAMPLES")
         quality "$part-off" 90 "${OPT[@]}" "${variant[@]}" --methods sfi,snapkv --trigger bootstrap
         quality "$part-on" 90 "${OPT[@]}" "${variant[@]}" --methods sfi
