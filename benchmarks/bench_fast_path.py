@@ -41,7 +41,7 @@ import torch
 
 import sfibench
 from sfibench.metrics.floor import graph_replay
-from sfibench.optimized import compact_kernels, retrieval_kernels, top_k_kernels
+from sfibench.optimized import compact_kernels, top_k_kernels
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
 from sfibench.optimized.retrieval_kernels import page_scores, token_scores
 from sfibench.optimized.selector_kernels import SelectorTiles, fused_scores
@@ -258,13 +258,9 @@ def retrieval_ranking(context: int, batch: int, layers: int = 36, kv_heads: int 
             def score(layer, out, keys=keys, bounds=bounds):
                 page_scores(q, *bounds[layer], keys, lengths, page, out=out)
 
-            if hasattr(retrieval_kernels, "top_pages"):  # the scoring fused into the ranking, as Quest runs it
-                def score_and_rank(layer, out, k, keys=keys, bounds=bounds):
-                    return retrieval_kernels.top_pages(q, *bounds[layer], keys, lengths, page, k, out)
-            else:  # a checkout whose Quest scores, then ranks
-                def score_and_rank(layer, out, k, score=score):
-                    score(layer, out)
-                    return top_k_kernels.top_k(out, k, 0)
+            def score_and_rank(layer, out, k, score=score):
+                score(layer, out)
+                return top_k_kernels.top_k(out, k, 0)
         else:
             keys = [torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=dtype)
                     for _ in range(selecting)]

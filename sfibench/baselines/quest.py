@@ -25,7 +25,8 @@ from sfibench.core.budget import BudgetError
 from sfibench.engine.method import AttentionMethod, AttentionView, MethodConfig, MethodDef, RecallMemory, StepPlan
 from sfibench.engine.workspace import FLOAT32_BYTES, INDEX_BYTES, gather_attention_bytes, keys_bytes
 from sfibench.optimized.decode_attention import dense_decode, sparse_decode
-from sfibench.optimized.retrieval_kernels import expand_positions, page_scores_reference, top_pages
+from sfibench.optimized.retrieval_kernels import expand_positions, page_scores, page_scores_reference
+from sfibench.optimized.top_k_kernels import top_k
 from sfibench.optimized.triton_device import require_triton_device
 from sfibench.reference.attention import dense_attention
 from sfibench.reference.sparse_memory import attend_fixed_plus_tail
@@ -227,12 +228,10 @@ class Quest(AttentionMethod):
 
 
 class OptimizedQuest(Quest):
-    """Per sparse layer: two launches score the pages (folding the new key into its page's bounds) and rank
-    them (optimized/retrieval_kernels.top_pages: each row's pages cut into as many chunks as fill the GPU,
-    each chunk scored and its best pages kept by one program, then the chunks' best merged; a short row
-    scored, then ranked in one program), one lists their slots and the current page's, and the split-K
-    decode kernel reads those slots in place in the cache. Nothing is sized on the host, so one CUDA graph
-    serves every step."""
+    """Per sparse layer: one launch scores the pages (and folds the new key into its page's bounds), one
+    ranks them (optimized/top_k_kernels.top_k: a program per sequence and KV head), one lists their
+    slots and the current page's, and the split-K decode kernel reads those slots in place in the cache.
+    Nothing is sized on the host, so one CUDA graph serves every step."""
 
     def start(self, cache, prefilled) -> None:
         require_triton_device(cache.k.device)
@@ -253,8 +252,9 @@ class OptimizedQuest(Quest):
         if layer < cfg.dense_layers:
             ctx.tokens_read[layer] = ctx.kv_lengths[:, None]
             return dense_decode(q[:, :, 0], k, v, ctx.kv_lengths, index_before_wait=True)[:, :, None]
-        chosen = top_pages(q[:, :, 0], self.highest[layer], self.lowest[layer], k, ctx.kv_lengths, cfg.page,
-                           self.chosen_pages, self.scores)  # ascending: the real pages first
+        page_scores(q[:, :, 0], self.highest[layer], self.lowest[layer], k, ctx.kv_lengths, cfg.page,
+                    out=self.scores)
+        chosen = top_k(self.scores, self.chosen_pages, 0)  # ascending: the real pages first
         expand_positions(chosen, ctx.kv_lengths, cfg.page, self.positions, ctx.tokens_read[layer])
         return sparse_decode(q[:, :, 0], k, v, self.positions, ctx.tokens_read[layer])[:, :, None]
 

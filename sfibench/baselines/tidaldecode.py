@@ -158,10 +158,9 @@ class TidalDecode(AttentionMethod):
 
 class OptimizedTidalDecode(TidalDecode):
     """A selection layer: one launch scores every older slot (the group's q summed, then one dot per key),
-    top_k ranks them (optimized/top_k_kernels.py: ~2.3K of thousands of slots, by the radix select spread
-    over the GPU; a short cache in one program per row), one launch lists them and the current slot, and
-    the layer itself reads densely with the split-K kernel. Every other sparse layer reads the listed
-    slots in place. Nothing is sized on the host, so one CUDA graph serves every step."""
+    the top-k ranks them (one launch up to 16K slots, the radix select beyond), one launch lists them and
+    the current slot, and the layer itself reads densely with the split-K kernel. Every other sparse layer
+    reads the listed slots in place. Nothing is sized on the host, so one CUDA graph serves every step."""
 
     def start(self, cache, prefilled) -> None:
         require_triton_device(cache.k.device)

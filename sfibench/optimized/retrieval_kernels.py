@@ -1,22 +1,20 @@
 """Kernels of per-step retrieval: score pages or tokens for one query, and list the rows a step reads.
 
-They serve the retrieval methods' optimized paths (the ranking is top_k_kernels.top_k, and the attention
-is decode_attention.sparse_decode, which reads the listed rows in place in the cache):
+Three launches serve the retrieval methods' optimized paths (the ranking between them is the radix
+top-k of top_k_kernels.py, and the attention is decode_attention.sparse_decode, which reads the listed
+rows in place in the cache):
 
 - `page_scores`: per (sequence, KV head, page) the bound `sum_g sum_i max(q_gi M_i, q_gi m_i)` over the
   pages before the current one (-inf elsewhere), from the element-wise max M and min m of each page's
   keys. The same launch folds the step's new key into its page's M and m (the current page is never
   scored, so the order of the two does not matter).
-- `top_pages`: page_scores then top_k, the scoring done by the first pass of top_k's split ranking
-  where the rows split (each program scores its chunk of pages, then keeps the chunk's best).
 - `token_scores`: per (sequence, KV head, slot) the logits q.k of the G query heads summed, over the slots
   before the current one (-inf elsewhere).
 - `expand_positions`: chosen pages (sorted ascending, the real ones first) -> the slots they hold, then
   the current page's slots, and how many there are.
 
-Each has a plain torch reference beside it (`*_reference`; top_pages': page_scores, then
-sfi/selector.top_k_positions), which tests/kernels/test_retrieval_kernels.py checks it against under
-TRITON_INTERPRET=1. Shapes: q `[B, H_q, D]`, one layer's keys `[B, H_kv, S, D]`,
+Each has a plain torch reference beside it (`*_reference`), which tests/kernels/test_retrieval_kernels.py
+checks it against under TRITON_INTERPRET=1. Shapes: q `[B, H_q, D]`, one layer's keys `[B, H_kv, S, D]`,
 lengths `[B]` (this step's key already written at slot lengths - 1).
 """
 
@@ -25,17 +23,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-from sfibench.optimized.decode_attention import sm_count
-from sfibench.optimized.top_k_kernels import (
-    candidate_buffers,
-    candidate_layout,
-    keep_chunk_best,
-    merge_candidates,
-    ranking_splits,
-    ranking_warps,
-    top_k,
-)
 
 BLOCK_PAGES = 64  # pages scored by one program
 BLOCK_SLOTS = 128  # slots scored by one program
@@ -64,52 +51,6 @@ def page_scores_reference(q, highest, lowest, keys, lengths, page: int) -> torch
 
 
 @triton.jit
-def _fold_new_key(k_ptr, high_head, low_head, position, page, stride_ks, stride_mp, HEAD_DIM: tl.constexpr):
-    """The step's key (slot `position` of this KV head's keys) into its page's bounds; a page's first key
-    replaces them."""
-    offs_d = tl.arange(0, HEAD_DIM)
-    current = position // page
-    # compared in float32 (exact for 16-bit values, which the stores round back to unchanged)
-    new_key = tl.load(k_ptr + position * stride_ks + offs_d).to(tl.float32)
-    fresh = position % page == 0
-    high = tl.load(high_head + current * stride_mp + offs_d).to(tl.float32)
-    low = tl.load(low_head + current * stride_mp + offs_d).to(tl.float32)
-    bound_type = high_head.dtype.element_ty
-    tl.store(high_head + current * stride_mp + offs_d,
-             tl.where(fresh, new_key, tl.maximum(high, new_key)).to(bound_type))
-    tl.store(low_head + current * stride_mp + offs_d,
-             tl.where(fresh, new_key, tl.minimum(low, new_key)).to(bound_type))
-
-
-@triton.jit
-def _group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                   HEAD_DIM: tl.constexpr):
-    """The KV head's GROUP query vectors, float32 `[BLOCK_G, HEAD_DIM]` (rows past GROUP zero)."""
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, HEAD_DIM)
-    rows = (kv_head * GROUP + offs_g)[:, None] * stride_qh
-    return tl.load(q_ptr + seq * stride_qb + rows + offs_d[None, :], mask=(offs_g < GROUP)[:, None],
-                   other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _bound_scores(q, high_head, low_head, pages, current, stride_mp,
-                  GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """The bound summed over the group for each of `pages` before the current one, -inf for the others."""
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, HEAD_DIM)
-    scored = pages < current
-    bounds = pages[:, None] * stride_mp + offs_d[None, :]
-    high = tl.load(high_head + bounds, mask=scored[:, None], other=0.0).to(tl.float32)  # [P, D]
-    low = tl.load(low_head + bounds, mask=scored[:, None], other=0.0).to(tl.float32)
-    total = tl.zeros(pages.shape, tl.float32)
-    for g in tl.static_range(GROUP):
-        q_g = tl.sum(tl.where((offs_g == g)[:, None], q, 0.0), 0)  # [D]
-        total += tl.sum(tl.maximum(q_g[None, :] * high, q_g[None, :] * low), 1)
-    return tl.where(scored, total, float("-inf"))
-
-
-@triton.jit
 def _page_scores_kernel(q_ptr, high_ptr, low_ptr, k_ptr, length_ptr, out_ptr,
                         stride_qb, stride_qh, stride_mb, stride_mh, stride_mp, stride_kb, stride_kh, stride_ks,
                         stride_ob, stride_oh, n_pages, page,
@@ -120,21 +61,35 @@ def _page_scores_kernel(q_ptr, high_ptr, low_ptr, k_ptr, length_ptr, out_ptr,
     seq = tl.program_id(2).to(tl.int64)
     position = tl.load(length_ptr + seq) - 1
     current = position // page
+    offs_d = tl.arange(0, HEAD_DIM)
     high_head = high_ptr + seq * stride_mb + kv_head * stride_mh
     low_head = low_ptr + seq * stride_mb + kv_head * stride_mh
-    if (current >= block * BLOCK_P) & (current < block * BLOCK_P + BLOCK_P):  # the block of the current page
-        _fold_new_key(k_ptr + seq * stride_kb + kv_head * stride_kh, high_head, low_head, position, page,
-                      stride_ks, stride_mp, HEAD_DIM)
-    q = _group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, GROUP, BLOCK_G, HEAD_DIM)
+    if (current >= block * BLOCK_P) & (current < block * BLOCK_P + BLOCK_P):  # this block holds the current page
+        # compared in float32 (exact for 16-bit values, which the stores round back to unchanged)
+        new_key = tl.load(k_ptr + seq * stride_kb + kv_head * stride_kh + position * stride_ks + offs_d)
+        new_key = new_key.to(tl.float32)
+        fresh = position % page == 0
+        high = tl.load(high_head + current * stride_mp + offs_d).to(tl.float32)
+        low = tl.load(low_head + current * stride_mp + offs_d).to(tl.float32)
+        bound_type = high_ptr.dtype.element_ty
+        tl.store(high_head + current * stride_mp + offs_d,
+                 tl.where(fresh, new_key, tl.maximum(high, new_key)).to(bound_type))
+        tl.store(low_head + current * stride_mp + offs_d,
+                 tl.where(fresh, new_key, tl.minimum(low, new_key)).to(bound_type))
+    offs_g = tl.arange(0, BLOCK_G)
+    q = tl.load(q_ptr + seq * stride_qb + (kv_head * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :],
+                mask=(offs_g < GROUP)[:, None], other=0.0).to(tl.float32)  # [G, D]
     pages = block * BLOCK_P + tl.arange(0, BLOCK_P)
-    total = _bound_scores(q, high_head, low_head, pages, current, stride_mp, GROUP, BLOCK_G, HEAD_DIM)
-    tl.store(out_ptr + seq * stride_ob + kv_head * stride_oh + pages, total, mask=pages < n_pages)
-
-
-def _check_page_inputs(q, highest, lowest, keys) -> None:
-    unit = highest.stride(-1) == 1 and keys.stride(-1) == 1 and q.stride(-1) == 1
-    if not unit or highest.stride() != lowest.stride():
-        raise ValueError("page_scores needs unit-stride head dimensions and bounds of one layout")
+    scored = pages < current
+    bounds = pages[:, None] * stride_mp + offs_d[None, :]
+    high = tl.load(high_head + bounds, mask=scored[:, None], other=0.0).to(tl.float32)  # [P, D]
+    low = tl.load(low_head + bounds, mask=scored[:, None], other=0.0).to(tl.float32)
+    total = tl.zeros([BLOCK_P], tl.float32)
+    for g in tl.static_range(GROUP):
+        q_g = tl.sum(tl.where((offs_g == g)[:, None], q, 0.0), 0)  # [D]
+        total += tl.sum(tl.maximum(q_g[None, :] * high, q_g[None, :] * low), 1)
+    tl.store(out_ptr + seq * stride_ob + kv_head * stride_oh + pages, tl.where(scored, total, float("-inf")),
+             mask=pages < n_pages)
 
 
 def page_scores(q: torch.Tensor, highest: torch.Tensor, lowest: torch.Tensor, keys: torch.Tensor,
@@ -143,7 +98,8 @@ def page_scores(q: torch.Tensor, highest: torch.Tensor, lowest: torch.Tensor, ke
     updated in place."""
     batch, q_heads, dim = q.shape
     kv_heads, pages = highest.shape[1], highest.shape[2]
-    _check_page_inputs(q, highest, lowest, keys)
+    if highest.stride(-1) != 1 or keys.stride(-1) != 1 or q.stride(-1) != 1 or highest.stride() != lowest.stride():
+        raise ValueError("page_scores needs unit-stride head dimensions and bounds of one layout")
     out = torch.empty(batch, kv_heads, pages, dtype=torch.float32, device=q.device) if out is None else out
     group = q_heads // kv_heads
     _page_scores_kernel[(triton.cdiv(pages, BLOCK_PAGES), kv_heads, batch)](
@@ -151,78 +107,6 @@ def page_scores(q: torch.Tensor, highest: torch.Tensor, lowest: torch.Tensor, ke
         highest.stride(2), keys.stride(0), keys.stride(1), keys.stride(2), out.stride(0), out.stride(1), pages,
         page, GROUP=group, BLOCK_G=triton.next_power_of_2(group), HEAD_DIM=dim, BLOCK_P=BLOCK_PAGES, num_warps=4)
     return out
-
-
-@triton.jit
-def _page_chunk_best_kernel(q_ptr, high_ptr, low_ptr, k_ptr, length_ptr, score_ptr, cand_score_ptr,
-                            cand_pos_ptr, stride_qb, stride_qh, stride_mb, stride_mh, stride_mp, stride_kb,
-                            stride_kh, stride_ks, stride_ob, stride_oh, n_pages, page, k, chunk, width,
-                            GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr,
-                            BLOCK_P: tl.constexpr, BLOCK: tl.constexpr):
-    """_page_scores_kernel over one chunk of a (sequence, KV head)'s pages, then the first pass of top_k's
-    split ranking on them: the chunk's best pages as candidates (top_k_kernels.keep_chunk_best)."""
-    part = tl.program_id(0)
-    kv_head = tl.program_id(1).to(tl.int64)
-    seq = tl.program_id(2).to(tl.int64)
-    position = tl.load(length_ptr + seq) - 1
-    current = position // page
-    start = part * chunk
-    end = tl.minimum(start + chunk, n_pages)
-    high_head = high_ptr + seq * stride_mb + kv_head * stride_mh
-    low_head = low_ptr + seq * stride_mb + kv_head * stride_mh
-    if (current >= start) & (current < end):
-        _fold_new_key(k_ptr + seq * stride_kb + kv_head * stride_kh, high_head, low_head, position, page,
-                      stride_ks, stride_mp, HEAD_DIM)
-    q = _group_queries(q_ptr, seq, kv_head, stride_qb, stride_qh, GROUP, BLOCK_G, HEAD_DIM)
-    row_scores = score_ptr + seq * stride_ob + kv_head * stride_oh
-    for first in range(start, end, BLOCK_P):
-        pages = first + tl.arange(0, BLOCK_P)
-        total = _bound_scores(q, high_head, low_head, pages, current, stride_mp, GROUP, BLOCK_G, HEAD_DIM)
-        tl.store(row_scores + pages, total, mask=pages < end)
-    # The chunk's scores go through memory to change layout (BLOCK_P-page tiles -> one [BLOCK] vector); the
-    # barrier makes every thread's stores visible to the loads of the others, which skip L1.
-    tl.debug_barrier()
-    pos = start + tl.arange(0, BLOCK)
-    valid = pos < end
-    score = tl.load(row_scores + pos, mask=valid, other=0.0, cache_modifier=".cg")
-    row = seq * tl.num_programs(1) + kv_head
-    keep_chunk_best(score, pos, valid, tl.minimum(k, end - start), cand_score_ptr, cand_pos_ptr,
-                     (row * tl.num_programs(0) + part) * width, width, BLOCK)
-
-
-def top_pages(q: torch.Tensor, highest: torch.Tensor, lowest: torch.Tensor, keys: torch.Tensor,
-              lengths: torch.Tensor, page: int, k: int, scores: torch.Tensor,
-              num_splits: int | None = None) -> torch.Tensor:
-    """page_scores into `scores` (contiguous `[B, H_kv, P]` float32), then top_k of them: the min(k, P) best
-    pages of each (sequence, KV head), ascending `[B, H_kv, min(k, P)]`. Where top_k splits the rows
-    (`num_splits`: as top_k's), each chunk's scoring and its first pass are one program: one launch fewer
-    than the two calls, and the scores are read back from L2."""
-    batch, q_heads, dim = q.shape
-    kv_heads, pages = highest.shape[1], highest.shape[2]
-    rows, k = batch * kv_heads, min(k, pages)
-    if scores.shape != (batch, kv_heads, pages) or scores.dtype != torch.float32 \
-            or not scores.is_contiguous():
-        raise ValueError(f"scores must be a contiguous float32 [{batch}, {kv_heads}, {pages}]")
-    if num_splits is not None and num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1 (or None for the default), got {num_splits}")
-    splits = num_splits or (ranking_splits(rows, pages, k, sm_count(q.device)) if k else 1)
-    if splits == 1:
-        page_scores(q, highest, lowest, keys, lengths, page, out=scores)
-        return top_k(scores, k, 0, num_splits)
-    _check_page_inputs(q, highest, lowest, keys)
-    chunk, splits, width = candidate_layout(pages, k, splits)
-    cand_score, cand_pos = candidate_buffers(rows, splits, width, q.device)
-    group = q_heads // kv_heads
-    block = max(128, triton.next_power_of_2(chunk))
-    _page_chunk_best_kernel[(splits, kv_heads, batch)](
-        q, highest, lowest, keys, lengths, scores, cand_score, cand_pos, q.stride(0), q.stride(1),
-        highest.stride(0), highest.stride(1), highest.stride(2), keys.stride(0), keys.stride(1),
-        keys.stride(2), scores.stride(0), scores.stride(1), pages, page, k, chunk, width, GROUP=group,
-        BLOCK_G=triton.next_power_of_2(group), HEAD_DIM=dim, BLOCK_P=BLOCK_PAGES, BLOCK=block,
-        num_warps=ranking_warps(block))
-    chosen = torch.empty(rows, k, dtype=torch.long, device=q.device)
-    merge_candidates(cand_score, cand_pos, chosen, k, 0)
-    return chosen.view(batch, kv_heads, k)
 
 
 def token_scores_reference(q: torch.Tensor, keys: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -12,10 +12,8 @@ from sfibench.optimized.retrieval_kernels import (
     page_scores_reference,
     token_scores,
     token_scores_reference,
-    top_pages,
 )
-from sfibench.optimized.top_k_kernels import top_k
-from sfibench.sfi.selector import top_k_positions
+from sfibench.optimized.top_k_kernels import radix_top_k
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -101,7 +99,7 @@ def test_expand_positions_lists_the_chosen_pages_then_the_current_one(page, leng
     scores = torch.randn(batch, heads, pages, generator=torch.Generator().manual_seed(page)).to(DEVICE)
     current = (lengths - 1) // page
     scores = scores.masked_fill(~(torch.arange(pages, device=DEVICE) < current[:, None])[:, None], float("-inf"))
-    chosen = top_k(scores, chosen_pages, 0, num_splits=3)
+    chosen = radix_top_k(scores, chosen_pages, 0)
     want_positions, want_counts = expand_positions_reference(chosen, lengths, page)
     positions = torch.full((batch, heads, (chosen_pages + 1) * page), -7, dtype=torch.long, device=DEVICE)
     counts = torch.zeros(batch, heads, dtype=torch.int32, device=DEVICE)
@@ -113,31 +111,3 @@ def test_expand_positions_lists_the_chosen_pages_then_the_current_one(page, leng
         assert all(slot < int(lengths[b]) for slot in listed)
         expected_pages = min(int(current[b]), chosen_pages)
         assert len(listed) == expected_pages * page + (int(lengths[b]) - 1) % page + 1
-
-
-@pytest.mark.parametrize("splits", [2, None])
-def test_top_pages_and_the_ranked_tokens_are_the_oracles_choice(splits):
-    """What the optimized Quest and TidalDecode choose: top_pages (the scoring fused into the split ranking's
-    first pass at 2 chunks of 75 pages, two score tiles each; page_scores then top_k by default on these
-    few rows) leaves the bounds and scores page_scores leaves and picks what top_k_positions picks from
-    those scores, as top_k does from token_scores. Sequences of other lengths (other -inf tails), several
-    KV heads, tied pages and tokens (repeated keys and bounds), K below, at and above the real pages."""
-    batch, kv_heads, group, dim, page, slots = 2, 3, 2, 16, 4, 600
-    pages = slots // page
-    lengths = torch.tensor([600, 93], device=DEVICE)
-    keys, highest, lowest = keys_and_bounds(batch, kv_heads, slots, dim, page, lengths, torch.float32, seed=6)
-    keys[:, :, 40:80] = keys[:, :, :40]  # slots 40-79 repeat slots 0-39: tied token scores
-    highest[:, :, 10:20], lowest[:, :, 10:20] = highest[:, :, :10], lowest[:, :, :10]  # and tied pages
-    q = torch.randn(batch, kv_heads * group, dim, generator=torch.Generator().manual_seed(7)).to(DEVICE)
-    want_high, want_low = highest.clone(), lowest.clone()
-    want = page_scores(q, want_high, want_low, keys, lengths, page)
-    assert torch.equal(want[..., :10], want[..., 10:20])
-    for k in (5, 23, 149, 150):  # 149 real pages at most; 150 pages in all
-        high, low = highest.clone(), lowest.clone()
-        scores = torch.full((batch, kv_heads, pages), float("nan"), device=DEVICE)
-        chosen = top_pages(q, high, low, keys, lengths, page, k, scores, num_splits=splits)
-        assert torch.equal(high, want_high) and torch.equal(low, want_low) and torch.equal(scores, want)
-        assert torch.equal(chosen, top_k_positions(want, k, 0))
-    token_rows = token_scores(q, keys, lengths)
-    for k in (7, 90, 600):
-        assert torch.equal(top_k(token_rows, k, 0, num_splits=splits), top_k_positions(token_rows, k, 0))
