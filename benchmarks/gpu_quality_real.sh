@@ -28,6 +28,7 @@
 #   refresh-retention-16k  the same pair at 16K, at retention 0.15 and 0.5 instead of paper-2k
 #   ruler-CTX    RULER's 13 tasks at CTX (8k, 16k, 32k: the model's limit), every method at paper-2k
 #                ($RULER_SAMPLES prompts per task; @TASKS picks some, e.g. @ruler_qa_1,ruler_qa_2)
+#   ruler-retention-16k  the same at 16K, every method at retention 0.15 and 0.5 (@TASKS as above)
 #   longfid-16k  niah_list_64 (answers of >= 1,024 tokens) at 16K, every method at paper-2k, batch 8
 #   agree-8k     niah_single at 8K, 20 prompts: optimized bfloat16, reference bfloat16, reference float32
 # Environment: TASKS (the task list of every part without @TASKS), SAMPLES (default 100), LIST_SAMPLES (64), RULER_SAMPLES (20), BATCH (default 16), WHEELS (the wheels).
@@ -129,10 +130,11 @@ for spec in "$@"; do
         quality "$part-off" 90 "${OPT[@]}" "${variant[@]}" --methods sfi,snapkv --trigger bootstrap
         quality "$part-on" 90 "${OPT[@]}" "${variant[@]}" --methods sfi
         pack "$part" "$part-off" "$part-on" ;;
-    ruler-8k | ruler-16k | ruler-32k)
+    ruler-8k | ruler-16k | ruler-32k | ruler-retention-16k)
         # RULER's 32K is the model's whole context less sfibench's 8-token margin; a preset needs it as a number
-        ctx=${part#ruler-}; [ "$ctx" = 32k ] && ctx=32760
-        quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-ruler}" --ctx "$ctx" --sfi-preset paper-2k \
+        ctx=${part##*-}; [ "$ctx" = 32k ] && ctx=32760
+        points=(--sfi-preset paper-2k); [[ $part == ruler-retention-* ]] && points=(--budget 0.15,0.5)
+        quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-ruler}" --ctx "$ctx" "${points[@]}" \
             --methods "$METHODS" --samples "$RULER_SAMPLES"; pack "$part" ;;
     longfid-16k)
         BATCH=8 quality "$part" 120 "${OPT[@]}" --tasks niah_list_64 --ctx 16k --sfi-preset paper-2k \
