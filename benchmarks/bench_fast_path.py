@@ -257,10 +257,6 @@ def retrieval_ranking(context: int, batch: int, layers: int = 36, kv_heads: int 
 
             def score(layer, out, keys=keys, bounds=bounds):
                 page_scores(q, *bounds[layer], keys, lengths, page, out=out)
-
-            def score_and_rank(layer, out, k, score=score):
-                score(layer, out)
-                return top_k_kernels.top_k(out, k, 0)
         else:
             keys = [torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=dtype)
                     for _ in range(selecting)]
@@ -268,9 +264,10 @@ def retrieval_ranking(context: int, batch: int, layers: int = 36, kv_heads: int 
             def score(layer, out, keys=keys):
                 token_scores(q, keys[layer], lengths, out=out)
 
-            def score_and_rank(layer, out, k, score=score):
-                score(layer, out)
-                return top_k_kernels.top_k(out, k, 0)
+        def score_and_rank(layer, out, k, score=score):  # both methods score, then rank
+            score(layer, out)
+            return top_k_kernels.top_k(out, k, 0)
+
         scores = [torch.empty(batch, kv_heads, n, device=device) for _ in range(selecting)]
         for layer in range(selecting):
             score(layer, scores[layer])

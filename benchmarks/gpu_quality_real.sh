@@ -82,6 +82,10 @@ pack() {  # NAME [DIR ...]: OUT/NAME.tar of the given run folders (default OUT/N
     [ ${#present[@]} -gt 0 ] && tar -cf "$OUT/$name.tar" -C "$OUT" "${present[@]}" && (cd "$OUT" && rm -rf "${present[@]}")
 }
 
+budget_points() {  # PART PRESETS: sets points: retention 0.15 and 0.5 for a *-retention-* part, else PRESETS
+    if [[ $1 == *-retention-* ]]; then points=(--budget 0.15,0.5); else points=(--sfi-preset "$2"); fi
+}
+
 OPT=(--path optimized --dtype bfloat16)
 for spec in "$@"; do
     part=${spec%%:*}
@@ -114,9 +118,8 @@ for spec in "$@"; do
     variants-8k | variants-16k | variants-32k | variants-list-16k | variants-retention-8k | variants-retention-16k \
     | variants-retention-32k)
         ctx=${part##*-}; [ "$ctx" = 32k ] && ctx=32000
-        task=${TASKS:-niah_single}; points=(--sfi-preset paper-2k,paper-4k); n=$SAMPLES
+        task=${TASKS:-niah_single}; n=$SAMPLES; budget_points "$part" paper-2k,paper-4k
         [[ $part == variants-list-* ]] && { task=niah_list; points=(--sfi-preset paper-2k); n=$LIST_SAMPLES; }
-        [[ $part == variants-retention-* ]] && points=(--budget 0.15,0.5)
         quality "$part-no-nms" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" "${points[@]}" \
             --methods sfi --no-nms --samples "$n"
         quality "$part-no-nms-keep7" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" "${points[@]}" \
@@ -124,7 +127,7 @@ for spec in "$@"; do
         pack "$part" "$part-no-nms" "$part-no-nms-keep7" ;;
     refresh-8k | refresh-16k | refresh-32k | refresh-retention-16k)
         ctx=${part##*-}; [ "$ctx" = 32k ] && ctx=32000
-        points=(--sfi-preset paper-2k); [[ $part == refresh-retention-* ]] && points=(--budget 0.15,0.5)
+        budget_points "$part" paper-2k
         variant=(--tasks "${TASKS:-niah_list}" --ctx "$ctx" "${points[@]}" --no-nms --keep-neighbours 7
             --samples "$LIST_SAMPLES")
         quality "$part-off" 90 "${OPT[@]}" "${variant[@]}" --methods sfi,snapkv --trigger bootstrap
@@ -133,7 +136,7 @@ for spec in "$@"; do
     ruler-8k | ruler-16k | ruler-32k | ruler-retention-16k)
         # RULER's 32K is the model's whole context less sfibench's 8-token margin; a preset needs it as a number
         ctx=${part##*-}; [ "$ctx" = 32k ] && ctx=32760
-        points=(--sfi-preset paper-2k); [[ $part == ruler-retention-* ]] && points=(--budget 0.15,0.5)
+        budget_points "$part" paper-2k
         quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-ruler}" --ctx "$ctx" "${points[@]}" \
             --methods "$METHODS" --samples "$RULER_SAMPLES"; pack "$part" ;;
     longfid-16k)

@@ -237,9 +237,11 @@ def by_sentence(prompts: list[dict]) -> dict:
             per_prompt["mean, i >= 2"] = {row: {m: _mean([c[row][m] for c in later]) for m in METRICS}
                                            for row in ROWS}
         for cells in per_prompt.values():
-            for name, a, b in DIFFS:  # none where the bootstrap served the sentence (the two are the same)
-                cells[name] = {m: None if cells[a][m] is None or cells[b][m] is None
-                               or not cells[a].get("refreshed", True) else cells[a][m] - cells[b][m]
+            for name, a, b in DIFFS:
+                if not cells[a].get("refreshed", True):  # the bootstrap served the sentence: the two are one
+                    cells[name] = dict.fromkeys(METRICS)
+                    continue
+                cells[name] = {m: None if None in (cells[a][m], cells[b][m]) else cells[a][m] - cells[b][m]
                                for m in METRICS}
         for i, cells in per_prompt.items():
             for row, cell in cells.items():
@@ -378,6 +380,7 @@ def write(document: dict, out: Path) -> None:
     plot(document["results"]["by_sentence"], out / "coverage_by_sentence.png")
     (out / "report.md").write_text(markdown(document, document["command"]))
     print(f"report: {out / 'report.md'}")
+
 
 if __name__ == "__main__":
     main()
