@@ -31,7 +31,8 @@
 #   ruler-retention-16k  the same at 16K, every method at retention 0.15 and 0.5 (@TASKS as above)
 #   longfid-16k  niah_list_64 (answers of >= 1,024 tokens) at 16K, every method at paper-2k, batch 8
 #   agree-8k     niah_single at 8K, 20 prompts: optimized bfloat16, reference bfloat16, reference float32
-# Environment: TASKS (the task list of every part without @TASKS), SAMPLES (default 100), LIST_SAMPLES (64), RULER_SAMPLES (20), BATCH (default 16), WHEELS (the wheels).
+# Environment: TASKS (the task list of every part without @TASKS), SAMPLES (default 100), LIST_SAMPLES (64), RULER_SAMPLES (20), BATCH (default 16), WHEELS (the wheels),
+# VARIANTS (the variants-* parts' runs, in order: default "no-nms no-nms-keep7"; one of them where time is short).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 budget=${1:?usage: gpu_quality_real.sh SECONDS PART...}
@@ -120,10 +121,15 @@ for spec in "$@"; do
         ctx=${part##*-}; [ "$ctx" = 32k ] && ctx=32000
         task=${TASKS:-niah_single}; n=$SAMPLES; budget_points "$part" paper-2k,paper-4k
         [[ $part == variants-list-* ]] && { task=niah_list; points=(--sfi-preset paper-2k); n=$LIST_SAMPLES; }
-        quality "$part-no-nms" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" "${points[@]}" \
-            --methods sfi --no-nms --samples "$n"
-        quality "$part-no-nms-keep7" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" "${points[@]}" \
-            --methods sfi --no-nms --keep-neighbours 7 --samples "$n"
+        for variant in ${VARIANTS:-no-nms no-nms-keep7}; do
+            case $variant in
+            no-nms) flags=(--no-nms) ;;
+            no-nms-keep7) flags=(--no-nms --keep-neighbours 7) ;;
+            *) echo "unknown variant $variant (VARIANTS takes no-nms, no-nms-keep7)"; continue ;;
+            esac
+            quality "$part-$variant" 90 "${OPT[@]}" --tasks "$task" --ctx "$ctx" "${points[@]}" \
+                --methods sfi "${flags[@]}" --samples "$n"
+        done
         pack "$part" "$part-no-nms" "$part-no-nms-keep7" ;;
     refresh-8k | refresh-16k | refresh-32k | refresh-retention-16k)
         ctx=${part##*-}; [ "$ctx" = 32k ] && ctx=32000
