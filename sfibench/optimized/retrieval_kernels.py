@@ -79,15 +79,15 @@ def _page_scores_kernel(q_ptr, high_ptr, low_ptr, k_ptr, length_ptr, out_ptr,
     offs_g = tl.arange(0, BLOCK_G)
     q = tl.load(q_ptr + seq * stride_qb + (kv_head * GROUP + offs_g)[:, None] * stride_qh + offs_d[None, :],
                 mask=(offs_g < GROUP)[:, None], other=0.0).to(tl.float32)  # [G, D]
+    # the group's bound as two products (page_scores_reference's form): sum_g q_g+ with M, sum_g q_g- with m
+    positive = tl.sum(tl.maximum(q, 0.0), 0)  # [D]
+    negative = tl.sum(tl.minimum(q, 0.0), 0)
     pages = block * BLOCK_P + tl.arange(0, BLOCK_P)
     scored = pages < current
     bounds = pages[:, None] * stride_mp + offs_d[None, :]
     high = tl.load(high_head + bounds, mask=scored[:, None], other=0.0).to(tl.float32)  # [P, D]
     low = tl.load(low_head + bounds, mask=scored[:, None], other=0.0).to(tl.float32)
-    total = tl.zeros([BLOCK_P], tl.float32)
-    for g in tl.static_range(GROUP):
-        q_g = tl.sum(tl.where((offs_g == g)[:, None], q, 0.0), 0)  # [D]
-        total += tl.sum(tl.maximum(q_g[None, :] * high, q_g[None, :] * low), 1)
+    total = tl.sum(positive[None, :] * high + negative[None, :] * low, 1)
     tl.store(out_ptr + seq * stride_ob + kv_head * stride_oh + pages, tl.where(scored, total, float("-inf")),
              mask=pages < n_pages)
 
