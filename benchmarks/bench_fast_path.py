@@ -21,10 +21,15 @@
    replayed (a step's launches as a step makes them); then top_k alone the same way. To compare two
    versions of the kernels, run the same script against the other checkout's package:
    `PYTHONPATH=OTHER_CHECKOUT python benchmarks/bench_fast_path.py ...` (the rows record which one ran).
+5. Quest's page scoring alone (`--page-tiles CONTEXTS`, at `--ranking-batch`): retrieval_kernels.page_scores
+   over its 34 selecting layers in one graph under other pages per program and warp counts, with the bounds'
+   read bandwidth (two bf16 bounds per page and channel, 1/16 of the K+V bytes), against the copy bandwidth
+   that bounds it.
 
     python benchmarks/bench_fast_path.py --out fast_path.json
     python benchmarks/bench_fast_path.py --batch "" --contexts "" --selector-tiles 130944
     python benchmarks/bench_fast_path.py --batch "" --contexts "" --ranking 8192,32768,131072 --out r.json
+    python benchmarks/bench_fast_path.py --batch "" --contexts "" --page-tiles 32768,131072 --out p.json
 """
 
 from __future__ import annotations
@@ -299,6 +304,45 @@ def retrieval_ranking(context: int, batch: int, layers: int = 36, kv_heads: int 
     return rows
 
 
+def page_tiles(context: int, batch: int, layers: int = 34, kv_heads: int = 8, group: int = 4,
+               head_dim: int = 128, page: int = 16) -> list[dict]:
+    """ms per step of Quest's page scoring alone (its 34 selecting layers, one graph) under other pages per
+    program and warp counts, with the bounds' read bandwidth and each shape's largest score difference from
+    the default's (float32 sums in another order)."""
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    lengths = torch.full((batch,), context, device=device)
+    q = torch.randn(batch, kv_heads * group, head_dim, device=device, dtype=dtype)
+    keys = torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=dtype)
+    pages = -(-context // page)
+    bounds = [(torch.randn(batch, kv_heads, pages, head_dim, device=device, dtype=dtype).abs(),
+               -torch.randn(batch, kv_heads, pages, head_dim, device=device, dtype=dtype).abs())
+              for _ in range(layers)]
+    scores = [torch.empty(batch, kv_heads, pages, device=device) for _ in range(layers)]
+    bound_bytes = 2 * layers * batch * kv_heads * pages * head_dim * bounds[0][0].element_size()
+    expected = page_scores(q, *bounds[0], keys, lengths, page).clone()
+    rows = []
+    for block_pages, warps in itertools.product((32, 64, 128, 256), (2, 4, 8)):
+        diff = (page_scores(q, *bounds[0], keys, lengths, page, block_pages=block_pages, num_warps=warps)
+                - expected).abs().nan_to_num(0.0).max().item()
+
+        def step(block_pages=block_pages, warps=warps, bounds=bounds, keys=keys, scores=scores):
+            for layer in range(layers):
+                page_scores(q, *bounds[layer], keys, lengths, page, out=scores[layer],
+                            block_pages=block_pages, num_warps=warps)
+
+        ms = _graphed_ms(step)
+        median = statistics.median(ms)
+        row = {"context": context, "batch": batch, "layers": layers, "block_pages": block_pages,
+               "num_warps": warps, "ms": median, "ms_rounds": ms,
+               "bounds_gb_per_s": bound_bytes / median / 1e6, "max_abs_diff_vs_default": diff}
+        print(f"page tiles {context} B={batch} block_pages={block_pages} warps={warps}: {row['ms']:.3f} ms, "
+              f"bounds at {row['bounds_gb_per_s']:.0f} GB/s", flush=True)
+        rows.append(row)
+    del bounds, keys, scores
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/bench_fast_path.py",
                                      description="Optimized SFI: fast-step attention by split count, and the "
@@ -320,7 +364,10 @@ def main(argv: list[str] | None = None) -> int:
                         "under other launch shapes (optimized/selector_kernels.SelectorTiles), e.g. 130944")
     parser.add_argument("--ranking", default="", help="contexts at which to time Quest's and TidalDecode's "
                         "scoring and top_k, e.g. 8192,32768,131072")
-    parser.add_argument("--ranking-batch", default="1,6", help="batch sizes of the --ranking timing")
+    parser.add_argument("--ranking-batch", default="1,6",
+                        help="batch sizes of the --ranking and --page-tiles timings")
+    parser.add_argument("--page-tiles", default="", help="contexts at which to time Quest's page scoring "
+                        "alone under other pages per program and warp counts, e.g. 131072")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_fast_path times CUDA kernels and no CUDA device is visible here; nothing measured.",
@@ -349,12 +396,14 @@ def main(argv: list[str] | None = None) -> int:
     tiles = [row for c in args.selector_tiles.split(",") if c for row in selector_tiles(int(c), 36, 8, 4)]
     ranking = [row for c in args.ranking.split(",") if c for b in args.ranking_batch.split(",") if b
                for row in retrieval_ranking(int(c), int(b))]
+    scoring = [row for c in args.page_tiles.split(",") if c for b in args.ranking_batch.split(",") if b
+               for row in page_tiles(int(c), int(b))]
     payload = {"provenance": provenance(), "sm_count": sms,
                "rule": {"dense read (B=1, 128K)": default_num_splits(1, 8, 130944, sms),
                         **{f"fast step (B={b}, 2,308 rows)": default_num_splits(int(b), 8, 2308, sms)
                            for b in args.batch.split(",") if b}},
                "fast_step_attention": attention, "selector": selector, "compact_rebuild": rebuild,
-               "selector_tiles": tiles, "retrieval_ranking": ranking}
+               "selector_tiles": tiles, "retrieval_ranking": ranking, "page_tiles": scoring}
     if args.out:
         args.out.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.out}")

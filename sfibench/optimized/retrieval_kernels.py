@@ -93,19 +93,24 @@ def _page_scores_kernel(q_ptr, high_ptr, low_ptr, k_ptr, length_ptr, out_ptr,
 
 
 def page_scores(q: torch.Tensor, highest: torch.Tensor, lowest: torch.Tensor, keys: torch.Tensor,
-                lengths: torch.Tensor, page: int, out: torch.Tensor | None = None) -> torch.Tensor:
+                lengths: torch.Tensor, page: int, out: torch.Tensor | None = None,
+                block_pages: int = BLOCK_PAGES, num_warps: int = 4) -> torch.Tensor:
     """page_scores_reference in one launch: scores `[B, H_kv, P]` float32; highest/lowest `[B, H_kv, P, D]`
-    updated in place."""
+    updated in place. `block_pages` (pages per program, a power of two) and `num_warps` shape the launch only
+    (benchmarks/bench_fast_path.py --page-tiles times other shapes)."""
     batch, q_heads, dim = q.shape
     kv_heads, pages = highest.shape[1], highest.shape[2]
     if highest.stride(-1) != 1 or keys.stride(-1) != 1 or q.stride(-1) != 1 or highest.stride() != lowest.stride():
         raise ValueError("page_scores needs unit-stride head dimensions and bounds of one layout")
     out = torch.empty(batch, kv_heads, pages, dtype=torch.float32, device=q.device) if out is None else out
     group = q_heads // kv_heads
-    _page_scores_kernel[(triton.cdiv(pages, BLOCK_PAGES), kv_heads, batch)](
+    if block_pages < 1 or block_pages & (block_pages - 1):
+        raise ValueError(f"page_scores' block_pages must be a power of two, got {block_pages}")
+    _page_scores_kernel[(triton.cdiv(pages, block_pages), kv_heads, batch)](
         q, highest, lowest, keys, lengths, out, q.stride(0), q.stride(1), highest.stride(0), highest.stride(1),
         highest.stride(2), keys.stride(0), keys.stride(1), keys.stride(2), out.stride(0), out.stride(1), pages,
-        page, GROUP=group, BLOCK_G=triton.next_power_of_2(group), HEAD_DIM=dim, BLOCK_P=BLOCK_PAGES, num_warps=4)
+        page, GROUP=group, BLOCK_G=triton.next_power_of_2(group), HEAD_DIM=dim, BLOCK_P=block_pages,
+        num_warps=num_warps)
     return out
 
 

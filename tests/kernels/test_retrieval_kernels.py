@@ -47,6 +47,25 @@ def test_page_scores_match_the_reference_and_fold_the_new_key(dtype, lengths):
     torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("block_pages", [4, 128])
+def test_page_scores_under_other_launch_shapes_match_the_reference(block_pages):
+    """bench_fast_path --page-tiles times other pages-per-program: the current page's fold must land in
+    whichever program holds it (4 pages a program: the newest keys, at slots 36 and 64, are in pages 2 and 4,
+    so in the first and the second program)."""
+    batch, kv_heads, group, dim, page, slots = 2, 2, 4, 16, 16, 130
+    lengths = torch.tensor([37, 65], device=DEVICE)
+    keys, highest, lowest = keys_and_bounds(batch, kv_heads, slots, dim, page, lengths, torch.float32, seed=7)
+    q = torch.randn(batch, kv_heads * group, dim, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    want_high, want_low = highest.clone(), lowest.clone()
+    want = page_scores_reference(q, want_high, want_low, keys, lengths, page)
+    got = page_scores(q, highest, lowest, keys, lengths, page, block_pages=block_pages, num_warps=8)
+    assert torch.equal(highest, want_high) and torch.equal(lowest, want_low)
+    assert torch.equal(torch.isfinite(want), torch.isfinite(got))
+    torch.testing.assert_close(got[torch.isfinite(want)], want[torch.isfinite(want)], rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="power of two"):
+        page_scores(q, highest, lowest, keys, lengths, page, block_pages=48)
+
+
 def test_page_scores_reference_is_the_per_head_maximum_of_the_bound_products():
     """The reference scores with two products per KV head (sum_g q_g+ . M, sum_g q_g- . m); that is Quest's
     bound as written, sum_g sum_i max(q_gi M_i, q_gi m_i), for every page before the current one."""
