@@ -13,23 +13,11 @@
    reference (sfi/state.gather_compact) against the Triton kernel (optimized/compact_kernels).
 3. The Selector's launch shapes (`--selector-tiles CONTEXTS`): each Triton Selector kernel's time under
    other tiles, chunks and warp counts (selector_kernels.SelectorTiles), one group varied at a time.
-4. The retrieval methods' ranking (`--ranking CONTEXTS`, at `--ranking-batch`): what the optimized Quest
-   and TidalDecode spend choosing what to read, at the qwen3-4b shape (36 layers, 8 KV heads of 4 query
-   heads, D = 128, bf16) and the default budget. Quest: page_scores then top_k over the pages in each of
-   its 34 sparse layers (K = 143 pages); TidalDecode: token_scores then top_k over the slots in its 2
-   selection layers (K = 2,307). Each layer has its own bounds or keys, all captured in one CUDA graph and
-   replayed (a step's launches as a step makes them); then top_k alone the same way. To compare two
-   versions of the kernels, run the same script against the other checkout's package:
-   `PYTHONPATH=OTHER_CHECKOUT python benchmarks/bench_fast_path.py ...` (the rows record which one ran).
-5. Quest's page scoring alone (`--page-tiles CONTEXTS`, at `--ranking-batch`): retrieval_kernels.page_scores
-   over its 34 selecting layers in one graph under other pages per program and warp counts, with the bounds'
-   read bandwidth (two bf16 bounds per page and channel, 1/16 of the K+V bytes), against the copy bandwidth
-   that bounds it.
+
+Quest's and TidalDecode's choice of what to read is timed by benchmarks/bench_retrieval.py.
 
     python benchmarks/bench_fast_path.py --out fast_path.json
     python benchmarks/bench_fast_path.py --batch "" --contexts "" --selector-tiles 130944
-    python benchmarks/bench_fast_path.py --batch "" --contexts "" --ranking 8192,32768,131072 --out r.json
-    python benchmarks/bench_fast_path.py --batch "" --contexts "" --page-tiles 32768,131072 --out p.json
 """
 
 from __future__ import annotations
@@ -44,11 +32,8 @@ from pathlib import Path
 
 import torch
 
-import sfibench
-from sfibench.metrics.floor import graph_replay
-from sfibench.optimized import compact_kernels, top_k_kernels
+from sfibench.optimized import compact_kernels
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
-from sfibench.optimized.retrieval_kernels import page_scores, token_scores
 from sfibench.optimized.selector_kernels import SelectorTiles, fused_scores
 from sfibench.optimized.sfi import fused_select, score_params
 from sfibench.optimized.top_k_kernels import radix_top_k
@@ -239,110 +224,6 @@ def compact_rebuild(context: int, batch: int, layers: int, kv_heads: int, k_head
     return result
 
 
-def _graphed_ms(step) -> list[float]:
-    """Per-replay ms of `step` captured in one CUDA graph (metrics/floor.graph_replay warms it up first)."""
-    return _time_ms(graph_replay(step), repeats=3, calls=20)
-
-
-def retrieval_ranking(context: int, batch: int, layers: int = 36, kv_heads: int = 8, group: int = 4,
-                      head_dim: int = 128, budget: int = 2308, page: int = 16) -> list[dict]:
-    """ms per step of Quest's and TidalDecode's choice of what to read (scoring + top_k over all their
-    selecting layers, one graph), and of top_k alone, at one context and batch; every row at full length."""
-    device, dtype = torch.device("cuda"), torch.bfloat16
-    lengths = torch.full((batch,), context, device=device)
-    q = torch.randn(batch, kv_heads * group, head_dim, device=device, dtype=dtype)
-    rows = []
-    for method, selecting, n, k in (("quest", layers - 2, -(-context // page), budget // page - 1),
-                                    ("tidaldecode", 2, context, budget - 1)):
-        if method == "quest":
-            keys = torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=dtype)  # one layer's is enough
-            bounds = [(torch.randn(batch, kv_heads, n, head_dim, device=device, dtype=dtype).abs(),
-                       -torch.randn(batch, kv_heads, n, head_dim, device=device, dtype=dtype).abs())
-                      for _ in range(selecting)]
-
-            def score(layer, out, keys=keys, bounds=bounds):
-                page_scores(q, *bounds[layer], keys, lengths, page, out=out)
-        else:
-            keys = [torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=dtype)
-                    for _ in range(selecting)]
-
-            def score(layer, out, keys=keys):
-                token_scores(q, keys[layer], lengths, out=out)
-
-        def score_and_rank(layer, out, k, score=score):  # both methods score, then rank
-            score(layer, out)
-            return top_k_kernels.top_k(out, k, 0)
-
-        scores = [torch.empty(batch, kv_heads, n, device=device) for _ in range(selecting)]
-        for layer in range(selecting):
-            score(layer, scores[layer])
-        expected = scores[0].clone()  # each way of choosing gives the scores and the oracle's choice of them
-        assert torch.equal(top_k_kernels.top_k(scores[0], k, 0), top_k_positions(expected, k, 0))
-        assert torch.equal(score_and_rank(0, scores[0], k), top_k_positions(expected, k, 0))
-        assert torch.equal(scores[0], expected)
-
-        def choose(score_and_rank=score_and_rank, scores=scores, k=k):
-            for layer, out in enumerate(scores):
-                score_and_rank(layer, out, k)
-
-        def rank(scores=scores, k=k):
-            for out in scores:
-                top_k_kernels.top_k(out, k, 0)
-
-        chosen, ranked = _graphed_ms(choose), _graphed_ms(rank)
-        row = {"method": method, "context": context, "batch": batch, "selecting_layers": selecting,
-               "candidates": n, "k": k, "score_and_rank_ms": statistics.median(chosen),
-               "rank_ms": statistics.median(ranked), "score_and_rank_ms_rounds": chosen, "rank_ms_rounds": ranked,
-               "sfibench": str(Path(sfibench.__file__).parent)}
-        print(f"ranking {method} {context} B={batch} ({selecting} layers, K={k} of {n}): scoring + top_k "
-              f"{row['score_and_rank_ms']:.3f} ms, top_k {row['rank_ms']:.3f} ms", flush=True)
-        rows.append(row)
-        del keys, scores
-        if method == "quest":
-            del bounds
-        torch.cuda.empty_cache()
-    return rows
-
-
-def page_tiles(context: int, batch: int, layers: int = 34, kv_heads: int = 8, group: int = 4,
-               head_dim: int = 128, page: int = 16) -> list[dict]:
-    """ms per step of Quest's page scoring alone (its 34 selecting layers, one graph) under other pages per
-    program and warp counts, with the bounds' read bandwidth and each shape's largest score difference from
-    the default's (float32 sums in another order)."""
-    device, dtype = torch.device("cuda"), torch.bfloat16
-    lengths = torch.full((batch,), context, device=device)
-    q = torch.randn(batch, kv_heads * group, head_dim, device=device, dtype=dtype)
-    keys = torch.randn(batch, kv_heads, context, head_dim, device=device, dtype=dtype)
-    pages = -(-context // page)
-    bounds = [(torch.randn(batch, kv_heads, pages, head_dim, device=device, dtype=dtype).abs(),
-               -torch.randn(batch, kv_heads, pages, head_dim, device=device, dtype=dtype).abs())
-              for _ in range(layers)]
-    scores = [torch.empty(batch, kv_heads, pages, device=device) for _ in range(layers)]
-    bound_bytes = 2 * layers * batch * kv_heads * pages * head_dim * bounds[0][0].element_size()
-    expected = page_scores(q, *bounds[0], keys, lengths, page).clone()
-    rows = []
-    for block_pages, warps in itertools.product((32, 64, 128, 256), (2, 4, 8)):
-        diff = (page_scores(q, *bounds[0], keys, lengths, page, block_pages=block_pages, num_warps=warps)
-                - expected).abs().nan_to_num(0.0).max().item()
-
-        def step(block_pages=block_pages, warps=warps, bounds=bounds, keys=keys, scores=scores):
-            for layer in range(layers):
-                page_scores(q, *bounds[layer], keys, lengths, page, out=scores[layer],
-                            block_pages=block_pages, num_warps=warps)
-
-        ms = _graphed_ms(step)
-        median = statistics.median(ms)
-        row = {"context": context, "batch": batch, "layers": layers, "block_pages": block_pages,
-               "num_warps": warps, "ms": median, "ms_rounds": ms,
-               "bounds_gb_per_s": bound_bytes / median / 1e6, "max_abs_diff_vs_default": diff}
-        print(f"page tiles {context} B={batch} block_pages={block_pages} warps={warps}: {row['ms']:.3f} ms, "
-              f"bounds at {row['bounds_gb_per_s']:.0f} GB/s", flush=True)
-        rows.append(row)
-    del bounds, keys, scores
-    torch.cuda.empty_cache()
-    return rows
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/bench_fast_path.py",
                                      description="Optimized SFI: fast-step attention by split count, and the "
@@ -362,12 +243,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contexts", default="32768,130944", help="contexts of the Selector timing")
     parser.add_argument("--selector-tiles", default="", help="contexts at which to time the Selector kernels "
                         "under other launch shapes (optimized/selector_kernels.SelectorTiles), e.g. 130944")
-    parser.add_argument("--ranking", default="", help="contexts at which to time Quest's and TidalDecode's "
-                        "scoring and top_k, e.g. 8192,32768,131072")
-    parser.add_argument("--ranking-batch", default="1,6",
-                        help="batch sizes of the --ranking and --page-tiles timings")
-    parser.add_argument("--page-tiles", default="", help="contexts at which to time Quest's page scoring "
-                        "alone under other pages per program and warp counts, e.g. 131072")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_fast_path times CUDA kernels and no CUDA device is visible here; nothing measured.",
@@ -394,16 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     selector = [selector_refresh(int(c), 36, 8, 4, 2048) for c in args.contexts.split(",") if c]
     rebuild = [compact_rebuild(int(c), 5, 36, 8, 2048) for c in args.contexts.split(",") if c]
     tiles = [row for c in args.selector_tiles.split(",") if c for row in selector_tiles(int(c), 36, 8, 4)]
-    ranking = [row for c in args.ranking.split(",") if c for b in args.ranking_batch.split(",") if b
-               for row in retrieval_ranking(int(c), int(b))]
-    scoring = [row for c in args.page_tiles.split(",") if c for b in args.ranking_batch.split(",") if b
-               for row in page_tiles(int(c), int(b))]
     payload = {"provenance": provenance(), "sm_count": sms,
                "rule": {"dense read (B=1, 128K)": default_num_splits(1, 8, 130944, sms),
                         **{f"fast step (B={b}, 2,308 rows)": default_num_splits(int(b), 8, 2308, sms)
                            for b in args.batch.split(",") if b}},
                "fast_step_attention": attention, "selector": selector, "compact_rebuild": rebuild,
-               "selector_tiles": tiles, "retrieval_ranking": ranking, "page_tiles": scoring}
+               "selector_tiles": tiles}
     if args.out:
         args.out.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.out}")

@@ -97,7 +97,7 @@ def page_scores(q: torch.Tensor, highest: torch.Tensor, lowest: torch.Tensor, ke
                 block_pages: int = BLOCK_PAGES, num_warps: int = 4) -> torch.Tensor:
     """page_scores_reference in one launch: scores `[B, H_kv, P]` float32; highest/lowest `[B, H_kv, P, D]`
     updated in place. `block_pages` (pages per program, a power of two) and `num_warps` shape the launch only
-    (benchmarks/bench_fast_path.py --page-tiles times other shapes)."""
+    (benchmarks/bench_retrieval.py --page-tiles times other shapes)."""
     batch, q_heads, dim = q.shape
     kv_heads, pages = highest.shape[1], highest.shape[2]
     if highest.stride(-1) != 1 or keys.stride(-1) != 1 or q.stride(-1) != 1 or highest.stride() != lowest.stride():

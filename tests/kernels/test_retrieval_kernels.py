@@ -49,7 +49,7 @@ def test_page_scores_match_the_reference_and_fold_the_new_key(dtype, lengths):
 
 @pytest.mark.parametrize("block_pages", [4, 128])
 def test_page_scores_under_other_launch_shapes_match_the_reference(block_pages):
-    """bench_fast_path --page-tiles times other pages-per-program: the current page's fold must land in
+    """bench_retrieval --page-tiles times other pages-per-program: the current page's fold must land in
     whichever program holds it (4 pages a program: the newest keys, at slots 36 and 64, are in pages 2 and 4,
     so in the first and the second program)."""
     batch, kv_heads, group, dim, page, slots = 2, 2, 4, 16, 16, 130
