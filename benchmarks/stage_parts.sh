@@ -32,7 +32,7 @@ split)
     name=${3:-$(basename "$file")}
     chunk=$(( 64 * 1048576 - $(tree_bytes) - 3 * 1048576 ))
     if (( chunk < 8 * 1048576 )); then
-        # the committed reports alone are near a call's limit, so every device call needs them moved out
+        # the committed reports alone are over what one call carries, so every device call needs them moved out
         echo "error: the working tree ($(( $(tree_bytes) / 1048576 )) MiB) leaves $((chunk / 1048576)) MiB per call;" \
             "move reports/ ($(du -sm --apparent-size reports 2>/dev/null | cut -f1) MiB) and large untracked files out of the checkout" >&2
         exit 1
