@@ -12,17 +12,22 @@ two-segment kernel (--two-segment). CUDA only.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from bench_common import cuda_visible, write_rows  # benchmarks/ is on sys.path
 from torch.nn.attention import sdpa_kernel
 
-from sfibench.metrics.dense_kernels import SDPA_BACKENDS, benchmark_dense, measure, prepare, random_decode_inputs
+from sfibench.metrics.dense_kernels import (
+    SDPA_BACKENDS,
+    benchmark_dense,
+    measure,
+    prepare,
+    random_decode_inputs,
+)
 from sfibench.metrics.timing import measure_copy_bandwidth
 from sfibench.optimized.decode_attention import default_config, default_num_splits, dense_decode
 from sfibench.optimized.two_segment import two_segment_decode
@@ -121,14 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the SFI fast-step kernel (4 + 2048 compact rows + a 256-slot tail)")
     parser.add_argument("--groups", default="4", help="comma-separated GQA group sizes (4: Qwen3-4B, 2: 0.6B)")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_attention times CUDA kernels and no CUDA device is visible here; nothing measured. "
-              "Run it on a GPU machine (the kernels' CPU check is tests/kernels/test_kernels.py).",
-              file=sys.stderr)
+    if not cuda_visible("bench_attention", " Run it on a GPU machine (the kernels' CPU check is "
+                        "tests/kernels/test_kernels.py)."):
         return 2
-
-    from sfibench.core.provenance import provenance
-
     copy_gb_s = measure_copy_bandwidth("cuda") / 1e9
     rows = []
     for group in (int(g) for g in args.groups.split(",")):
@@ -147,10 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             row["fraction_of_copy_bandwidth"] = row["gb_s"] / copy_gb_s
     if not args.tune:
         _print_table(rows, copy_gb_s)
-    if args.out:
-        payload = {"provenance": provenance(), "copy_bandwidth_gb_s": copy_gb_s, "rows": rows}
-        args.out.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    write_rows(args.out, {"copy_bandwidth_gb_s": copy_gb_s, "rows": rows})
     return 0
 
 

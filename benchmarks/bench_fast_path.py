@@ -25,12 +25,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
+from bench_common import cuda_visible, time_ms, write_rows  # benchmarks/ is on sys.path
 
 from sfibench.optimized import compact_kernels
 from sfibench.optimized.decode_attention import KernelConfig, default_num_splits, sm_count
@@ -41,24 +40,6 @@ from sfibench.optimized.two_segment import two_segment_decode
 from sfibench.sfi import state
 from sfibench.sfi.selector import select, top_k_positions
 from sfibench.sfi.selector_config import SelectorConfig
-
-
-def _time_ms(fn, repeats: int = 5, calls: int = 20) -> list[float]:
-    """Per-call milliseconds of `fn`, median of `calls` calls per repeat, for each repeat."""
-    fn()
-    torch.cuda.synchronize()
-    medians = []
-    for _ in range(repeats):
-        times = []
-        for _ in range(calls):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        medians.append(statistics.median(times))
-    return medians
 
 
 def fast_step_attention(batch: int, kv_heads: int, group: int, head_dim: int, layers: int, compact_rows: int,
@@ -95,7 +76,7 @@ def fast_step_attention(batch: int, kv_heads: int, group: int, head_dim: int, la
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
-        medians = _time_ms(graph.replay)
+        medians = time_ms(graph.replay)
         rows.append({"batch": batch, "group": group, "layers": layers, "rows_read": compact_rows + tail,
                      "compact_rows": compact_rows, "tail_rows": tail, "cache_slots": context,
                      "num_splits": num_splits, "block_n": config.block_n, "num_stages": config.num_stages,
@@ -124,8 +105,8 @@ def selector_refresh(context: int, layers: int, kv_heads: int, group: int, k_hea
     logits, norms = random_evidence(context, layers, kv_heads, group)
     n = logits.shape[-1]
     cfg = SelectorConfig()
-    torch_ms = _time_ms(lambda: select(logits, norms, 4, k_head, cfg), repeats=3, calls=5)
-    triton_ms = _time_ms(lambda: fused_select(logits, norms, 4, k_head, cfg), repeats=3, calls=5)
+    torch_ms = time_ms(lambda: select(logits, norms, 4, k_head, cfg), repeats=3, calls=5)
+    triton_ms = time_ms(lambda: fused_select(logits, norms, 4, k_head, cfg), repeats=3, calls=5)
     a, b = select(logits, norms, 4, k_head, cfg), fused_select(logits, norms, 4, k_head, cfg)
     same = (a[..., :, None] == b[..., None, :]).any(-1).float().mean().item() if a.numel() < 2e8 else None
     row = {"context": context, "candidates": n, "layers": layers, "kv_heads": kv_heads, "group": group,
@@ -140,7 +121,7 @@ def selector_refresh(context: int, layers: int, kv_heads: int, group: int, k_hea
     scores = fused_scores(logits, norms, score_params(cfg))
     assert torch.equal(radix_top_k(scores, k_head, 4), top_k_positions(scores, k_head, 4))
     for name, top_k in (("radix", radix_top_k), ("torch", top_k_positions)):
-        rounds = _time_ms(lambda top_k=top_k: top_k(scores, k_head, 4), repeats=3, calls=10)
+        rounds = time_ms(lambda top_k=top_k: top_k(scores, k_head, 4), repeats=3, calls=10)
         row[f"top_k_{name}_ms"], row[f"top_k_{name}_ms_rounds"] = statistics.median(rounds), rounds
         print(f"  top-K {name}: {row[f'top_k_{name}_ms']:.3f} ms", flush=True)
     return row
@@ -211,8 +192,8 @@ def compact_rebuild(context: int, batch: int, layers: int, kv_heads: int, k_head
     target = torch.arange(layers, device=device)
     row = batch - 1
     args = (k_cache, v_cache, *compact, 1, target, row, sinks, picks)
-    torch_ms = _time_ms(lambda: state.gather_compact(*args), repeats=3, calls=10)
-    triton_ms = _time_ms(lambda: compact_kernels.gather_compact(*args), repeats=3, calls=10)
+    torch_ms = time_ms(lambda: state.gather_compact(*args), repeats=3, calls=10)
+    triton_ms = time_ms(lambda: compact_kernels.gather_compact(*args), repeats=3, calls=10)
     # K and V, each row read once and written once
     bytes_moved = 2 * 2 * layers * kv_heads * (sinks + k_head) * 128 * 2
     result = {"context": context, "batch": batch, "layers": layers, "kv_heads": kv_heads, "k_head": k_head,
@@ -244,12 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--selector-tiles", default="", help="contexts at which to time the Selector kernels "
                         "under other launch shapes (optimized/selector_kernels.SelectorTiles), e.g. 130944")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_fast_path times CUDA kernels and no CUDA device is visible here; nothing measured.",
-              file=sys.stderr)
+    if not cuda_visible("bench_fast_path"):
         return 2
-    from sfibench.core.provenance import provenance
-
     sms = sm_count(torch.device("cuda"))
     merges = {"kernel": True, "separate": False}
     variants = [(KernelConfig(block_n=int(n), num_warps=4, num_stages=int(st), merge_in_kernel=merges[m]), o)
@@ -269,15 +246,13 @@ def main(argv: list[str] | None = None) -> int:
     selector = [selector_refresh(int(c), 36, 8, 4, 2048) for c in args.contexts.split(",") if c]
     rebuild = [compact_rebuild(int(c), 5, 36, 8, 2048) for c in args.contexts.split(",") if c]
     tiles = [row for c in args.selector_tiles.split(",") if c for row in selector_tiles(int(c), 36, 8, 4)]
-    payload = {"provenance": provenance(), "sm_count": sms,
+    payload = {"sm_count": sms,
                "rule": {"dense read (B=1, 128K)": default_num_splits(1, 8, 130944, sms),
                         **{f"fast step (B={b}, 2,308 rows)": default_num_splits(int(b), 8, 2308, sms)
                            for b in args.batch.split(",") if b}},
                "fast_step_attention": attention, "selector": selector, "compact_rebuild": rebuild,
                "selector_tiles": tiles}
-    if args.out:
-        args.out.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    write_rows(args.out, payload)
     return 0
 
 

@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
-import sys
 from pathlib import Path
 
 import torch
-from bench_fast_path import _time_ms  # benchmarks/ is on sys.path when a script here runs
+from bench_common import cuda_visible, time_ms, write_rows  # benchmarks/ is on sys.path
 
 import sfibench
 from sfibench.metrics.floor import graph_replay
@@ -40,7 +38,7 @@ QUEST_LAYERS = LAYERS - 2  # Quest reads its first two layers densely
 
 def _graphed_ms(step) -> list[float]:
     """Per-replay ms of `step` captured in one CUDA graph (metrics/floor.graph_replay warms it up first)."""
-    return _time_ms(graph_replay(step), repeats=3, calls=20)
+    return time_ms(graph_replay(step), repeats=3, calls=20)
 
 
 def quest_inputs(context: int, batch: int) -> tuple:
@@ -147,20 +145,13 @@ def main(argv: list[str] | None = None) -> int:
                         "alone under other pages per program and warp counts, e.g. 131072")
     parser.add_argument("--batch", default="1,6", help="batch sizes of both timings")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_retrieval times CUDA kernels and no CUDA device is visible here; nothing measured.",
-              file=sys.stderr)
+    if not cuda_visible("bench_retrieval"):
         return 2
-    from sfibench.core.provenance import provenance
-
     shapes = [(int(c), int(b)) for c in args.ranking.split(",") if c for b in args.batch.split(",") if b]
     tiles = [(int(c), int(b)) for c in args.page_tiles.split(",") if c for b in args.batch.split(",") if b]
-    payload = {"provenance": provenance(),
-               "retrieval_ranking": [row for c, b in shapes for row in retrieval_ranking(c, b)],
+    payload = {"retrieval_ranking": [row for c, b in shapes for row in retrieval_ranking(c, b)],
                "page_tiles": [row for c, b in tiles for row in page_tiles(c, b)]}
-    if args.out:
-        args.out.write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    write_rows(args.out, payload)
     return 0
 
 
