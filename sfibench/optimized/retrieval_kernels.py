@@ -24,7 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
+# Page scoring's launch: 64 pages a program with 8 warps was the fastest of 32-256 pages x 2-8 warps on an H100
+# at 32K and 128K, B=1 and B=6 (reports/quest-page-scores-h100).
 BLOCK_PAGES = 64  # pages scored by one program
+PAGE_WARPS = 8
 BLOCK_SLOTS = 128  # slots scored by one program
 
 
@@ -94,7 +97,7 @@ def _page_scores_kernel(q_ptr, high_ptr, low_ptr, k_ptr, length_ptr, out_ptr,
 
 def page_scores(q: torch.Tensor, highest: torch.Tensor, lowest: torch.Tensor, keys: torch.Tensor,
                 lengths: torch.Tensor, page: int, out: torch.Tensor | None = None,
-                block_pages: int = BLOCK_PAGES, num_warps: int = 4) -> torch.Tensor:
+                block_pages: int = BLOCK_PAGES, num_warps: int = PAGE_WARPS) -> torch.Tensor:
     """page_scores_reference in one launch: scores `[B, H_kv, P]` float32; highest/lowest `[B, H_kv, P, D]`
     updated in place. `block_pages` (pages per program, a power of two) and `num_warps` shape the launch only
     (benchmarks/bench_retrieval.py --page-tiles times other shapes)."""
