@@ -1,5 +1,5 @@
 """What every CUDA kernel benchmark here does around its measurements: refuse to run where no GPU is visible,
-time a call with CUDA events, and write its rows beside the provenance of the tree that ran."""
+time a call in rounds, and write its rows beside the provenance of the tree that ran."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from sfibench.core.provenance import provenance
+from sfibench.metrics.timing import time_region
 
 
 def cuda_visible(script: str, hint: str = "") -> bool:
@@ -23,21 +24,9 @@ def cuda_visible(script: str, hint: str = "") -> bool:
 
 
 def time_ms(fn, repeats: int = 5, calls: int = 20) -> list[float]:
-    """Per-call milliseconds of `fn`, median of `calls` calls per repeat, for each repeat."""
-    fn()
-    torch.cuda.synchronize()
-    medians = []
-    for _ in range(repeats):
-        times = []
-        for _ in range(calls):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        medians.append(statistics.median(times))
-    return medians
+    """Per-call milliseconds of `fn` on the GPU (metrics/timing.time_region's CUDA events, one untimed call
+    first), the median of `calls` calls per repeat, for each repeat."""
+    return [statistics.median(time_region(fn, "cuda", warmup=1, repeats=calls)) * 1e3 for _ in range(repeats)]
 
 
 def write_rows(out: Path | None, payload: dict) -> None:
