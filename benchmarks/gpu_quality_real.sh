@@ -11,8 +11,8 @@
 # or skipped when less time is left than it needs; each comes back as OUT/NAME.tar, to unpack under reports/.
 #   list-CTX     niah_list (one sentence per value, a slow step per sentence) at CTX (8k, 16k, 32k), every method
 #                at paper-2k
-#   reason-CTX   niah_reason and vt_reason (reasoning before the answer) at CTX (8k, 16k, 32k), every method at
-#                paper-2k (@TASKS overrides)
+#   reason-CTX   niah_reason and vt_reason (reasoning before the answer) at CTX (8k, 16k, 32k = 31,992), every
+#                method at paper-2k (@TASKS overrides)
 #   reason-retention-16k  niah_reason at 16K, every method at retention 0.15 and 0.5 (@TASKS overrides)
 #   grid-CTX     niah_single, niah_multikey, niah_multivalue, niah_multiquery at CTX (8k, 16k, 32k), every method
 #                at paper-2k and paper-4k (@TASKS overrides the task list)
@@ -99,7 +99,8 @@ for spec in "$@"; do
         quality "$part" 120 "${OPT[@]}" --tasks niah_list --ctx "$ctx" --sfi-preset paper-2k --methods "$METHODS" \
             --samples "$SAMPLES"; pack "$part" ;;
     reason-8k | reason-16k | reason-32k)
-        ctx=${part#reason-}; [ "$ctx" = 32k ] && ctx=32000
+        # 31,992: the longest prompt that leaves the reasoning answer's 768-token cap and an 8-token margin
+        ctx=${part#reason-}; [ "$ctx" = 32k ] && ctx=31992
         quality "$part" 120 "${OPT[@]}" --tasks "${TASKS:-niah_reason,vt_reason}" --ctx "$ctx" --sfi-preset paper-2k \
             --methods "$METHODS" --samples "$SAMPLES"; pack "$part" ;;
     reason-retention-16k)
