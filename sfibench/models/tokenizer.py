@@ -6,7 +6,7 @@ then BOS and EOS. Real models use the tokenizer stored with their weights (GGUF 
 
 from __future__ import annotations
 
-from sfibench.core.errors import ModelFileError
+from sfibench.core.errors import ModelFileError, UsageError
 
 
 class ByteTokenizer:
@@ -38,10 +38,21 @@ class Tokenizer:
         self.backend = backend
         self.byte_table = hasattr(backend, "token_bytes")
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether a prompt can be wrapped in the model's chat template: a base model's GGUF may carry none
+        (gemma3-270m's does not); the byte tokenizers have a plain one."""
+        return getattr(self.backend, "chat_template", True) is not None
+
+    def check_chat(self, chat: bool) -> None:
+        """Refuse chat-wrapped prompts where the tokenizer has no template, in one line naming the fix."""
+        if chat and not self.has_chat_template:
+            raise UsageError("this model's tokenizer has no chat template, so its prompts cannot be wrapped "
+                             "in one (--chat, quality's default); rerun with --no-chat")
+
     def encode(self, text: str, chat: bool = False) -> list[int]:
         if chat:
-            if getattr(self.backend, "chat_template", True) is None:
-                raise ValueError("this model's tokenizer has no chat template; drop --chat")
+            self.check_chat(chat)
             text = self.backend.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
             )

@@ -56,6 +56,7 @@ class PromptFormat:
     """
 
     def __init__(self, tokenizer: Tokenizer, chat: bool = True):
+        tokenizer.check_chat(chat)  # before any prompt is built: a run refused here has decoded nothing
         self.tokenizer, self.chat = tokenizer, chat
         self.bos = default_bos(tokenizer)
 

@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 
+from sfibench.core.errors import UsageError
 from sfibench.models.tokenizer import ByteTokenizer, Tokenizer
 from sfibench.workloads.base import (
     LENGTH_TOLERANCE,
@@ -209,6 +210,17 @@ def test_prompts_start_with_the_bos_the_tokenizer_adds_by_default(task):
         assert sample.prompt[0] == BosAddingBackend.bos_token_id
         assert BosAddingBackend.bos_token_id not in sample.prompt[1:] + list(itertools.chain(*sample.follow_ups))
         assert (1 - LENGTH_TOLERANCE) * 1500 <= len(sample.prompt) <= 1500
+
+
+def test_chat_prompts_are_refused_in_one_line_where_the_tokenizer_has_no_template():
+    tokenizer = Tokenizer(BosAddingBackend())  # as gemma3-270m's GGUF: no chat template
+    assert not tokenizer.has_chat_template and Tokenizer(ByteTokenizer()).has_chat_template
+    with pytest.raises(UsageError, match="no chat template.*rerun with --no-chat"):
+        PromptFormat(tokenizer, chat=True)  # refused before any prompt is built
+    with pytest.raises(UsageError, match="--no-chat"):
+        tokenizer.encode("question", chat=True)
+    plain = PromptFormat(tokenizer, chat=False).first_turn("question", "Answer:")
+    assert plain[0] == BosAddingBackend.bos_token_id
 
 
 def test_no_bos_is_added_where_the_tokenizer_adds_none(byte_fmt, smollm2_fmt):
