@@ -96,6 +96,19 @@ def markdown(table: list[dict], groups: int) -> str:
     return "\n".join(lines)
 
 
+def runs_given(specs: list[str]) -> list[tuple[str, dict, str | None]]:
+    """Each RUN[:METHOD] argument as (the run folder's name, its results, the method or None); a bad one is
+    one error line (a folder whose own name holds a colon is taken whole)."""
+    given = []
+    for spec in specs:
+        run, _, method = (spec, "", "") if Path(spec).exists() or ":" not in spec else spec.rpartition(":")
+        try:
+            given.append((Path(run).name, load_run(Path(run), f"run {run}"), method or None))
+        except UsageError as error:  # no such folder, no results.json, a truncated or foreign one
+            raise SystemExit(f"error: {error}") from None
+    return given
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN[:METHOD]",
@@ -109,13 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.groups < 1:
         parser.error(f"--groups must be at least 1, got {args.groups}")
     cells: dict[tuple, dict[int, list[bool]]] = {}
-    for spec in args.runs:
-        run, _, method = (spec, "", "") if Path(spec).exists() or ":" not in spec else spec.rpartition(":")
-        try:
-            data = load_run(Path(run), f"run {run}")
-        except UsageError as error:  # no such folder, no results.json, a truncated or foreign one
-            raise SystemExit(f"error: {error}") from None
-        cells.update(placed_answers(Path(run).name, data, method or None))
+    for name, data, method in runs_given(args.runs):
+        cells.update(placed_answers(name, data, method))
     table = rows(keep_shared(cells) if args.shared else cells, args.groups)
     text = markdown(table, args.groups)
     print(text)

@@ -25,16 +25,17 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from sfibench.core.errors import UsageError  # noqa: E402
+from list_recall_by_position import runs_given  # noqa: E402  (this folder: the same RUN[:METHOD] arguments)
+
 from sfibench.metrics.quality import final_answer_text, string_match_all  # noqa: E402
-from sfibench.reporting.run_files import load_run  # noqa: E402
 
 REPEATS = 3  # a sentence written this often in an answer's second half marks a loop
 SHORTEST_SENTENCE = 20  # characters: shorter pieces ("1.", "- Key") repeat in any list and mark nothing
 
 
 def loops(text: str) -> bool:
-    """Whether one sentence (a piece between full stops or line breaks) recurs REPEATS times in the second half."""
+    """Whether one sentence (a piece between full stops or line breaks) recurs REPEATS times in the second
+    half of `text`."""
     pieces = [p.strip() for p in re.split(r"[.\n]", text[len(text) // 2:])]
     counts = Counter(p for p in pieces if len(p) >= SHORTEST_SENTENCE)
     return any(n >= REPEATS for n in counts.values())
@@ -73,9 +74,11 @@ def markdown(cells: dict[tuple, list[dict]]) -> str:
         shares = " | ".join(f"{sum(a[c] for a in answers) / len(answers):.0%}" for c in COLUMNS)
         shown = "dense" if retention is None else f"{retention:.4g}"
         lines.append(f"| {run} | {name} | {task} | {context} | {shown} | {len(answers)} | {shares} |")
-    lines += ["", "Share of answers with an \"Answer:\" line; scored (the value on the last such line: the task's "
-              "score); naming the asked value anywhere (lenient, not the score); reaching the answer cap; "
-              f"repeating one sentence of {SHORTEST_SENTENCE}+ characters {REPEATS}+ times in their second half."]
+    legend = ("Share of answers with an \"Answer:\" line; scored (the value on the last such line: "
+              "the task's score); naming the asked value anywhere (lenient, not the score); "
+              f"reaching the answer cap; repeating one sentence of {SHORTEST_SENTENCE}+ characters "
+              f"{REPEATS}+ times in their second half.")
+    lines += ["", legend]
     return "\n".join(lines)
 
 
@@ -86,13 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="also write the table here")
     args = parser.parse_args(argv)
     cells: dict[tuple, list[dict]] = {}
-    for spec in args.runs:
-        run, _, method = (spec, "", "") if Path(spec).exists() or ":" not in spec else spec.rpartition(":")
-        try:
-            data = load_run(Path(run), f"run {run}")
-        except UsageError as error:  # no such folder, no results.json, a truncated or foreign one
-            raise SystemExit(f"error: {error}") from None
-        cells.update(endings(Path(run).name, data, method or None))
+    for name, data, method in runs_given(args.runs):
+        cells.update(endings(name, data, method))
     text = markdown(cells)
     print(text)
     if args.out:

@@ -1,11 +1,16 @@
-"""Shared test helpers: build a transformers model with the same weights as an sfibench Decoder."""
+"""Shared test helpers: a transformers model with the same weights as an sfibench Decoder; a quality run's
+folder holding given sample records."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import torch
 import transformers
 
 from sfibench.models.presets import ModelConfig
+from sfibench.reporting.results import SCHEMA_VERSION
 
 HF_CLASSES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM"),
@@ -34,3 +39,13 @@ def hf_twin(model) -> torch.nn.Module:
     assert not result.unexpected_keys, result.unexpected_keys
     assert all("rotary" in k for k in result.missing_keys), result.missing_keys
     return twin.to(torch.float32)
+
+
+def write_quality_run(directory: Path, samples: list[dict]) -> Path:
+    """`directory` as a quality run's folder whose results.json holds `samples` and nothing else a reader
+    of sample records needs."""
+    directory.mkdir()
+    (directory / "results.json").write_text(json.dumps({
+        "schema_version": SCHEMA_VERSION, "command": "quality", "config": {}, "provenance": {},
+        "results": {"cells": []}, "samples": samples}))
+    return directory

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 
-from sfibench.reporting.results import SCHEMA_VERSION
+from helpers import write_quality_run
 
 # a maintainer's script, not the package
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -27,12 +26,7 @@ def _run(tmp_path: Path, answers: dict[str, list[str]]) -> Path:
     samples.append({"task": "niah_single", "context": 1024, "retention": 0.25, "index": 0, "method": "sfi",
                     "prediction": ["1000"], "answers": [["1000"]], "score": 1.0, "prompt_tokens": 1000,
                     "steps_by_kind": {"fast": 1}})
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "results.json").write_text(json.dumps({
-        "schema_version": SCHEMA_VERSION, "command": "quality", "config": {}, "provenance": {},
-        "results": {"cells": []}, "samples": samples}))
-    return run
+    return write_quality_run(tmp_path / "run", samples)
 
 
 def test_a_place_is_right_only_where_its_number_is_that_value():
